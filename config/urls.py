@@ -1,0 +1,12 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/", include("tasks_app.api.urls")),
+    path("api/", include("sessions_app.api.urls")),
+    path("", include("sessions_app.urls")),
+]

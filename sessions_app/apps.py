@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class SessionsAppConfig(AppConfig):
+    name = "sessions_app"
+    verbose_name = "Sessions"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,2 @@
+def start_sweeper_thread():
+    pass
