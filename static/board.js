@@ -1,0 +1,595 @@
+/*
+ * RunStead board (SPEC B1-B8). Plain JS, no build step.
+ *
+ * State comes from the snapshot embedded in the page, then from one WebSocket
+ * (/ws/board/, B2) and from GET /api/board/ on every (re)connect and every 60 s (B4).
+ * Every row carries a `version`; an event older than (or equal to) what is shown is
+ * ignored (B2). RUNNING badges are re-evaluated by M3 every second on the browser clock
+ * corrected by the last `server_time` seen (B3), so an expired marker disappears with no
+ * message from the server. Times are shown in the browser's time zone (B6).
+ */
+(function () {
+  "use strict";
+
+  var HYDRATE_EVERY_MS = 60000; // B4 safety net
+  var TICK_MS = 1000; // M3 re-evaluation, ages, offline machines
+  var BACKOFF_MIN_MS = 1000;
+  var BACKOFF_MAX_MS = 30000;
+  var MUTE_KEY = "runstead.board.muted";
+  var OUTPUT_LINES = 6; // L10: last output lines shown per task
+  var SLEEP_SHOWN_S = 1; // L9: slept_s worth mentioning
+  var WAITING = { accepted: true, delivered: true };
+  var UNFINISHED = { accepted: true, delivered: true, starting: true, running: true, unknown: true };
+  var SLEEP_STATES = { starting: true, running: true, unknown: true, failed_lease_lost: true };
+
+  var board = {
+    sessions: new Map(), // id -> {id, title, status, status_since, version, touched, markers: Map(device_id -> marker)}
+    tasks: new Map(), // id -> task (as GET /api/tasks/{id}/) + version, touched
+    machines: new Map(), // id -> machine + version, touched
+    grants: [],
+    offsetMs: 0, // server clock - browser clock, from the last server_time (M3)
+    graceS: 60,
+    offlineS: 90,
+    seq: 0, // local change counter; rows touched after a hydrate started survive it
+    loaded: false,
+    messages: 0, // WebSocket messages received (tests read it)
+    hydrations: 0,
+    doneCount: 0, // busy -> idle transitions seen (B5)
+    beeps: 0, // of which played aloud (not muted)
+  };
+  window.runsteadBoard = board;
+
+  // ---------------------------------------------------------------- helpers
+  function $(id) { return document.getElementById(id); }
+
+  function el(tag, attrs) {
+    var node = document.createElement(tag);
+    if (attrs) {
+      Object.keys(attrs).forEach(function (k) {
+        var v = attrs[k];
+        if (v === null || v === undefined || v === false) return;
+        if (k === "text") node.textContent = v;
+        else if (k === "className") node.className = v;
+        else node.setAttribute(k, v === true ? "" : String(v));
+      });
+    }
+    for (var i = 2; i < arguments.length; i++) {
+      var c = arguments[i];
+      if (c === null || c === undefined || c === false) continue;
+      node.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
+    }
+    return node;
+  }
+
+  function now() { return Date.now() + board.offsetMs; }
+
+  function noteServerTime(iso) {
+    var t = iso ? Date.parse(iso) : NaN;
+    if (!isNaN(t)) board.offsetMs = t - Date.now();
+  }
+
+  function ms(iso) { var t = iso ? Date.parse(iso) : NaN; return isNaN(t) ? null : t; }
+
+  function fmtDuration(seconds) {
+    if (seconds === null || seconds === undefined || isNaN(seconds)) return "";
+    var s = Math.max(0, Math.round(seconds));
+    if (s < 60) return s + "s";
+    if (s < 3600) return Math.floor(s / 60) + "m " + (s % 60) + "s";
+    if (s < 86400) return Math.floor(s / 3600) + "h " + Math.floor((s % 3600) / 60) + "m";
+    return Math.floor(s / 86400) + "d " + Math.floor((s % 86400) / 3600) + "h";
+  }
+
+  function fmtAge(iso) {
+    var t = ms(iso);
+    return t === null ? "" : fmtDuration((now() - t) / 1000);
+  }
+
+  /** Local wall time in the browser's time zone (B6); the date only when not today. */
+  function fmtTime(iso) {
+    var t = ms(iso);
+    if (t === null) return "";
+    var d = new Date(t);
+    var today = new Date(now());
+    if (d.toDateString() === today.toDateString()) return d.toLocaleTimeString();
+    return d.toLocaleString();
+  }
+
+  function timeEl(iso, text) {
+    return el("time", { datetime: iso, title: iso ? new Date(ms(iso)).toString() : null, text: text });
+  }
+
+  function isNewer(current, version) {
+    return !current || version === null || version === undefined ||
+      current.version === null || current.version === undefined || version > current.version;
+  }
+
+  function idOf(value) { return value && typeof value === "object" ? value.id : value; }
+
+  // ---------------------------------------------------------------- M3 and B7 readers
+  /** M3: RUNNING while state == running and now < expires_at + grace. */
+  function markerRunning(m, nowMs) {
+    var exp = ms(m.expires_at);
+    return m.state === "running" && exp !== null && nowMs < exp + board.graceS * 1000;
+  }
+
+  /** B7: a machine is offline when not heard from for more than the threshold. */
+  function machineOffline(m, nowMs) {
+    var heard = ms(m.last_heard_at);
+    return heard === null || nowMs - heard > board.offlineS * 1000;
+  }
+
+  // ---------------------------------------------------------------- applying state
+  function touch(row) { row.touched = ++board.seq; return row; }
+
+  function ensureSession(id) {
+    var s = board.sessions.get(id);
+    if (!s) {
+      s = touch({ id: id, title: "", status: "idle", status_since: null, version: null, markers: new Map() });
+      board.sessions.set(id, s);
+      scheduleHydrate(); // learn its title
+    }
+    return s;
+  }
+
+  function setSessionStatus(s, status, since) {
+    var was = s.status;
+    s.status = status;
+    if (since) s.status_since = since;
+    if (board.loaded && was === "busy" && status === "idle") sessionDone(s);
+  }
+
+  function applyEvent(ev) {
+    if (!ev || typeof ev !== "object") return;
+    noteServerTime(ev.server_time);
+    if (ev.type === "session.status") {
+      var cur = board.sessions.get(ev.session_id);
+      if (cur && !isNewer(cur, ev.version)) return;
+      var s = ensureSession(ev.session_id);
+      setSessionStatus(s, ev.status, ev.since || ev.status_since || ev.server_time);
+      s.version = ev.version;
+      touch(s);
+    } else if (ev.type === "marker") {
+      var sess = ensureSession(ev.session_id);
+      var m = sess.markers.get(ev.device_id);
+      if (m && !isNewer(m, ev.version)) return;
+      var marker = Object.assign({}, ev);
+      delete marker.type;
+      delete marker.server_time;
+      sess.markers.set(ev.device_id, touch(marker));
+    } else if (ev.type === "task" && ev.task) {
+      applyRow(board.tasks, ev.task, ev.version);
+    } else if (ev.type === "machine" && ev.machine) {
+      applyRow(board.machines, ev.machine, ev.version);
+    }
+  }
+
+  function applyRow(map, row, version) {
+    var v = version !== undefined && version !== null ? version : row.version;
+    var cur = map.get(row.id);
+    if (cur && !isNewer(cur, v)) return false;
+    map.set(row.id, touch(Object.assign({}, row, { version: v })));
+    return true;
+  }
+
+  /** Merge a snapshot: a row shown with a higher version than the snapshot's stays;
+   *  rows absent from the snapshot go unless an event touched them after the fetch began. */
+  function mergeRows(map, items, startSeq, build) {
+    var next = new Map();
+    items.forEach(function (item) {
+      var cur = map.get(item.id);
+      if (cur && !isNewer(cur, item.version)) next.set(item.id, cur);
+      else next.set(item.id, build(item, cur));
+    });
+    map.forEach(function (cur, id) {
+      if (!next.has(id) && cur.touched > startSeq) next.set(id, cur);
+    });
+    return next;
+  }
+
+  function applySnapshot(snap, startSeq) {
+    noteServerTime(snap.server_time);
+    if (typeof snap.marker_grace_s === "number") board.graceS = snap.marker_grace_s;
+    if (typeof snap.machine_offline_s === "number") board.offlineS = snap.machine_offline_s;
+    var previous = board.sessions;
+    var sessions = mergeRows(previous, snap.sessions || [], startSeq, function (item, cur) {
+      var markers = new Map();
+      (item.markers || []).forEach(function (m) {
+        var shown = cur && cur.markers.get(m.device_id);
+        markers.set(m.device_id, shown && !isNewer(shown, m.version) ? shown : Object.assign({}, m));
+      });
+      if (cur) {
+        cur.markers.forEach(function (m, device) {
+          if (!markers.has(device) && m.touched > startSeq) markers.set(device, m);
+        });
+      }
+      var s = { id: item.id, title: item.title, status: cur ? cur.status : item.status,
+                status_since: item.status_since, version: item.version, markers: markers, touched: 0 };
+      setSessionStatus(s, item.status, item.status_since);
+      return s;
+    });
+    board.sessions = sessions;
+    board.tasks = mergeRows(board.tasks, snap.tasks || [], startSeq, function (item) { return Object.assign({}, item); });
+    board.machines = mergeRows(board.machines, snap.machines || [], startSeq, function (item) { return Object.assign({}, item); });
+    board.grants = snap.grants || [];
+    board.hydrations++;
+  }
+
+  // ---------------------------------------------------------------- B4 hydration
+  var hydrating = null;
+  var hydrateSoon = null;
+
+  function hydrate() {
+    if (hydrating) return hydrating;
+    var startSeq = board.seq;
+    hydrating = fetch("/api/board/", { credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" } })
+      .then(function (r) {
+        if (r.status === 401 || r.status === 403) {
+          window.location.href = "/accounts/login/?next=/";
+          return null;
+        }
+        if (!r.ok) throw new Error("snapshot: HTTP " + r.status);
+        return r.json();
+      })
+      .then(function (snap) { if (snap) { applySnapshot(snap, startSeq); render(); } })
+      .catch(function () { /* the next (re)connect or the 60 s timer tries again */ })
+      .then(function () { hydrating = null; });
+    return hydrating;
+  }
+
+  function scheduleHydrate() {
+    if (hydrateSoon || !board.loaded) return;
+    hydrateSoon = setTimeout(function () { hydrateSoon = null; hydrate(); }, 300);
+  }
+
+  // ---------------------------------------------------------------- B2 WebSocket
+  var ws = null;
+  var backoff = BACKOFF_MIN_MS;
+  var reconnectTimer = null;
+
+  function setConn(state, text) {
+    var c = $("conn");
+    if (!c) return;
+    c.dataset.state = state;
+    c.textContent = text;
+  }
+
+  function connect() {
+    if (reconnectTimer) { clearTimeout(reconnectTimer); reconnectTimer = null; }
+    if (ws && (ws.readyState === WebSocket.OPEN || ws.readyState === WebSocket.CONNECTING)) return;
+    var proto = window.location.protocol === "https:" ? "wss:" : "ws:";
+    var sock = new WebSocket(proto + "//" + window.location.host + "/ws/board/");
+    ws = sock;
+    setConn("connecting", "connecting…");
+    sock.onopen = function () {
+      backoff = BACKOFF_MIN_MS;
+      setConn("live", "live");
+      hydrate(); // B4: events may have been lost while disconnected
+    };
+    sock.onmessage = function (e) {
+      board.messages++;
+      var ev;
+      try { ev = JSON.parse(e.data); } catch (err) { return; }
+      applyEvent(ev);
+      render();
+    };
+    sock.onclose = function () {
+      if (ws !== sock) return;
+      ws = null;
+      setConn("offline", "reconnecting…");
+      var delay = backoff * (0.5 + Math.random() * 0.5); // jitter
+      backoff = Math.min(BACKOFF_MAX_MS, backoff * 2);
+      reconnectTimer = setTimeout(connect, delay);
+    };
+  }
+
+  // ---------------------------------------------------------------- B5 done sound
+  var audioCtx = null;
+
+  function muted() {
+    try { return window.localStorage.getItem(MUTE_KEY) === "1"; } catch (e) { return false; }
+  }
+
+  function renderMute() {
+    var b = $("mute");
+    if (!b) return;
+    var m = muted();
+    b.textContent = m ? "Sound: off" : "Sound: on";
+    b.setAttribute("aria-pressed", m ? "true" : "false");
+  }
+
+  function unlockAudio() {
+    // Browsers allow audio only after a user gesture: create/resume the context then.
+    var AC = window.AudioContext || window.webkitAudioContext;
+    if (!audioCtx && AC) { try { audioCtx = new AC(); } catch (e) { audioCtx = null; } }
+    if (audioCtx && audioCtx.state === "suspended") audioCtx.resume();
+  }
+
+  function beep() {
+    unlockAudio();
+    if (!audioCtx) return;
+    var t0 = audioCtx.currentTime;
+    [[880, 0], [1320, 0.16]].forEach(function (tone) {
+      var osc = audioCtx.createOscillator();
+      var gain = audioCtx.createGain();
+      osc.type = "sine";
+      osc.frequency.value = tone[0];
+      gain.gain.setValueAtTime(0.0001, t0 + tone[1]);
+      gain.gain.exponentialRampToValueAtTime(0.2, t0 + tone[1] + 0.02);
+      gain.gain.exponentialRampToValueAtTime(0.0001, t0 + tone[1] + 0.15);
+      osc.connect(gain).connect(audioCtx.destination);
+      osc.start(t0 + tone[1]);
+      osc.stop(t0 + tone[1] + 0.16);
+    });
+  }
+
+  /** A session went busy -> idle (B5). S3 keeps the service from publishing a blip. */
+  function sessionDone(session) {
+    board.doneCount++;
+    document.body.dataset.doneCount = String(board.doneCount);
+    if (muted()) return;
+    board.beeps++;
+    document.body.dataset.beeps = String(board.beeps);
+    beep();
+  }
+
+  // ---------------------------------------------------------------- rendering
+  function sessionTitle(s) { return s.title || "Session " + String(s.id).slice(0, 8); }
+
+  function machineName(id) {
+    var m = board.machines.get(id);
+    return m ? m.name : "machine " + String(id || "").slice(0, 8);
+  }
+
+  function renderSession(s, nowMs) {
+    var li = el("li", { className: "row session", "data-session-id": s.id, "data-status": s.status },
+      el("div", { className: "line" },
+        el("span", { className: "badge " + s.status, text: s.status }),
+        el("strong", { className: "title", text: sessionTitle(s) }),
+        s.status_since ? el("span", { className: "muted" }, "since ", timeEl(s.status_since, fmtTime(s.status_since))) : null));
+    var badges = el("div", { className: "line markers" });
+    var running = 0;
+    Array.from(s.markers.values()).sort(function (a, b) { return (ms(a.started_at) || 0) - (ms(b.started_at) || 0); })
+      .forEach(function (m) {
+        if (!markerRunning(m, nowMs)) return;
+        running++;
+        badges.appendChild(el("span", { className: "badge running", "data-device-id": m.device_id, title: "turn " + m.turn_id },
+          "RUNNING · " + (m.device_name || m.device_id) + " · " + fmtAge(m.started_at)));
+      });
+    if (running) li.appendChild(badges);
+    return li;
+  }
+
+  function taskFacts(t) {
+    var facts = [];
+    if (t.runtime_s !== null && t.runtime_s !== undefined) facts.push("runtime " + fmtDuration(t.runtime_s));
+    else {
+      var started = t.started_at || (t.lease && t.lease.granted_at);
+      if (started && UNFINISHED[t.state]) facts.push("running for " + fmtAge(started));
+    }
+    if (t.exit_code !== null && t.exit_code !== undefined) facts.push("exit code " + t.exit_code);
+    if (t.signal !== null && t.signal !== undefined) facts.push("signal " + t.signal);
+    if (t.stop_reason) facts.push("stop: " + t.stop_reason);
+    if (t.state_reason) facts.push(t.state_reason);
+    if (t.cancel_requested_at && UNFINISHED[t.state]) facts.push("cancel requested");
+    if (t.survivors && t.survivors.length) facts.push(t.survivors.length + " process(es) survived");
+    return facts;
+  }
+
+  function renderTask(t, nowMs) {
+    var machineId = idOf(t.machine);
+    var li = el("li", { className: "row task", "data-task-id": t.id, "data-state": t.state },
+      el("div", { className: "line" },
+        el("span", { className: "badge state-" + t.state, text: t.state.replace(/_/g, " ") }),
+        el("strong", { text: t.agent || "" }),
+        el("span", { className: "muted" }, "on " + machineName(machineId)),
+        t.created_at ? el("span", { className: "muted" }, timeEl(t.created_at, fmtTime(t.created_at))) : null),
+      el("div", { className: "mono wrap folder", text: t.folder || "" }));
+    if (t.prompt) li.appendChild(el("div", { className: "prompt wrap", text: t.prompt.length > 240 ? t.prompt.slice(0, 240) + "…" : t.prompt }));
+    if (t.state === "unknown") {
+      li.appendChild(el("div", { className: "line" },
+        el("a", { className: "decide", href: "/admin/tasks_app/task/" + encodeURIComponent(t.id) + "/change/", text: "needs your decision" }),
+        el("span", { className: "muted", text: "outcome unknown: the service will not guess" })));
+    }
+    var facts = taskFacts(t);
+    if (facts.length) li.appendChild(el("div", { className: "facts muted", text: facts.join(" · ") }));
+    if (SLEEP_STATES[t.state] && typeof t.slept_s === "number" && t.slept_s >= SLEEP_SHOWN_S) {
+      li.appendChild(el("div", { className: "note sleep", text: "paused by sleep for " + fmtDuration(t.slept_s) }));
+    }
+    if (WAITING[t.state]) {
+      var m = board.machines.get(machineId);
+      if (m && m.paired === false) {
+        li.appendChild(el("div", { className: "note offline", text: "waiting for " + m.name + ", which is unpaired" }));
+      } else if (m && machineOffline(m, nowMs)) {
+        li.appendChild(el("div", { className: "note offline" }, "waiting for " + m.name + ", offline " +
+          (m.last_heard_at ? "since " : ""), m.last_heard_at ? timeEl(m.last_heard_at, fmtTime(m.last_heard_at)) : "(never heard from)"));
+      }
+    }
+    var tail = (t.output_tail || "").replace(/\s+$/, "");
+    if (tail) li.appendChild(el("pre", { className: "tail", text: tail.split("\n").slice(-OUTPUT_LINES).join("\n") }));
+    return li;
+  }
+
+  function renderMachine(m, nowMs) {
+    var offline = machineOffline(m, nowMs);
+    var li = el("li", { className: "row machine", "data-machine-id": m.id, "data-online": offline ? "false" : "true" },
+      el("div", { className: "line" },
+        el("span", { className: "badge " + (offline ? "offline" : "online"), text: offline ? "offline" : "online" }),
+        el("strong", { text: m.name }),
+        m.paired === false ? el("span", { className: "muted", text: "unpaired" }) : null));
+    var heard = el("div", { className: "muted" });
+    if (m.last_heard_at) {
+      heard.appendChild(document.createTextNode("last heard "));
+      heard.appendChild(timeEl(m.last_heard_at, fmtTime(m.last_heard_at)));
+      heard.appendChild(document.createTextNode(" (" + fmtAge(m.last_heard_at) + " ago)"));
+      if (offline) {
+        heard.appendChild(document.createTextNode(" · offline since "));
+        heard.appendChild(timeEl(m.last_heard_at, fmtTime(m.last_heard_at)));
+      }
+    } else heard.textContent = "never heard from";
+    li.appendChild(heard);
+    return li;
+  }
+
+  function replaceList(id, items, emptyId) {
+    var list = $(id);
+    var fresh = el("ul", { id: id, className: list.className });
+    items.forEach(function (i) { fresh.appendChild(i); });
+    if (fresh.innerHTML !== list.innerHTML) list.replaceWith(fresh);
+    if (emptyId) $(emptyId).hidden = items.length > 0;
+  }
+
+  function byTime(field) {
+    return function (a, b) { return (ms(b[field]) || 0) - (ms(a[field]) || 0); };
+  }
+
+  function render() {
+    var nowMs = now();
+    var sessions = Array.from(board.sessions.values()).sort(function (a, b) {
+      if ((a.status === "busy") !== (b.status === "busy")) return a.status === "busy" ? -1 : 1;
+      return (ms(b.status_since) || 0) - (ms(a.status_since) || 0);
+    });
+    replaceList("session-list", sessions.map(function (s) { return renderSession(s, nowMs); }), "session-empty");
+
+    var tasks = Array.from(board.tasks.values());
+    var unknown = tasks.filter(function (t) { return t.state === "unknown"; }).sort(byTime("created_at"));
+    var open = tasks.filter(function (t) { return UNFINISHED[t.state] && t.state !== "unknown"; }).sort(byTime("created_at"));
+    var done = tasks.filter(function (t) { return !UNFINISHED[t.state]; }).sort(function (a, b) {
+      return (ms(b.final_at || b.updated_at) || 0) - (ms(a.final_at || a.updated_at) || 0);
+    });
+    replaceList("decision-list", unknown.map(function (t) { return renderTask(t, nowMs); }));
+    $("decisions").hidden = unknown.length === 0;
+    replaceList("task-list", open.concat(done).map(function (t) { return renderTask(t, nowMs); }), "task-empty");
+
+    var machines = Array.from(board.machines.values()).sort(function (a, b) { return String(a.name).localeCompare(String(b.name)); });
+    replaceList("machine-list", machines.map(function (m) { return renderMachine(m, nowMs); }), "machine-empty");
+    renderFormOptions(machines);
+  }
+
+  // ---------------------------------------------------------------- B8 task form
+  var form = null;
+  var submitting = false;
+
+  /** A fresh idempotency key: 128 random bits, hex (getRandomValues works outside
+   *  secure contexts too, unlike randomUUID). */
+  function newKey() {
+    var bytes = new Uint8Array(16);
+    window.crypto.getRandomValues(bytes);
+    return Array.from(bytes, function (b) { return b.toString(16).padStart(2, "0"); }).join("");
+  }
+
+  function renderFormOptions(machines) {
+    if (!form) return;
+    var select = form.elements.machine;
+    var paired = machines.filter(function (m) { return m.paired !== false; });
+    var signature = paired.map(function (m) { return m.id + ":" + m.name; }).join("|");
+    if (select.dataset.signature !== signature) {
+      var chosen = select.value;
+      select.textContent = "";
+      paired.forEach(function (m) { select.appendChild(el("option", { value: m.id, text: m.name })); });
+      if (chosen && paired.some(function (m) { return m.id === chosen; })) select.value = chosen;
+      select.dataset.signature = signature;
+    }
+    var list = $("folder-options");
+    var paths = board.grants.filter(function (g) { return g.machine === select.value; }).map(function (g) { return g.path; });
+    var sig = select.value + "|" + paths.join("|");
+    if (list.dataset.signature !== sig) {
+      list.textContent = "";
+      paths.forEach(function (p) { list.appendChild(el("option", { value: p })); });
+      list.dataset.signature = sig;
+    }
+  }
+
+  function formStatus(text, isError) {
+    var p = $("form-status");
+    p.textContent = text;
+    p.className = isError ? "error" : "muted";
+  }
+
+  function submitTask(e) {
+    e.preventDefault();
+    if (submitting) return; // a double click sends once; a resubmit reuses the key anyway
+    var key = form.dataset.idempotencyKey;
+    var body = {
+      machine: form.elements.machine.value,
+      folder: form.elements.folder.value.trim(),
+      agent: form.elements.agent.value.trim(),
+      prompt: form.elements.prompt.value,
+      deep_research: form.elements.deep_research.checked,
+    };
+    submitting = true;
+    var button = form.querySelector("button[type=submit]");
+    button.disabled = true;
+    formStatus("Sending…", false);
+    fetch("/api/tasks/", {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", Accept: "application/json",
+                 "Idempotency-Key": key, "X-CSRFToken": form.dataset.csrf },
+      body: JSON.stringify(body),
+    })
+      .then(function (r) {
+        return r.json().catch(function () { return {}; }).then(function (data) { return { status: r.status, data: data }; });
+      })
+      .then(function (res) {
+        if (res.status >= 200 && res.status < 300) {
+          if (res.data && res.data.id) applyRow(board.tasks, res.data, res.data.version);
+          form.elements.prompt.value = "";
+          form.dataset.idempotencyKey = newKey(); // the next task is a new request
+          formStatus("Task accepted.", false);
+          render();
+          return;
+        }
+        var d = res.data || {};
+        if (d.error === "idempotency_key_reused") {
+          // This form was already accepted with other content; a changed form is a new request.
+          form.dataset.idempotencyKey = newKey();
+          formStatus("This form was already submitted with different content; check the task list, then submit again for a new task.", true);
+          return;
+        }
+        var fields = d.fields ? " " + JSON.stringify(d.fields) : "";
+        formStatus((d.error || "HTTP " + res.status) + ": " + (d.detail || "") + fields, true);
+      })
+      .catch(function () {
+        // The service may have accepted it: keep the key so a resubmit replays (A2).
+        formStatus("Network error; submit again (it will not create a second task).", true);
+      })
+      .then(function () { submitting = false; button.disabled = false; });
+  }
+
+  // ---------------------------------------------------------------- start
+  function start() {
+    form = $("task-form");
+    if (form) {
+      form.dataset.idempotencyKey = newKey();
+      form.addEventListener("submit", submitTask);
+      form.elements.machine.addEventListener("change", function () { render(); });
+    }
+    var muteButton = $("mute");
+    if (muteButton) {
+      muteButton.addEventListener("click", function () {
+        try { window.localStorage.setItem(MUTE_KEY, muted() ? "0" : "1"); } catch (e) { /* private mode */ }
+        renderMute();
+      });
+    }
+    renderMute();
+    document.addEventListener("pointerdown", unlockAudio);
+    document.addEventListener("keydown", unlockAudio);
+
+    var embedded = $("board-snapshot");
+    if (embedded) {
+      try { applySnapshot(JSON.parse(embedded.textContent), 0); } catch (e) { /* hydrate fixes it */ }
+    }
+    board.loaded = true;
+    render();
+    connect();
+    setInterval(render, TICK_MS);
+    setInterval(hydrate, HYDRATE_EVERY_MS);
+    document.addEventListener("visibilitychange", function () {
+      if (document.visibilityState === "visible") { connect(); hydrate(); }
+    });
+    window.addEventListener("online", function () { backoff = BACKOFF_MIN_MS; connect(); });
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
+  else start();
+})();

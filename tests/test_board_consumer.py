@@ -1,0 +1,131 @@
+"""The board WebSocket (B2, K1, K2): who may connect, and that events reach only their
+owner. Runs the real websocket application that config/asgi.py mounts (origin check,
+session cookie, token header, URL router, consumer) on the in-memory layer, or on Redis
+when REDIS_URL is set."""
+import json
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import channel_layers, get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.db import transaction
+from django.test import Client
+
+from sessions_app.broadcast import broadcast, owner_group
+from sessions_app.routing import websocket_application
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+ORIGIN = (b"origin", b"http://testserver")
+
+
+@pytest.fixture(autouse=True)
+def fresh_layer():
+    """The in-memory layer is bound to one event loop; each test gets its own."""
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
+def session_cookie(user) -> tuple[bytes, bytes]:
+    client = Client()
+    client.force_login(user)
+    return (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())
+
+
+async def connect(headers):
+    communicator = WebsocketCommunicator(websocket_application, "/ws/board/", headers=headers)
+    connected, _ = await communicator.connect()
+    return communicator, connected
+
+
+async def browser(user):
+    cookie = await sync_to_async(session_cookie)(user)
+    communicator, connected = await connect([ORIGIN, cookie])
+    assert connected
+    return communicator
+
+
+async def test_b2_event_reaches_the_owners_browser_as_json(owner):
+    communicator = await browser(owner)
+    event = {"type": "session.status", "session_id": "s1", "status": "busy", "version": 2, "server_time": "t"}
+    await get_channel_layer().group_send(owner_group(owner.pk), {"type": "board.event", "event": event})
+    assert json.loads(await communicator.receive_from()) == event
+    await communicator.disconnect()
+
+
+async def test_b2_broadcast_after_commit_arrives_with_server_time(owner):
+    communicator = await browser(owner)
+
+    def write():
+        with transaction.atomic():
+            broadcast(owner.pk, {"type": "machine", "machine": {"id": "m1"}, "version": 3})
+
+    await sync_to_async(write)()
+    message = json.loads(await communicator.receive_from())
+    assert message["type"] == "machine" and message["version"] == 3
+    assert message["server_time"]
+    await communicator.disconnect()
+
+
+async def test_b2_broadcast_rolled_back_is_never_sent(owner):
+    communicator = await browser(owner)
+
+    def write():
+        try:
+            with transaction.atomic():
+                broadcast(owner.pk, {"type": "machine", "machine": {"id": "m1"}, "version": 3})
+                raise RuntimeError("rollback")
+        except RuntimeError:
+            pass
+
+    await sync_to_async(write)()
+    assert await communicator.receive_nothing(timeout=0.3)
+    await communicator.disconnect()
+
+
+async def test_k2_another_owners_events_never_arrive(owner, other_owner):
+    mine = await browser(owner)
+    theirs = await browser(other_owner)
+    await sync_to_async(broadcast)(other_owner.pk, {"type": "task", "task": {"id": "t1"}, "version": 1})
+    assert json.loads(await theirs.receive_from())["task"] == {"id": "t1"}
+    assert await mine.receive_nothing(timeout=0.3)
+    await mine.disconnect()
+    await theirs.disconnect()
+
+
+async def test_k1_anonymous_socket_is_refused(db):
+    communicator, connected = await connect([ORIGIN])
+    assert not connected
+    await communicator.disconnect()
+
+
+async def test_k1_cross_origin_socket_with_a_valid_cookie_is_refused(owner):
+    cookie = await sync_to_async(session_cookie)(owner)
+    communicator, connected = await connect([(b"origin", b"http://evil.example"), cookie])
+    assert not connected
+    communicator, connected = await connect([cookie])  # no Origin header at all
+    assert not connected
+
+
+async def test_k1_token_header_authenticates_a_terminal_client(owner):
+    key = await sync_to_async(lambda: owner.auth_token.key)()
+    communicator, connected = await connect([(b"authorization", f"Token {key}".encode())])
+    assert connected
+    await sync_to_async(broadcast)(owner.pk, {"type": "task", "task": {"id": "t2"}, "version": 5})
+    assert json.loads(await communicator.receive_from())["version"] == 5
+    await communicator.disconnect()
+
+
+async def test_k1_bad_token_or_machine_token_is_refused_even_with_a_cookie(owner, machine):
+    cookie = await sync_to_async(session_cookie)(owner)
+    for header in (b"Token not-a-key", f"Machine {machine.test_token}".encode(), b"Token"):
+        communicator, connected = await connect([ORIGIN, cookie, (b"authorization", header)])
+        assert not connected, header
+
+
+async def test_b2_client_messages_are_ignored(owner):
+    communicator = await browser(owner)
+    await communicator.send_to(text_data='{"type": "task", "task": {"id": "x"}, "version": 1}')
+    assert await communicator.receive_nothing(timeout=0.2)
+    await communicator.disconnect()
