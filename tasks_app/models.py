@@ -248,7 +248,9 @@ class Lease(models.Model):
     renew_every_s = models.FloatField()
     margin_s = models.FloatField()
     kill_grace_s = models.FloatField()
-    # Set once: "expired", "refused:<reason>" or "final".
+    # A refused renewal is final for the lease (L5); the lease still expires at expires_at.
+    refused_reason = models.CharField(max_length=20, blank=True)
+    # Set once, when the lease expires (L6) or its task's facts arrive.
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=40, blank=True)
 

@@ -1,1 +1,21 @@
-urlpatterns = []
+from django.urls import path
+
+from tasks_app.api import views as v
+
+urlpatterns = [
+    path("tasks/", v.TaskListCreate.as_view()),
+    path("tasks/<uuid:task_id>/", v.TaskDetail.as_view()),
+    path("tasks/<uuid:task_id>/cancel/", v.TaskCancel.as_view()),
+    path("budget/", v.BudgetView.as_view()),
+    path("machines/", v.MachineList.as_view()),
+    path("machines/pairing-codes/", v.PairingCodeCreate.as_view()),
+    path("machines/<uuid:machine_id>/unpair/", v.MachineUnpair.as_view()),
+    path("grants/", v.GrantListCreate.as_view()),
+    path("grants/<uuid:grant_id>/revoke/", v.GrantRevoke.as_view()),
+    path("worker/pair/", v.WorkerPair.as_view()),
+    path("worker/messages/", v.WorkerMessages.as_view()),
+    path("worker/messages/<uuid:message_id>/ack/", v.WorkerMessageAck.as_view()),
+    path("worker/leases/", v.WorkerLeaseGrant.as_view()),
+    path("worker/leases/<uuid:lease_id>/renew/", v.WorkerLeaseRenew.as_view()),
+    path("worker/receipts/", v.WorkerReceipts.as_view()),
+]

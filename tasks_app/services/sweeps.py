@@ -1,2 +1,121 @@
-def start_sweeper_thread():
-    pass
+"""The periodic sweep (SPEC L6, J5, A7, S7), safe with several processes (O2).
+
+Each step claims rows with ``select_for_update(skip_locked=True)`` (PostgreSQL) and
+changes them by compare-and-set, so two sweepers never process a row twice. Correctness
+never depends on the sweep: lease checks compare ``expires_at`` themselves (L6).
+
+How it runs: inside every daphne process, scheduled on its event loop from
+``config/asgi.py`` through ``start_in_server`` (daphne has no lifespan protocol); in the
+embedded default the in-memory channel layer then reaches that process's boards. ``manage.py sweep`` runs the
+same loop as its own process (``--once`` for one pass).
+"""
+import asyncio
+import logging
+import sys
+from datetime import datetime, timedelta
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections, transaction
+
+from config import clock
+from tasks_app.models import NEVER_LEASED_STATES, IdempotencyRecord, Lease, Task, TaskState
+from tasks_app.services.leases import lease_expire
+from tasks_app.services.locking import lock_budget
+from tasks_app.services.transitions import TransitionConflict, start_window_deadline, task_finalize
+
+log = logging.getLogger("runstead.sweep")
+BATCH = 100
+
+
+def expire_leases(*, now: datetime) -> int:
+    """L6: leases past ``expires_at`` end and their tasks become ``unknown``. Returns how
+    many this call expired."""
+    done = 0
+    # Uses the partial index lease_live_expiry.
+    for lease_id in Lease.objects.filter(ended_at__isnull=True, expires_at__lte=now).values_list("id", flat=True)[:BATCH]:
+        with transaction.atomic():
+            lease = Lease.objects.select_for_update(skip_locked=True).filter(pk=lease_id, ended_at__isnull=True).first()
+            if lease is not None and lease_expire(lease, now=now):
+                done += 1
+    return done
+
+
+def expire_start_windows(*, now: datetime) -> int:
+    """J5: tasks with no lease within the start window become ``not_started`` with a full
+    release; the grant decides by the same compare-and-set, so exactly one wins."""
+    done = 0
+    deadline = start_window_deadline(now)
+    # Uses the index task_state_created.
+    for task_id, owner_id in Task.objects.filter(state__in=NEVER_LEASED_STATES, created_at__lte=deadline).values_list(
+        "id", "owner_id"
+    )[:BATCH]:
+        with transaction.atomic():
+            lock_budget(owner_id)
+            task = Task.objects.select_for_update(skip_locked=True).filter(pk=task_id, state__in=NEVER_LEASED_STATES).first()
+            if task is None or task.leases.exists():
+                continue
+            try:
+                task_finalize(
+                    task, from_states=NEVER_LEASED_STATES, to=TaskState.NOT_STARTED, charge_s=0,
+                    reason="start window passed (J5)", actor="sweep", now=now,
+                )
+                done += 1
+            except TransitionConflict:
+                pass
+    return done
+
+
+def cleanup_idempotency_records(*, now: datetime) -> int:
+    """A7: delete idempotency records whose operation has been final for longer than
+    RUNSTEAD_IDEMPOTENCY_RETENTION_S. A plain DELETE: two processes at once delete each
+    row once."""
+    cutoff = now - timedelta(seconds=settings.RUNSTEAD_IDEMPOTENCY_RETENTION_S)
+    deleted, _ = IdempotencyRecord.objects.filter(task__final_at__lt=cutoff).delete()
+    return deleted
+
+
+def sweep_once(*, now: datetime | None = None) -> dict:
+    """One pass of every step; returns how much each found (a step that finds nothing
+    costs one indexed query)."""
+    now = now or clock.now()
+    result = {
+        "leases_expired": expire_leases(now=now),
+        "start_windows": expire_start_windows(now=now),
+        "idempotency_deleted": cleanup_idempotency_records(now=now),
+    }
+    from sessions_app import services as session_services
+
+    sessions_sweep = getattr(session_services, "sessions_sweep", None)
+    if sessions_sweep is not None:
+        result["sessions"] = sessions_sweep(now=now)
+    return result
+
+
+def sweep_pass() -> None:
+    """One guarded pass for the loops: errors are logged, connections closed."""
+    try:
+        sweep_once()
+    except Exception:  # noqa: BLE001 - a sweep must outlive one bad pass
+        log.exception("sweep pass failed")
+    finally:
+        close_old_connections()
+
+
+async def sweep_loop(interval_s: float) -> None:
+    """The sweep as a task on the server's event loop; each pass runs in a worker thread,
+    so its after-commit broadcasts reach this process's channel layer on its own loop."""
+    while True:
+        await sync_to_async(sweep_pass, thread_sensitive=False)()
+        await asyncio.sleep(interval_s)
+
+
+def start_in_server(interval_s: float | None = None) -> None:
+    """Schedule ``sweep_loop`` on daphne's event loop once the Twisted reactor runs (daphne
+    has no ASGI lifespan). Outside daphne, do nothing: ``manage.py sweep`` is the loop."""
+    reactor = sys.modules.get("twisted.internet.reactor")
+    if reactor is None:
+        log.warning("no Twisted reactor: the in-server sweep is off; run `manage.py sweep`")
+        return
+    interval_s = interval_s or settings.RUNSTEAD_SWEEP_INTERVAL_S
+    reactor.callWhenRunning(lambda: asyncio.ensure_future(sweep_loop(interval_s)))

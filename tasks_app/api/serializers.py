@@ -1,0 +1,196 @@
+"""Wire shapes of the task API (SPEC H): input validation and output rendering."""
+from django.conf import settings
+from rest_framework import serializers
+
+from config import clock
+from tasks_app.models import Grant, Machine, Task
+
+PROMPT_MAX_BYTES = 64 * 1024
+RECEIPT_KINDS = ("starting", "running", "final", "unknown", "report")
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know (K3)."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"non_field_errors": ["expected a JSON object"]})
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class TaskCreateSerializer(StrictSerializer):
+    machine = serializers.UUIDField()
+    folder = serializers.CharField(max_length=4096, trim_whitespace=False)
+    agent = serializers.RegexField(r"^[A-Za-z0-9_.-]{1,100}$")
+    prompt = serializers.CharField(trim_whitespace=False, allow_blank=False)
+    session = serializers.UUIDField(required=False, allow_null=True)
+    deep_research = serializers.BooleanField(default=False)
+    max_runtime_s = serializers.IntegerField(default=1800, min_value=1, max_value=7 * 86400)
+    exclusive = serializers.BooleanField(default=True)
+
+    def validate_prompt(self, value):
+        if "\x00" in value:
+            raise serializers.ValidationError("must not contain NUL")
+        if len(value.encode()) > PROMPT_MAX_BYTES:
+            raise serializers.ValidationError(f"must be at most {PROMPT_MAX_BYTES} bytes")
+        return value
+
+    def validate_folder(self, value):
+        if not value.startswith("/"):
+            raise serializers.ValidationError("must be an absolute path")
+        if ".." in value.split("/") or "\x00" in value:
+            raise serializers.ValidationError("must not contain '..' or NUL")
+        return value
+
+
+class GrantCreateSerializer(StrictSerializer):
+    machine = serializers.UUIDField()
+    path = serializers.CharField(max_length=4096)
+
+
+class PairingCodeSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=200, required=False)
+    machine = serializers.UUIDField(required=False)
+
+    def validate(self, attrs):
+        if bool(attrs.get("name")) == bool(attrs.get("machine")):
+            raise serializers.ValidationError({"non_field_errors": ["give either name or machine"]})
+        return attrs
+
+
+class PairSerializer(StrictSerializer):
+    code = serializers.CharField(max_length=64)
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class LeaseGrantSerializer(StrictSerializer):
+    operation_id = serializers.UUIDField()
+
+
+class LeaseRenewSerializer(StrictSerializer):
+    output_tail = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, max_length=64 * 1024)
+
+
+class ReceiptSerializer(StrictSerializer):
+    event_id = serializers.CharField(min_length=1, max_length=100)
+    generation = serializers.IntegerField(min_value=0)
+    operation_id = serializers.UUIDField()
+    kind = serializers.ChoiceField(RECEIPT_KINDS)
+    slept_s = serializers.FloatField(required=False, allow_null=True, min_value=0)
+    facts = serializers.DictField(required=False, default=dict)
+
+    def validate(self, attrs):
+        facts = attrs["facts"]
+        kind = attrs["kind"]
+        if kind == "final":
+            if facts.get("process_started") not in (True, False, "unknown"):
+                raise serializers.ValidationError({"facts": ["process_started must be true, false or \"unknown\""]})
+            for name in ("exit_code", "signal"):
+                if facts.get(name) is not None and not isinstance(facts[name], int):
+                    raise serializers.ValidationError({"facts": [f"{name} must be an integer or null"]})
+            if facts.get("runtime_s") is not None and not isinstance(facts["runtime_s"], (int, float)):
+                raise serializers.ValidationError({"facts": ["runtime_s must be a number"]})
+            if not isinstance(facts.get("survivors", []), list):
+                raise serializers.ValidationError({"facts": ["survivors must be a list"]})
+        if kind == "running" and not isinstance(facts.get("pid"), int):
+            raise serializers.ValidationError({"facts": ["running needs an integer pid"]})
+        if kind == "report":
+            record = facts.get("record", "missing")
+            if record == "missing" or not (record is None or isinstance(record, dict)):
+                raise serializers.ValidationError({"facts": ["report needs record: null or an object"]})
+        attrs["operation_id"] = str(attrs["operation_id"])
+        return attrs
+
+
+def _iso(value):
+    return value.isoformat() if value else None
+
+
+def serialize_machine(machine: Machine, *, now=None) -> dict:
+    """Machine shape of GET /api/machines/ and of ``machine`` board events (B7)."""
+    now = now or clock.now()
+    offline = machine.last_heard_at is None or (now - machine.last_heard_at).total_seconds() > settings.RUNSTEAD_MACHINE_OFFLINE_S
+    return {
+        "id": str(machine.id),
+        "name": machine.name,
+        "generation": machine.generation,
+        "paired": machine.paired,
+        "last_heard_at": _iso(machine.last_heard_at),
+        "offline": offline,
+        "version": machine.version,
+    }
+
+
+def serialize_task(task: Task) -> dict:
+    """Task shape of the API and of ``task`` board events (H, B1)."""
+    return {
+        "id": str(task.id),
+        "state": task.state,
+        "state_reason": task.state_reason,
+        "machine": str(task.machine_id),
+        "folder": task.folder,
+        "agent": task.agent,
+        "prompt": task.prompt,
+        "session": str(task.session_id) if task.session_id else None,
+        "deep_research": task.deep_research,
+        "max_runtime_s": task.max_runtime_s,
+        "exclusive": task.exclusive,
+        "created_at": _iso(task.created_at),
+        "updated_at": _iso(task.updated_at),
+        "final_at": _iso(task.final_at),
+        "cancel_requested_at": _iso(task.cancel_requested_at),
+        "reserved_s": task.reserved_s,
+        "charged_s": task.charged_s,
+        "pid": task.pid,
+        "exit_code": task.exit_code,
+        "signal": task.signal,
+        "stop_reason": task.stop_reason,
+        "runtime_s": task.runtime_s,
+        "slept_s": task.slept_s,
+        "survivors": task.survivors,
+        "output_tail": task.output_tail,
+        "holds_lock": task.holds_lock,
+        "version": task.version,
+    }
+
+
+def serialize_task_detail(task: Task) -> dict:
+    """GET /api/tasks/{id}/: the task with its events, lease and last 50 receipts."""
+    lease = task.leases.first()
+    return {
+        **serialize_task(task),
+        "lease": None
+        if lease is None
+        else {
+            "id": str(lease.id),
+            "granted_at": _iso(lease.granted_at),
+            "expires_at": _iso(lease.expires_at),
+            "renewals": lease.renewals,
+            "last_renewed_at": _iso(lease.last_renewed_at),
+            "refused_reason": lease.refused_reason,
+            "ended_at": _iso(lease.ended_at),
+            "end_reason": lease.end_reason,
+        },
+        "events": [
+            {"old_state": e.old_state, "new_state": e.new_state, "reason": e.reason, "actor": e.actor, "at": _iso(e.at)}
+            for e in task.events.all()
+        ],
+        "receipts": [
+            {"event_id": r.event_id, "kind": r.kind, "generation": r.generation, "body": r.body,
+             "answer": r.response_body, "received_at": _iso(r.received_at)}
+            for r in task.receipts.all()[:50]
+        ],
+    }
+
+
+def serialize_grant(grant: Grant) -> dict:
+    return {
+        "id": str(grant.id),
+        "machine": str(grant.machine_id),
+        "path": grant.path,
+        "created_at": _iso(grant.created_at),
+        "revoked_at": _iso(grant.revoked_at),
+    }

@@ -1,0 +1,213 @@
+"""Task API views: parse, authorise, call one service, render (SPEC H)."""
+from django.http import HttpResponse
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, status
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from config import clock
+from tasks_app.api import serializers as s
+from tasks_app.auth import IsMachine, request_machine
+from tasks_app.models import Budget, Grant, Machine, Task
+from tasks_app.services import acceptance, cancel, leases, messages, pairing, receipts, revocation
+
+
+def _json(status_code: int, body: str, **headers) -> HttpResponse:
+    response = HttpResponse(body, status=status_code, content_type="application/json")
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
+class TaskListCreate(generics.GenericAPIView):
+    """GET: the owner's tasks (paginated). POST: accept a task (A1-A8)."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request):
+        page = self.paginate_queryset(Task.objects.filter(owner=request.user))
+        return self.get_paginated_response([s.serialize_task(t) for t in page])
+
+    @extend_schema(
+        request=s.TaskCreateSerializer,
+        responses={201: OpenApiTypes.OBJECT},
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key", str, OpenApiParameter.HEADER, required=True,
+                description="1-255 printable ASCII; replays return the stored response with "
+                "Idempotent-Replayed: true; records are kept until the task is final plus the retention window.",
+            )
+        ],
+    )
+    def post(self, request):
+        key = acceptance.parse_idempotency_key(request.headers.get("Idempotency-Key"))
+        serializer = s.TaskCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        stored = acceptance.task_accept(
+            owner=request.user, key=key, raw_body=request.data, data=serializer.validated_data,
+            now=clock.now(), serialize=s.serialize_task,
+        )
+        headers = {"Idempotent-Replayed": "true"} if stored.replayed else {}
+        return _json(stored.status, stored.body, **headers)
+
+
+class TaskDetail(APIView):
+    def get(self, request, task_id):
+        task = get_object_or_404(Task, pk=task_id, owner=request.user)
+        return Response(s.serialize_task_detail(task))
+
+
+class TaskCancel(APIView):
+    """J7."""
+
+    def post(self, request, task_id):
+        task = get_object_or_404(Task, pk=task_id, owner=request.user)
+        task = cancel.task_cancel(task=task, actor=f"owner:{request.user.get_username()}", now=clock.now())
+        return Response(s.serialize_task(task))
+
+
+class BudgetView(APIView):
+    def get(self, request):
+        budget = get_object_or_404(Budget, owner=request.user)
+        return Response({"limit_s": budget.limit_s, "reserved_s": budget.reserved_s, "spent_s": budget.spent_s})
+
+
+class MachineList(generics.GenericAPIView):
+    def get(self, request):
+        now = clock.now()
+        page = self.paginate_queryset(Machine.objects.filter(owner=request.user))
+        return self.get_paginated_response([s.serialize_machine(m, now=now) for m in page])
+
+
+class MachineUnpair(APIView):
+    """P1, P3."""
+
+    def post(self, request, machine_id):
+        machine = get_object_or_404(Machine, pk=machine_id, owner=request.user)
+        machine = revocation.machine_unpair(machine=machine, actor=f"owner:{request.user.get_username()}", now=clock.now())
+        return Response(s.serialize_machine(machine))
+
+
+class PairingCodeCreate(APIView):
+    def post(self, request):
+        serializer = s.PairingCodeSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        code, row = pairing.pairing_code_create(
+            owner=request.user, name=serializer.validated_data.get("name", ""),
+            machine_id=serializer.validated_data.get("machine"), now=clock.now(),
+        )
+        return Response({"code": code, "expires_at": row.expires_at.isoformat()}, status=status.HTTP_201_CREATED)
+
+
+class GrantListCreate(generics.GenericAPIView):
+    def get(self, request):
+        page = self.paginate_queryset(Grant.objects.filter(owner=request.user))
+        return self.get_paginated_response([s.serialize_grant(g) for g in page])
+
+    def post(self, request):
+        serializer = s.GrantCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        grant = revocation.grant_create(
+            owner=request.user, machine_id=serializer.validated_data["machine"],
+            path=serializer.validated_data["path"], now=clock.now(),
+        )
+        return Response(s.serialize_grant(grant), status=status.HTTP_201_CREATED)
+
+
+class GrantRevoke(APIView):
+    def post(self, request, grant_id):
+        grant = get_object_or_404(Grant, pk=grant_id, owner=request.user)
+        grant = revocation.grant_revoke(grant=grant, actor=f"owner:{request.user.get_username()}", now=clock.now())
+        return Response(s.serialize_grant(grant))
+
+
+# --- worker endpoints ------------------------------------------------------------------
+
+
+class MachineView(APIView):
+    """Base of the worker endpoints: a machine token, and ``last_heard_at`` written
+    outside the business transaction (P2)."""
+
+    permission_classes = [IsMachine]
+
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+        pairing.machine_heard(machine=request_machine(request), now=clock.now())
+
+
+class WorkerPair(APIView):
+    """Exchange a pairing code for a machine token (K1)."""
+
+    permission_classes = [AllowAny]
+    authentication_classes = []
+
+    def post(self, request):
+        serializer = s.PairSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        machine, token = pairing.machine_pair(
+            code=serializer.validated_data["code"], name=serializer.validated_data.get("name", ""), now=clock.now()
+        )
+        return Response(
+            {"machine_id": str(machine.id), "token": token, "generation": machine.generation, "name": machine.name},
+            status=status.HTTP_201_CREATED,
+        )
+
+
+class WorkerMessages(MachineView):
+    """Long-poll the outbox (W2)."""
+
+    @extend_schema(parameters=[OpenApiParameter("wait", float, description="seconds to wait, at most 25")])
+    def get(self, request):
+        try:
+            wait = float(request.query_params.get("wait", 0))
+        except ValueError:
+            wait = -1
+        if not 0 <= wait <= messages.MAX_WAIT_S:
+            return Response({"error": "invalid_wait", "detail": "wait must be 0..25 seconds"}, status=400)
+        pulled = messages.messages_pull(machine=request_machine(request), wait_s=wait)
+        return Response(
+            {"messages": [{"id": str(m.id), "kind": m.kind, "operation_id": str(m.operation_id), "payload": m.payload} for m in pulled]}
+        )
+
+
+class WorkerMessageAck(MachineView):
+    def post(self, request, message_id):
+        messages.message_ack(machine=request_machine(request), message_id=message_id, now=clock.now())
+        return Response({"acked": True})
+
+
+class WorkerLeaseGrant(MachineView):
+    """L1, L2."""
+
+    def post(self, request):
+        serializer = s.LeaseGrantSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        lease, created = leases.lease_grant(
+            machine=request_machine(request), operation_id=serializer.validated_data["operation_id"], now=clock.now()
+        )
+        return Response(leases.lease_body(lease), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class WorkerLeaseRenew(MachineView):
+    """L2, L5, L10."""
+
+    def post(self, request, lease_id):
+        serializer = s.LeaseRenewSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        lease = leases.lease_renew(
+            machine=request_machine(request), lease_id=lease_id,
+            output_tail=serializer.validated_data.get("output_tail"), now=clock.now(),
+        )
+        return Response(leases.lease_body(lease))
+
+
+class WorkerReceipts(MachineView):
+    """R1-R3."""
+
+    def post(self, request):
+        serializer = s.ReceiptSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        code, body = receipts.receipt_apply(machine=request_machine(request), receipt=serializer.validated_data, now=clock.now())
+        return _json(code, body)

@@ -1,0 +1,55 @@
+"""The facts table J6: the only place that maps how a process ended to a final state."""
+from dataclasses import dataclass
+
+from tasks_app.models import TaskState
+
+# Budget outcomes of J4.
+RELEASE = "release"  # certain the process never started: full release
+RUNTIME = "runtime"  # charge runtime_s (capped at the reservation), release the rest
+KEEP = "keep"  # stays unknown: reservation kept
+
+REFUSAL_STOP_REASON = {"cancelled": "cancel", "max_runtime": "max_runtime"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``state`` is a final TaskState, or None when the facts leave the task ``unknown``."""
+
+    state: str | None
+    budget: str
+    row: int
+    reason: str
+
+
+def stop_reason_for_refusal(refusal: str) -> str:
+    """J6 footnote: the worker's ``stop_reason`` for a refused renewal reason (L5)."""
+    return REFUSAL_STOP_REASON.get(refusal, "renewal_refused")
+
+
+def judge(facts: dict, *, leased: bool) -> Verdict:
+    """Apply the J6 table (first matching row wins) to a final receipt's ``facts``
+    (J1 shape: process_started true/false/"unknown", exit_code, signal,
+    ended_within_lease, stop_reason, runtime_s). ``leased`` says whether the operation ever
+    got a lease."""
+    started = facts.get("process_started")
+    stop = facts.get("stop_reason")
+    exit_code = facts.get("exit_code")
+    signal = facts.get("signal")
+    if not leased or started is False:
+        return Verdict(TaskState.NOT_STARTED, RELEASE, 1, "never leased" if not leased else "process not started")
+    if started is not True or (exit_code is None and signal is None):
+        return Verdict(None, KEEP, 2, "process start or exit status unknown")
+    if stop == "cancel":
+        return Verdict(TaskState.CANCELLED, RUNTIME, 3, "cancelled")
+    if facts.get("ended_within_lease") is False:
+        return Verdict(TaskState.FAILED_LEASE_LOST, RUNTIME, 4, "ended after its lease was lost")
+    if stop in ("deadline", "renewal_refused"):
+        return Verdict(TaskState.FAILED_LEASE_LOST, RUNTIME, 5, f"stopped: {stop}")
+    if stop == "exit" and exit_code == 0 and signal is None:
+        return Verdict(TaskState.SUCCEEDED, RUNTIME, 6, "exit 0")
+    if stop == "exit":
+        what = f"signal {signal}" if signal is not None else f"exit {exit_code}"
+        return Verdict(TaskState.FAILED, RUNTIME, 7, what)
+    if stop in ("max_runtime", "worker_shutdown", "worker_restart"):
+        return Verdict(TaskState.FAILED, RUNTIME, 8, f"stopped: {stop}")
+    return Verdict(None, KEEP, 2, f"unrecognised stop_reason {stop!r}")

@@ -1,0 +1,78 @@
+"""Row locks and retries shared by the services (P1, P2).
+
+Lock order everywhere: idempotency key -> machine -> grant -> budget -> task -> lease.
+On SQLite every transaction is ``BEGIN IMMEDIATE`` (settings), so writers serialize and
+the row-lock helpers below have nothing to add there.
+"""
+import functools
+import hashlib
+import logging
+import time
+
+from django.db import OperationalError, connection, transaction
+
+log = logging.getLogger("runstead.locking")
+
+DEADLOCK_RETRIES = 3
+
+
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def for_key_share(queryset) -> list:
+    """Evaluate ``queryset`` taking ``FOR KEY SHARE`` on its rows (PostgreSQL); Django has
+    no shared row lock (ticket #10088). Must run inside ``transaction.atomic()``.
+
+    Rows a concurrent ``FOR UPDATE`` holder changes are re-checked against the WHERE
+    clause once it commits, so a filter such as ``revoked_at IS NULL`` sees the revocation
+    (P1). Returns model instances.
+    """
+    if not connection.in_atomic_block:
+        raise transaction.TransactionManagementError("for_key_share() needs an atomic block")
+    if not is_postgres():
+        return list(queryset)
+    sql, params = queryset.query.sql_with_params()
+    return list(queryset.model.objects.raw(f"{sql} FOR KEY SHARE", params))
+
+
+def advisory_xact_lock(name: str) -> None:
+    """Transaction-scoped exclusive lock on ``name`` (PostgreSQL advisory lock; on SQLite
+    the IMMEDIATE transaction already excludes other writers). Used as the per-machine
+    folder-lock check of A8."""
+    if not is_postgres():
+        return
+    key = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [key])
+
+
+def lock_budget(owner_id) -> None:
+    """``FOR UPDATE`` on the owner's budget row. Taken before any task row by every
+    transaction that may settle a budget, keeping the P2 order budget -> task."""
+    from tasks_app.models import Budget
+
+    Budget.objects.select_for_update().filter(owner_id=owner_id).first()
+
+
+def _is_deadlock(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) == "40P01"
+
+
+def retry_on_deadlock(func):
+    """Run ``func`` (which opens its own atomic block) again on a PostgreSQL deadlock
+    (40P01), at most ``DEADLOCK_RETRIES`` times (P2)."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        for attempt in range(DEADLOCK_RETRIES + 1):
+            try:
+                return func(*args, **kwargs)
+            except OperationalError as exc:
+                if not _is_deadlock(exc) or attempt == DEADLOCK_RETRIES or connection.in_atomic_block:
+                    raise
+                log.warning("deadlock in %s, retry %d", func.__name__, attempt + 1)
+                time.sleep(0.01 * (attempt + 1))
+
+    return wrapper

@@ -1,0 +1,102 @@
+"""Pairing codes and machine tokens (SPEC K1)."""
+import secrets
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+
+from config.errors import ApplicationError
+from sessions_app.broadcast import broadcast
+from tasks_app.auth import token_digest
+from tasks_app.models import Machine, PairingAttempt, PairingCode
+
+CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # 32 symbols, no look-alikes
+CODE_LENGTH = 12  # 60 bits (K1 asks for at least 40)
+MAX_FAILED_ATTEMPTS_PER_MINUTE = 30
+LAST_HEARD_WRITE_EVERY_S = 5
+
+
+def pairing_code_create(*, owner, name: str = "", machine_id=None, now: datetime) -> tuple[str, PairingCode]:
+    """A one-time code for a new machine (``name``) or to re-pair ``machine_id``; expires in
+    RUNSTEAD_PAIRING_CODE_TTL_S seconds (600). Returns (code, row); only the hash is stored.
+    Raises ApplicationError 404 for a machine that is not the owner's."""
+    machine = None
+    if machine_id is not None:
+        machine = Machine.objects.filter(pk=machine_id, owner=owner).first()
+        if machine is None:
+            raise ApplicationError("not_found", "no such machine", status_code=404)
+    code = "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
+    row = PairingCode.objects.create(
+        owner=owner,
+        machine=machine,
+        name=name or (machine.name if machine else ""),
+        code_hash=token_digest(code),
+        expires_at=now + timedelta(seconds=settings.RUNSTEAD_PAIRING_CODE_TTL_S),
+    )
+    return code, row
+
+
+def _normalize_code(code: str) -> str:
+    return code.strip().upper().replace("-", "").replace(" ", "")
+
+
+def machine_pair(*, code: str, name: str = "", now: datetime) -> tuple[Machine, str]:
+    """Exchange a pairing code for a machine token (single use, unexpired). A re-pair bumps
+    the machine's generation so the old token answers 401 ``token_revoked``. Attempts are
+    counted in the database; too many failures in a minute answer 429. Returns
+    (machine, token). Raises ApplicationError 400 ``pairing_code_invalid`` or 429."""
+    recent_failures = PairingAttempt.objects.filter(at__gte=now - timedelta(minutes=1), ok=False).count()
+    if recent_failures >= MAX_FAILED_ATTEMPTS_PER_MINUTE:
+        raise ApplicationError("too_many_attempts", "too many pairing attempts, wait a minute", status_code=429)
+    with transaction.atomic():
+        row = (
+            PairingCode.objects.select_for_update()
+            .filter(code_hash=token_digest(_normalize_code(code)), used_at__isnull=True, expires_at__gt=now)
+            .first()
+        )
+        if row is not None:
+            PairingCode.objects.filter(pk=row.pk).update(attempts=F("attempts") + 1, used_at=now)
+            token = secrets.token_urlsafe(32)
+            if row.machine_id:
+                machine = Machine.objects.select_for_update().get(pk=row.machine_id)
+                machine.generation += 1
+                machine.version += 1
+            else:
+                machine = Machine(owner_id=row.owner_id, name=row.name or "machine", generation=1)
+            if name:
+                machine.name = name
+            machine.token_hash = token_digest(token)
+            machine.paired = True
+            machine.unpaired_at = None
+            machine.last_heard_at = now
+            machine.save()
+            machine_publish(machine)
+        PairingAttempt.objects.create(at=now, ok=row is not None)
+    if row is None:
+        raise ApplicationError("pairing_code_invalid", "unknown, used or expired pairing code", status_code=400)
+    return machine, token
+
+
+def machine_publish(machine: Machine) -> None:
+    """Broadcast a machine's state to its owner's boards (B2, B7)."""
+    from tasks_app.api.serializers import serialize_machine
+
+    broadcast(machine.owner_id, {"type": "machine", "machine": serialize_machine(machine), "version": machine.version})
+
+
+def machine_heard(*, machine: Machine, now: datetime) -> None:
+    """Record that the service heard from ``machine``, outside business transactions (P2),
+    at most every LAST_HEARD_WRITE_EVERY_S seconds; a change that brings an offline
+    machine back is broadcast."""
+    last = machine.last_heard_at
+    if last is not None and (now - last).total_seconds() < LAST_HEARD_WRITE_EVERY_S:
+        return
+    was_offline = last is None or (now - last).total_seconds() > settings.RUNSTEAD_MACHINE_OFFLINE_S
+    updated = Machine.objects.filter(pk=machine.pk, last_heard_at=last).update(
+        last_heard_at=now, version=F("version") + 1
+    )
+    machine.last_heard_at = now
+    if updated and was_offline:
+        machine.refresh_from_db()
+        machine_publish(machine)

@@ -1,0 +1,102 @@
+"""Shared fixtures: owners, machines, grants, API clients; and the CI rule for services.
+
+Tests marked ``postgres`` need PostgreSQL and Redis (``DATABASE_URL``, ``REDIS_URL``). The
+SQLite pass deselects them (see ./test); under ``CI=true`` a missing server fails them.
+"""
+import os
+import secrets
+
+import pytest
+from django.conf import settings
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+
+@pytest.fixture(autouse=True)
+def _services_for_marked_tests(request):
+    if request.node.get_closest_marker("postgres") and not (settings.DATABASE_URL and settings.REDIS_URL):
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI=true: this test needs DATABASE_URL and REDIS_URL and is never skipped")
+        pytest.skip("needs DATABASE_URL and REDIS_URL")
+
+
+@pytest.fixture
+def make_owner(db):
+    from django.contrib.auth import get_user_model
+
+    from tasks_app.models import Budget
+
+    def make(username=None, limit_s=36000):
+        user = get_user_model().objects.create_user(username or f"owner-{secrets.token_hex(4)}", password="pw")
+        Budget.objects.create(owner=user, limit_s=limit_s)
+        Token.objects.create(user=user)
+        return user
+
+    return make
+
+
+@pytest.fixture
+def owner(make_owner):
+    return make_owner("alice")
+
+
+@pytest.fixture
+def other_owner(make_owner):
+    return make_owner("mallory")
+
+
+def owner_api(user) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
+    return client
+
+
+@pytest.fixture
+def owner_client(owner):
+    return owner_api(owner)
+
+
+@pytest.fixture
+def make_machine(db):
+    from tasks_app.auth import token_digest
+    from tasks_app.models import Machine
+
+    def make(user, name="laptop"):
+        token = secrets.token_urlsafe(32)
+        machine = Machine.objects.create(
+            owner=user, name=name, generation=1, token_hash=token_digest(token), paired=True
+        )
+        machine.test_token = token
+        return machine
+
+    return make
+
+
+@pytest.fixture
+def machine(owner, make_machine):
+    return make_machine(owner)
+
+
+def machine_api(machine) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Machine {machine.test_token}")
+    return client
+
+
+@pytest.fixture
+def machine_client(machine):
+    return machine_api(machine)
+
+
+@pytest.fixture
+def grant_root(tmp_path):
+    root = tmp_path / "grant"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def grant(machine, grant_root):
+    from tasks_app.models import Grant
+
+    return Grant.objects.create(owner=machine.owner, machine=machine, path=str(grant_root))

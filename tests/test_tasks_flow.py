@@ -1,0 +1,68 @@
+"""The task life cycle through the HTTP API on either database (SPEC 2, A, L, R, J)."""
+import pytest
+
+from tasks_app.models import Budget, Lease, OutboxMessage, Task, TaskEvent
+from tests.conftest import machine_api
+from tests.factories import final_facts, grant_lease, receipt, submit
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a2_l1_j6_happy_path_accept_ack_lease_run_succeed(owner, machine, grant, grant_root):
+    resp = submit(owner, machine, grant_root / "repo")
+    assert resp.status_code == 201, resp.content
+    task_id = resp.json()["id"]
+    assert resp.json()["state"] == "accepted"
+    budget = Budget.objects.get(owner=owner)
+    assert budget.reserved_s == 1800
+
+    pulled = machine_api(machine).get("/api/worker/messages/?wait=0").json()["messages"]
+    assert [m["kind"] for m in pulled] == ["start"]
+    assert pulled[0]["payload"]["grant_root"] == str(grant_root)
+    assert machine_api(machine).post(f"/api/worker/messages/{pulled[0]['id']}/ack/").status_code == 200
+    assert Task.objects.get(pk=task_id).state == "delivered"
+
+    lease = grant_lease(machine, task_id)
+    assert lease.status_code == 201, lease.content
+    assert set(lease.json()) == {"lease_id", "expires_at", "duration_s", "renew_every_s", "margin_s", "kill_grace_s"}
+    assert grant_lease(machine, task_id).json()["lease_id"] == lease.json()["lease_id"]  # L1 idempotent
+    assert receipt(machine, task_id, "starting").json() == {"outcome": "applied"}
+    assert receipt(machine, task_id, "running", {"pid": 4242, "pgid": 4242, "process_start_time": 1.0}).json() == {
+        "outcome": "applied"
+    }
+    renew = machine_api(machine).post(
+        f"/api/worker/leases/{lease.json()['lease_id']}/renew/", {"output_tail": "line 1\n"}, format="json"
+    )
+    assert renew.status_code == 200
+    assert receipt(machine, task_id, "final", final_facts(runtime_s=100.0)).json() == {"outcome": "applied"}
+
+    task = Task.objects.get(pk=task_id)
+    assert task.state == "succeeded"
+    assert not task.holds_lock
+    budget.refresh_from_db()
+    assert (budget.reserved_s, budget.spent_s) == (0, 100.0)
+    assert [e.new_state for e in TaskEvent.objects.filter(task=task)] == [
+        "accepted", "delivered", "starting", "starting", "running", "succeeded",
+    ]
+    assert OutboxMessage.objects.filter(operation__task=task).count() == 1
+
+
+def test_r1_duplicate_receipt_gets_first_answer_byte_equal(owner, machine, grant, grant_root):
+    task_id = submit(owner, machine, grant_root).json()["id"]
+    grant_lease(machine, task_id)
+    first = receipt(machine, task_id, "final", final_facts(), event_id="ev-1")
+    second = receipt(machine, task_id, "final", final_facts(exit_code=3), event_id="ev-1")
+    assert first.content == second.content
+    assert Task.objects.get(pk=task_id).state == "succeeded"
+
+
+def test_l6_renewal_after_expiry_refused_and_task_unknown(owner, machine, grant, grant_root, time_machine):
+    time_machine.move_to("2026-01-01T00:00:00Z", tick=False)
+    task_id = submit(owner, machine, grant_root).json()["id"]
+    lease_id = grant_lease(machine, task_id).json()["lease_id"]
+    time_machine.shift(61)
+    resp = machine_api(machine).post(f"/api/worker/leases/{lease_id}/renew/", {}, format="json")
+    assert resp.status_code == 409 and resp.json()["error"] == "expired"
+    assert Task.objects.get(pk=task_id).state == "unknown"
+    assert OutboxMessage.objects.filter(operation__task_id=task_id, kind="query").count() == 1
+    assert Lease.objects.get(pk=lease_id).end_reason == "expired"
