@@ -157,7 +157,11 @@
       delete marker.server_time;
       sess.markers.set(ev.device_id, touch(marker));
     } else if (ev.type === "task" && ev.task) {
-      applyRow(board.tasks, ev.task, ev.version);
+      var shown = board.tasks.get(ev.task.id);
+      var task = ev.task;
+      // Events carry no start time; keep the one the snapshot gave (live runtime).
+      if (!task.started_at && shown && shown.started_at) task = Object.assign({}, task, { started_at: shown.started_at });
+      applyRow(board.tasks, task, ev.version);
     } else if (ev.type === "machine" && ev.machine) {
       applyRow(board.machines, ev.machine, ev.version);
     }

@@ -105,3 +105,23 @@ def test_b1_board_page_requires_login_and_embeds_the_snapshot(owner, machine, gr
     assert "</script><script>alert(1)" not in html  # json_script escapes the prompt
     assert "/static/board.js" in html
     assert 'data-csrf="' in html
+
+
+@pytest.mark.django_db
+def test_m3_snapshot_markers_carry_expiry_and_running_by_service_clock(owner):
+    from sessions_app.models import Marker
+
+    now = timezone.now()
+    session = make_session(owner, status="busy")
+    grace = timedelta(seconds=settings.RUNSTEAD_MARKER_GRACE_S)
+    Marker.objects.create(session=session, device_id="phone", device_name="Phone", turn_id="t1", state="running",
+                          started_at=now - timedelta(minutes=30), expires_at=now - grace - timedelta(seconds=1))
+    Marker.objects.create(session=session, device_id="mac", device_name="Mac", turn_id="t2", state="running",
+                          started_at=now, expires_at=now + timedelta(minutes=20), version=4)
+    markers = {m["device_id"]: m for m in owner_api(owner).get("/api/board/").json()["sessions"][0]["markers"]}
+    assert markers["phone"]["running"] is False  # expired past grace: a read-side decision (M3)
+    assert markers["mac"]["running"] is True
+    assert markers["mac"]["version"] == 4
+    assert markers["mac"]["device_name"] == "Mac"
+    assert markers["mac"]["turn_id"] == "t2"
+    assert markers["mac"]["expires_at"] == (now + timedelta(minutes=20)).isoformat()
