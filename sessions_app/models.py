@@ -1,8 +1,13 @@
-"""Chat sessions, their running markers and background jobs (SPEC M, S)."""
+"""Chat sessions, their running markers and background jobs (SPEC M, S).
+
+Times are UTC; durations are seconds. Status, markers and jobs change only through
+``sessions_app.services``.
+"""
 import uuid
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 
 
 class SessionStatus(models.TextChoices):
@@ -11,7 +16,8 @@ class SessionStatus(models.TextChoices):
 
 
 class Session(models.Model):
-    """A chat session. ``status`` is stored and changed only by compare-and-set (S2)."""
+    """A chat session. ``status`` is stored and changed only by compare-and-set (S2);
+    ``version`` rises on every change of the row (B2)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions")
@@ -23,6 +29,90 @@ class Session(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        indexes = [
+            # services.sessions_sweep: busy sessions whose busy may have lapsed (S7, M3).
+            models.Index(fields=["status_since"], condition=Q(status="busy"), name="session_busy_since"),
+        ]
 
     def __str__(self):
         return self.title or str(self.id)
+
+
+class MarkerState(models.TextChoices):
+    RUNNING = "running"
+    ENDED = "ended"
+
+
+class Marker(models.Model):
+    """One device's record of its current turn in one session (M1-M8).
+
+    One row per (session, device) (M7); a new turn overwrites the row. Whether it shows
+    RUNNING is decided on read (M3, ``services.marker_is_running``); nothing deletes it.
+    """
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="markers")
+    device_id = models.CharField(max_length=200)
+    device_name = models.CharField(max_length=200, blank=True)
+    turn_id = models.CharField(max_length=100)
+    state = models.CharField(max_length=10, choices=MarkerState.choices)
+    deep_research = models.BooleanField(default=False)
+    started_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    version = models.PositiveBigIntegerField(default=1)
+
+    class Meta:
+        ordering = ["session", "device_id"]
+        constraints = [models.UniqueConstraint(fields=["session", "device_id"], name="marker_session_device")]
+        indexes = [
+            # services.device_sweep (M5): running markers of one device.
+            models.Index(fields=["device_id"], condition=Q(state="running"), name="marker_running_device"),
+        ]
+
+    def __str__(self):
+        return f"{self.device_id} {self.state} {self.turn_id}"
+
+
+class EndedTurn(models.Model):
+    """Append-only: the turns of a session that ended (M4), so a late ``running`` for an
+    ended turn, or one that was overwritten by a newer turn, is never applied."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="ended_turns")
+    turn_id = models.CharField(max_length=100)
+    device_id = models.CharField(max_length=200)
+    ended_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["session", "turn_id"], name="ended_turn_session_turn")]
+
+
+class JobMode(models.TextChoices):
+    HELD = "held"
+    DETACHED = "detached"
+
+
+class Job(models.Model):
+    """Background work a session owns (S3, S4, S7).
+
+    A held job counts toward busy while it is unfinished, or finished with ``wakes`` and
+    not yet consumed by a later ``running`` marker, never past ``created_at +
+    RUNSTEAD_JOB_HOLD_MAX_S``, and never once cancelled. A detached job never counts.
+    """
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="jobs")
+    job_id = models.CharField(max_length=200)
+    mode = models.CharField(max_length=10, choices=JobMode.choices)
+    auto_backgrounded = models.BooleanField(default=False)
+    created_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    wakes = models.BooleanField(null=True, blank=True)
+    consumed_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+    version = models.PositiveBigIntegerField(default=1)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["session", "job_id"], name="job_session_job")]
+
+    def __str__(self):
+        return f"{self.job_id} ({self.mode})"

@@ -1,1 +1,17 @@
-urlpatterns = []
+"""Sessions API routes, included under ``/api/`` (SPEC H)."""
+from django.urls import path
+
+from sessions_app.api import views
+
+urlpatterns = [
+    path("sessions/", views.SessionListView.as_view(), name="sessions"),
+    path("sessions/active/", views.ActiveSessionsView.as_view(), name="sessions-active"),
+    path("sessions/<uuid:session_id>/", views.SessionDetailView.as_view(), name="session"),
+    path("sessions/<uuid:session_id>/marker/", views.MarkerView.as_view(), name="session-marker"),
+    path("sessions/<uuid:session_id>/jobs/", views.JobListView.as_view(), name="session-jobs"),
+    path(
+        "sessions/<uuid:session_id>/jobs/<str:job_id>/finish/", views.JobFinishView.as_view(), name="session-job-finish"
+    ),
+    path("sessions/<uuid:session_id>/stop/", views.SessionStopView.as_view(), name="session-stop"),
+    path("devices/<str:device_id>/sweep/", views.DeviceSweepView.as_view(), name="device-sweep"),
+]

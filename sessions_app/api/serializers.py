@@ -1,0 +1,106 @@
+"""Input and output shapes of the sessions API (SPEC H, M, S)."""
+from rest_framework import serializers
+
+from sessions_app.models import Job, JobMode, Marker, MarkerState, Session
+from sessions_app.services import job_counts, marker_is_running
+
+# A device id names one app instance (M5): a machine id, or ``<hostname>:<session id>``.
+DEVICE_ID_RE = r"^[^/\s]{1,200}$"
+TOKEN_RE = r"^[^/\s]{1,100}$"
+
+
+class SessionCreateIn(serializers.Serializer):
+    id = serializers.UUIDField(required=False)
+    title = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+
+
+class SessionRenameIn(serializers.Serializer):
+    title = serializers.CharField(max_length=300, allow_blank=True)
+
+
+class MarkerIn(serializers.Serializer):
+    turn_id = serializers.RegexField(TOKEN_RE)
+    device_id = serializers.RegexField(DEVICE_ID_RE)
+    device_name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    state = serializers.ChoiceField(choices=MarkerState.choices)
+    deep_research = serializers.BooleanField(required=False, default=False)
+
+
+class JobIn(serializers.Serializer):
+    job_id = serializers.RegexField(r"^[^/\s]{1,200}$")
+    mode = serializers.ChoiceField(choices=JobMode.choices, required=False, allow_null=True, default=None)
+    auto_backgrounded = serializers.BooleanField(required=False, default=False)
+
+    def validate(self, data):
+        if data["mode"] is None and not data["auto_backgrounded"]:
+            raise serializers.ValidationError({"mode": "required unless auto_backgrounded is true"})
+        return data
+
+
+class JobFinishIn(serializers.Serializer):
+    wakes = serializers.BooleanField()
+
+
+class MarkerOut(serializers.ModelSerializer):
+    running = serializers.SerializerMethodField(help_text="M3 on the service clock at the time of the answer")
+
+    class Meta:
+        model = Marker
+        fields = [
+            "session_id", "device_id", "device_name", "turn_id", "state", "deep_research",
+            "started_at", "expires_at", "ended_at", "version", "running",
+        ]
+
+    def get_running(self, marker) -> bool:
+        return marker_is_running(marker, self.context["now"])
+
+
+class JobOut(serializers.ModelSerializer):
+    counts = serializers.SerializerMethodField(help_text="whether it keeps the session busy now (S3, S4, S7)")
+
+    class Meta:
+        model = Job
+        fields = [
+            "job_id", "mode", "auto_backgrounded", "created_at", "finished_at", "wakes", "consumed_at",
+            "cancelled_at", "version", "counts",
+        ]
+
+    def get_counts(self, job) -> bool:
+        return job_counts(job, self.context["now"])
+
+
+class SessionOut(serializers.ModelSerializer):
+    markers = MarkerOut(many=True, read_only=True)
+
+    class Meta:
+        model = Session
+        fields = ["id", "title", "status", "status_since", "version", "created_at", "markers"]
+
+
+class MarkerWriteOut(serializers.Serializer):
+    outcome = serializers.ChoiceField(choices=["applied", "not_applied"])
+    reason = serializers.CharField(required=False)
+    marker = MarkerOut(allow_null=True)
+
+
+class SweepOut(serializers.Serializer):
+    closed = serializers.IntegerField()
+
+
+class StopOut(serializers.Serializer):
+    markers_closed = serializers.IntegerField()
+    jobs_cancelled = serializers.IntegerField()
+    tasks_cancelled = serializers.IntegerField()
+    status = serializers.CharField()
+    version = serializers.IntegerField()
+
+
+class ActiveSessionOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    status = serializers.CharField()
+    since = serializers.DateTimeField(source="status_since")
+
+
+class ActiveOut(serializers.Serializer):
+    sessions = ActiveSessionOut(many=True)
+    server_time = serializers.DateTimeField()

@@ -1,0 +1,156 @@
+"""Sessions API (SPEC H): views parse and authorise, ``sessions_app.services`` decides."""
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.pagination import CursorPagination
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from config import clock
+from config.errors import ApplicationError
+from sessions_app import services
+from sessions_app.api import serializers as s
+from sessions_app.models import Session
+from tasks_app.auth import IsOwnerOrMachine, request_machine
+
+
+def actor_of(request) -> str:
+    machine = request_machine(request)
+    return f"machine:{machine.pk}" if machine else f"owner:{request.user.username}"
+
+
+class SessionPagination(CursorPagination):
+    ordering = ("-created_at", "-id")
+
+
+def session_out(session: Session, now) -> dict:
+    return s.SessionOut(session, context={"now": now}).data
+
+
+class SessionListView(APIView):
+    @extend_schema(responses=s.SessionOut(many=True))
+    def get(self, request):
+        now = clock.now()
+        paginator = SessionPagination()
+        page = paginator.paginate_queryset(
+            Session.objects.filter(owner=request.user).prefetch_related("markers"), request, view=self
+        )
+        return paginator.get_paginated_response(s.SessionOut(page, many=True, context={"now": now}).data)
+
+    @extend_schema(request=s.SessionCreateIn, responses={201: s.SessionOut, 200: s.SessionOut})
+    def post(self, request):
+        data = _valid(s.SessionCreateIn, request)
+        now = clock.now()
+        session, created = services.session_create(
+            owner=request.user, session_id=data.get("id"), title=data["title"], now=now
+        )
+        return Response(session_out(session, now), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+class SessionDetailView(APIView):
+    def _get(self, request, session_id):
+        session = Session.objects.filter(pk=session_id, owner=request.user).prefetch_related("markers").first()
+        if session is None:
+            raise ApplicationError("not_found", "no such session", status_code=404)
+        return session
+
+    @extend_schema(responses=s.SessionOut)
+    def get(self, request, session_id):
+        return Response(session_out(self._get(request, session_id), clock.now()))
+
+    @extend_schema(request=s.SessionRenameIn, responses=s.SessionOut)
+    def patch(self, request, session_id):
+        data = _valid(s.SessionRenameIn, request)
+        now = clock.now()
+        services.session_rename(owner=request.user, session_id=session_id, title=data["title"], now=now)
+        return Response(session_out(self._get(request, session_id), now))
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, session_id):
+        services.session_delete(owner=request.user, session_id=session_id, now=clock.now())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MarkerView(APIView):
+    permission_classes = [IsOwnerOrMachine]
+
+    @extend_schema(request=s.MarkerIn, responses=s.MarkerWriteOut)
+    def put(self, request, session_id):
+        data = _valid(s.MarkerIn, request)
+        now = clock.now()
+        result = services.marker_write(
+            owner=request.user, session_id=session_id, machine=request_machine(request), now=now, **data
+        )
+        body = {
+            "outcome": result.outcome,
+            "marker": s.MarkerOut(result.marker, context={"now": now}).data if result.marker else None,
+        }
+        if result.reason:
+            body["reason"] = result.reason
+        return Response(body)
+
+
+class DeviceSweepView(APIView):
+    permission_classes = [IsOwnerOrMachine]
+
+    @extend_schema(request=None, responses=s.SweepOut)
+    def post(self, request, device_id):
+        s.serializers.RegexField(s.DEVICE_ID_RE).run_validation(device_id)
+        closed = services.device_sweep(
+            owner=request.user, device_id=device_id, machine=request_machine(request), now=clock.now()
+        )
+        return Response({"closed": closed})
+
+
+class JobListView(APIView):
+    permission_classes = [IsOwnerOrMachine]
+
+    @extend_schema(request=s.JobIn, responses={201: s.JobOut, 200: s.JobOut})
+    def post(self, request, session_id):
+        data = _valid(s.JobIn, request)
+        now = clock.now()
+        job, created = services.job_start(owner=request.user, session_id=session_id, now=now, **data)
+        return Response(
+            s.JobOut(job, context={"now": now}).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
+
+
+class JobFinishView(APIView):
+    permission_classes = [IsOwnerOrMachine]
+
+    @extend_schema(request=s.JobFinishIn, responses=s.JobOut)
+    def post(self, request, session_id, job_id):
+        data = _valid(s.JobFinishIn, request)
+        now = clock.now()
+        job = services.job_finish(owner=request.user, session_id=session_id, job_id=job_id, wakes=data["wakes"], now=now)
+        return Response(s.JobOut(job, context={"now": now}).data)
+
+
+class SessionStopView(APIView):
+    @extend_schema(request=None, responses=s.StopOut)
+    def post(self, request, session_id):
+        result = services.session_stop(
+            owner=request.user, session_id=session_id, actor=actor_of(request), now=clock.now()
+        )
+        return Response(
+            {
+                "markers_closed": result.markers_closed,
+                "jobs_cancelled": result.jobs_cancelled,
+                "tasks_cancelled": result.tasks_cancelled,
+                "status": result.session.status,
+                "version": result.session.version,
+            }
+        )
+
+
+class ActiveSessionsView(APIView):
+    @extend_schema(responses=s.ActiveOut)
+    def get(self, request):
+        now = clock.now()
+        sessions = services.sessions_active(owner=request.user, now=now)
+        return Response(s.ActiveOut({"sessions": sessions, "server_time": now}).data)
+
+
+def _valid(serializer_class, request) -> dict:
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return serializer.validated_data

@@ -1,0 +1,393 @@
+"""Session busy/idle (SPEC S1-S7) and the sessions API (H): exact ``session.status``
+sequences as published to the owner's board group, after commit."""
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from django.db import transaction
+
+from sessions_app import services
+from sessions_app.models import Job, Marker, Session
+from tests.conftest import machine_api, owner_api
+from tests.sessions_events import board_events  # noqa: F401  (fixture)
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+
+
+class Board:
+    """Drives the API as one owner; every call commits (captured on_commit callbacks run
+    at the end of the call), as in a real request."""
+
+    def __init__(self, client, capture):
+        self.client = client
+        self.capture = capture
+
+    def _call(self, method, url, body=None):
+        with self.capture(execute=True):
+            response = getattr(self.client, method)(url, body, format="json")
+        return response
+
+    def marker(self, sid, turn, state, device="laptop", expect=200, **extra):
+        response = self._call(
+            "put", f"/api/sessions/{sid}/marker/", {"turn_id": turn, "device_id": device, "state": state, **extra}
+        )
+        assert response.status_code == expect, response.content
+        return response.json()
+
+    def job(self, sid, job_id, mode="held", expect=201, **extra):
+        body = {"job_id": job_id, **extra}
+        if mode is not None:
+            body["mode"] = mode
+        response = self._call("post", f"/api/sessions/{sid}/jobs/", body)
+        assert response.status_code == expect, response.content
+        return response.json()
+
+    def finish(self, sid, job_id, wakes, expect=200):
+        response = self._call("post", f"/api/sessions/{sid}/jobs/{job_id}/finish/", {"wakes": wakes})
+        assert response.status_code == expect, response.content
+        return response.json()
+
+    def stop(self, sid, expect=200):
+        response = self._call("post", f"/api/sessions/{sid}/stop/")
+        assert response.status_code == expect, response.content
+        return response.json()
+
+    def active(self):
+        with self.capture(execute=True):
+            response = self.client.get("/api/sessions/active/")
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    def sweep(self, now):
+        with self.capture(execute=True):
+            return services.sessions_sweep(now=now)
+
+
+@pytest.fixture
+def board(owner_client, django_capture_on_commit_callbacks, board_events):
+    return Board(owner_client, django_capture_on_commit_callbacks)
+
+
+@pytest.fixture
+def at(time_machine):
+    """Pins the service clock: ``at(seconds)`` moves to T0 + seconds."""
+
+    def move(seconds=0.0):
+        time_machine.move_to(T0 + timedelta(seconds=seconds), tick=False)
+        return T0 + timedelta(seconds=seconds)
+
+    move(0)
+    return move
+
+
+def new_id():
+    return str(uuid.uuid4())
+
+
+def make_task(owner, machine, grant, session_id, state="accepted", **extra):
+    from tasks_app.models import Operation, Task
+
+    now = datetime.now(timezone.utc)
+    task = Task.objects.create(
+        owner=owner, machine=machine, grant=grant, session_id=session_id, folder=grant.path, agent="claude",
+        prompt="p", state=state, created_at=now, updated_at=now, **extra,
+    )
+    Operation.objects.create(task=task, created_at=now)
+    return task
+
+
+def set_task_state(task, state, capture):
+    """What the task code does in each transition: change the row, then refresh S1."""
+    from tasks_app.models import Task
+
+    with capture(execute=True):
+        with transaction.atomic():
+            Task.objects.filter(pk=task.pk).update(state=state)
+            services.session_refresh_status(session_id=task.session_id, now=datetime.now(timezone.utc))
+
+
+# --- the sequences of issue 7 -----------------------------------------------------------
+
+
+def test_s1_plain_turn_busy_then_idle(board, board_events, owner, at):
+    sid = new_id()
+    board.marker(sid, "t1", "running")
+    assert board_events.statuses(owner, sid) == ["busy"]
+    at(30)
+    board.marker(sid, "t1", "ended")
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+    session = Session.objects.get(pk=sid)
+    assert (session.status, session.status_since) == ("idle", T0 + timedelta(seconds=30))
+    versions = [e["version"] for e in board_events.of(owner) if e["type"] == "session.status"]
+    assert versions == sorted(versions) and len(set(versions)) == 2
+
+
+def test_s3_held_job_wakes_new_turn_no_idle_in_between(board, board_events, owner, at):
+    sid = new_id()
+    board.marker(sid, "turn-1", "running")
+    at(10)
+    board.job(sid, "bg-1", "held")
+    at(20)
+    board.marker(sid, "turn-1", "ended")  # the turn ends before the job finishes
+    assert Session.objects.get(pk=sid).status == "busy"
+    at(300)
+    job = board.finish(sid, "bg-1", wakes=True)
+    assert job["counts"] is True  # waits for the wake turn
+    assert Session.objects.get(pk=sid).status == "busy"
+    at(301)
+    board.marker(sid, "turn-2", "running")  # the job's notice wakes a new turn
+    assert Job.objects.get(job_id="bg-1").consumed_at == T0 + timedelta(seconds=301)
+    at(360)
+    board.marker(sid, "turn-2", "ended")
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+
+
+def test_s3_waking_job_not_consumed_by_a_turn_that_started_before_it_finished(board, board_events, owner, at):
+    sid = new_id()
+    board.marker(sid, "turn-1", "running")
+    board.job(sid, "bg", "held")
+    at(5)
+    board.finish(sid, "bg", wakes=True)  # finishes while turn-1 still runs
+    at(6)
+    board.marker(sid, "turn-1", "ended")
+    assert board_events.statuses(owner, sid) == ["busy"]  # the wake turn has not run yet
+    at(7)
+    board.marker(sid, "turn-2", "running")
+    at(8)
+    board.marker(sid, "turn-2", "ended")
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+
+
+def test_s3_wakes_false_releases_at_once(board, board_events, owner, at):
+    sid = new_id()
+    board.marker(sid, "t", "running")
+    board.job(sid, "bg", "held")
+    board.marker(sid, "t", "ended")
+    assert board_events.statuses(owner, sid) == ["busy"]
+    at(40)
+    job = board.finish(sid, "bg", wakes=False)
+    assert job["counts"] is False
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+
+
+def test_s4_detached_job_idle_when_turn_ends(board, board_events, owner, at):
+    sid = new_id()
+    board.marker(sid, "t", "running")
+    job = board.job(sid, "devserver", "detached")
+    assert job["counts"] is False
+    at(15)
+    board.marker(sid, "t", "ended")
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+
+
+def test_s4_auto_backgrounded_job_counts_like_held(board, board_events, owner, at):
+    sid = new_id()
+    board.marker(sid, "t", "running")
+    job = board.job(sid, "auto", mode=None, auto_backgrounded=True)
+    assert (job["mode"], job["counts"]) == ("held", True)
+    board.marker(sid, "t", "ended")
+    assert board_events.statuses(owner, sid) == ["busy"]
+    board.finish(sid, "auto", wakes=False)
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+
+
+def test_s3_job_without_mode_is_refused_and_repeat_is_idempotent(board, owner):
+    sid = new_id()
+    board.job(sid, "j", mode=None, expect=400)
+    first = board.job(sid, "j", "held")
+    again = board.job(sid, "j", "detached", expect=200)
+    assert again == first
+    assert Job.objects.filter(session_id=sid).count() == 1
+    board.finish(sid, "nope", wakes=True, expect=404)
+
+
+def test_s5_stop_with_held_job_cancels_it_and_goes_idle(board, board_events, owner, machine, grant, at):
+    sid = new_id()
+    board.marker(sid, "t", "running", device="laptop")
+    board.marker(sid, "t2", "running", device="phone")
+    board.job(sid, "bg", "held")
+    board.job(sid, "dev", "detached")
+    task = make_task(owner, machine, grant, sid, state="accepted")
+    at(60)
+    answer = board.stop(sid)
+    assert answer["markers_closed"] == 2
+    assert answer["jobs_cancelled"] == 1
+    assert answer["tasks_cancelled"] == 1
+    assert answer["status"] == "idle"
+    job = Job.objects.get(job_id="bg")
+    assert job.cancelled_at == T0 + timedelta(seconds=60)
+    task.refresh_from_db()
+    assert task.state == "cancelled"
+    assert set(Marker.objects.filter(session_id=sid).values_list("state", flat=True)) == {"ended"}
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+    ended = [e for e in board_events.markers(owner, sid) if e["state"] == "ended"]
+    assert {e["device_id"] for e in ended} == {"laptop", "phone"}
+
+
+def test_s5_stop_leaves_session_busy_while_leased_task_still_runs(board, board_events, owner, machine, grant):
+    sid = new_id()
+    board.marker(sid, "t", "running")
+    task = make_task(owner, machine, grant, sid, state="running")
+    answer = board.stop(sid)
+    assert answer["tasks_cancelled"] == 1
+    task.refresh_from_db()
+    assert task.state == "running" and task.cancel_requested_at is not None  # J7: waits for the facts
+    assert board_events.statuses(owner, sid) == ["busy"]
+    set_task_state(task, "cancelled", board.capture)
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+
+
+def test_s5_stop_is_owner_only(board, owner, machine, other_owner):
+    sid = new_id()
+    board.marker(sid, "t", "running")
+    assert machine_api(machine).post(f"/api/sessions/{sid}/stop/").status_code == 403
+    assert owner_api(other_owner).post(f"/api/sessions/{sid}/stop/").status_code == 404
+    assert Marker.objects.get(session_id=sid).state == "running"
+
+
+def test_s7_held_job_that_never_reports_goes_idle_after_the_bound(board, board_events, owner, at, settings):
+    sid = new_id()
+    board.marker(sid, "t", "running")
+    board.job(sid, "forgotten", "held")
+    at(60)
+    board.marker(sid, "t", "ended")
+    assert board_events.statuses(owner, sid) == ["busy"]
+    bound = settings.RUNSTEAD_JOB_HOLD_MAX_S
+    assert bound == 3600
+    assert board.sweep(T0 + timedelta(seconds=bound - 1)) == 0
+    assert board_events.statuses(owner, sid) == ["busy"]
+    assert board.sweep(T0 + timedelta(seconds=bound)) == 1
+    assert board.sweep(T0 + timedelta(seconds=bound + 1)) == 0
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+
+
+def test_s7_waking_job_never_consumed_stops_counting_after_the_bound(board, board_events, owner, at):
+    sid = new_id()
+    board.job(sid, "bg", "held")
+    at(100)
+    board.finish(sid, "bg", wakes=True)
+    assert board.sweep(T0 + timedelta(seconds=3599)) == 0
+    assert board.sweep(T0 + timedelta(seconds=3600)) == 1
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+
+
+def test_s6_reconnect_after_work_ended_offline_active_says_idle(board, board_events, owner, at):
+    busy_sid, done_sid = new_id(), new_id()
+    board.marker(done_sid, "a", "running")
+    board.marker(busy_sid, "b", "running", device="desk")
+    body = board.active()
+    assert {s["id"] for s in body["sessions"]} == {busy_sid, done_sid}
+    assert body["server_time"].startswith("2026-03-02T09:00:00")
+    # The board goes offline; the work in done_sid ends meanwhile.
+    at(120)
+    board.marker(done_sid, "a", "ended")
+    body = board.active()
+    assert [(s["id"], s["status"]) for s in body["sessions"]] == [(busy_sid, "busy")]
+    assert body["sessions"][0]["since"].startswith("2026-03-02T09:00:00")
+    assert Session.objects.get(pk=done_sid).status == "idle"
+
+
+def test_s6_active_settles_a_lapsed_marker_even_before_the_sweep(board, board_events, owner, at, settings):
+    sid = new_id()
+    board.marker(sid, "crashed", "running")
+    at(settings.RUNSTEAD_MARKER_DEFAULT_S + settings.RUNSTEAD_MARKER_GRACE_S)
+    assert board.active()["sessions"] == []
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+    assert board.sweep(T0 + timedelta(days=1)) == 0  # already settled, published once
+
+
+def test_s1_task_keeps_session_busy_and_unknown_does_not(board, board_events, owner, machine, grant):
+    sid = new_id()
+    board.client.post("/api/sessions/", {"id": sid, "title": "t"}, format="json")
+    task = make_task(owner, machine, grant, sid, state="accepted")
+    set_task_state(task, "accepted", board.capture)
+    assert board_events.statuses(owner, sid) == ["busy"]
+    for state in ("delivered", "starting", "running"):
+        set_task_state(task, state, board.capture)
+    assert board_events.statuses(owner, sid) == ["busy"]
+    set_task_state(task, "unknown", board.capture)
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+
+
+def test_s2_refresh_without_change_publishes_nothing(board, board_events, owner, at):
+    sid = new_id()
+    board.marker(sid, "t", "running")
+    for _ in range(3):
+        with board.capture(execute=True):
+            with transaction.atomic():
+                assert services.session_refresh_status(session_id=sid, now=T0) is False
+    assert board_events.statuses(owner, sid) == ["busy"]
+
+
+def test_s2_rolled_back_change_publishes_nothing(board, board_events, owner, machine, grant):
+    sid = new_id()
+    board.client.post("/api/sessions/", {"id": sid}, format="json")
+    task = make_task(owner, machine, grant, sid, state="succeeded")
+    with board.capture(execute=True):
+        with pytest.raises(RuntimeError):
+            with transaction.atomic():
+                from tasks_app.models import Task
+
+                Task.objects.filter(pk=task.pk).update(state="running")
+                assert services.session_refresh_status(session_id=sid, now=T0) is True
+                raise RuntimeError("the task transaction fails after the status change")
+    assert board_events.statuses(owner, sid) == []
+    assert Session.objects.get(pk=sid).status == "idle"
+
+
+def test_k2_events_never_reach_another_owner(board, board_events, owner, other_owner):
+    sid = new_id()
+    board.marker(sid, "t", "running")
+    board.job(sid, "j", "held")
+    board.marker(sid, "t", "ended")
+    board.finish(sid, "j", wakes=False)
+    assert board_events.of(other_owner) == []
+    assert board_events.groups() == {f"owner.{owner.pk}"}
+    # And another owner's ids answer 404 everywhere.
+    mallory = owner_api(other_owner)
+    turn = {"turn_id": "x", "device_id": "d", "state": "running"}
+    assert mallory.put(f"/api/sessions/{sid}/marker/", turn, format="json").status_code == 404
+    assert mallory.post(f"/api/sessions/{sid}/jobs/", {"job_id": "k", "mode": "held"}, format="json").status_code == 404
+    assert mallory.post(f"/api/sessions/{sid}/jobs/j/finish/", {"wakes": True}, format="json").status_code == 404
+    assert mallory.patch(f"/api/sessions/{sid}/", {"title": "x"}, format="json").status_code == 404
+    assert mallory.delete(f"/api/sessions/{sid}/").status_code == 404
+    assert mallory.get("/api/sessions/").json()["results"] == []
+    assert mallory.post(f"/api/devices/d/sweep/").json() == {"closed": 0}
+    assert board_events.of(other_owner) == []
+
+
+# --- sessions CRUD (H) ------------------------------------------------------------------
+
+
+def test_h_session_create_is_idempotent_on_id(owner_client, owner, other_owner):
+    sid = new_id()
+    first = owner_client.post("/api/sessions/", {"id": sid, "title": "refactor"}, format="json")
+    assert first.status_code == 201
+    assert first.json()["status"] == "idle" and first.json()["title"] == "refactor"
+    again = owner_client.post("/api/sessions/", {"id": sid, "title": "other"}, format="json")
+    assert again.status_code == 200 and again.json()["title"] == "refactor"
+    assert owner_api(other_owner).post("/api/sessions/", {"id": sid}, format="json").status_code == 404
+    no_id = owner_client.post("/api/sessions/", {"title": "fresh"}, format="json")
+    assert no_id.status_code == 201 and no_id.json()["id"] != sid
+    assert owner_client.post("/api/sessions/", {"id": "nope"}, format="json").json()["error"] == "invalid"
+
+
+def test_h_session_list_rename_delete(owner_client, owner, machine, grant):
+    ids = [owner_client.post("/api/sessions/", {"title": f"s{i}"}, format="json").json()["id"] for i in range(3)]
+    listed = owner_client.get("/api/sessions/").json()
+    assert {s["id"] for s in listed["results"]} == set(ids) and "next" in listed
+    renamed = owner_client.patch(f"/api/sessions/{ids[0]}/", {"title": "renamed"}, format="json")
+    assert renamed.status_code == 200 and renamed.json()["title"] == "renamed"
+    task = make_task(owner, machine, grant, ids[1], state="succeeded")
+    assert owner_client.delete(f"/api/sessions/{ids[1]}/").status_code == 204
+    assert not Session.objects.filter(pk=ids[1]).exists()
+    task.refresh_from_db()
+    assert task.session_id is None  # tasks stay, detached
+    assert owner_client.get(f"/api/sessions/{ids[1]}/").status_code == 404
+    assert owner_client.get(f"/api/sessions/{ids[0]}/").json()["title"] == "renamed"
+
+
+def test_h_sessions_api_needs_an_owner(client, machine):
+    assert client.get("/api/sessions/").status_code in (401, 403)
+    assert machine_api(machine).get("/api/sessions/").status_code == 403
+    assert machine_api(machine).get("/api/sessions/active/").status_code == 403
