@@ -28,7 +28,7 @@ def make_owner(db):
 
     def make(username=None, limit_s=36000):
         user = get_user_model().objects.create_user(username or f"owner-{secrets.token_hex(4)}", password="pw")
-        Budget.objects.create(owner=user, limit_s=limit_s)
+        Budget.objects.filter(owner=user).update(limit_s=limit_s)
         Token.objects.create(user=user)
         return user
 
