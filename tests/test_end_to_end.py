@@ -1,0 +1,117 @@
+"""The main job end to end (issue 2): a real daphne server, a real paired worker process,
+a real task over HTTP, and the board's WebSocket seeing it move (SPEC 2, B2, H, O4)."""
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.sync.client import connect
+
+from tests.live import BASE_DIR, database_env, live_daphne  # noqa: F401
+
+SHORT_TIMINGS = {
+    "RUNSTEAD_LEASE_DURATION_S": "3",
+    "RUNSTEAD_LEASE_RENEW_S": "0.5",
+    "RUNSTEAD_LEASE_MARGIN_S": "0.5",
+    "RUNSTEAD_KILL_GRACE_S": "0.5",
+    "RUNSTEAD_SWEEP_INTERVAL_S": "0.2",
+    "RUNSTEAD_EMBEDDED_SWEEP": "1",
+}
+
+
+def manage(*args, env=None, **kwargs):
+    full_env = {**os.environ, **database_env(), **(env or {})}
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, env=full_env, **kwargs)
+
+
+def make_repo(path: Path) -> Path:
+    path.mkdir()
+    (path / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (path / "test_calc.py").write_text(
+        "import unittest\nfrom calc import add\n\n"
+        "class T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n"
+    )
+    subprocess.run(["git", "init", "-q", str(path)], check=True)
+    return path
+
+
+class BoardListener(threading.Thread):
+    """Collects the board's WebSocket events (token header auth for terminal clients)."""
+
+    def __init__(self, url: str, token: str):
+        super().__init__(daemon=True)
+        self.ws = connect(url.replace("http://", "ws://") + "/ws/board/", additional_headers={"Authorization": f"Token {token}"})
+        self.events: list[dict] = []
+
+    def run(self):
+        try:
+            for message in self.ws:
+                self.events.append(json.loads(message))
+        except Exception:  # noqa: BLE001 - closed at the end of the test
+            pass
+
+
+@pytest.mark.slow
+def test_o1_h_task_runs_end_to_end_with_real_worker_and_board_events(live_daphne, make_owner, tmp_path):  # noqa: F811
+    owner = make_owner("e2e")
+    token = owner.auth_token.key
+    url = live_daphne(**SHORT_TIMINGS)
+    api = httpx.Client(base_url=url, headers={"Authorization": f"Token {token}"}, timeout=10)
+
+    code = api.post("/api/machines/pairing-codes/", json={"name": "e2e-laptop"}).json()["code"]
+    state_dir = tmp_path / "state"
+    manage("pair_worker", "--server", url, "--code", code, "--state-dir", str(state_dir), check=True, capture_output=True)
+    machine_id = api.get("/api/machines/").json()["results"][0]["id"]
+    repo = make_repo(tmp_path / "repo")
+    assert api.post("/api/grants/", json={"machine": machine_id, "path": str(repo)}).status_code == 201
+
+    config = tmp_path / "worker.toml"
+    config.write_text(
+        f'allowed_roots = ["{repo}"]\n\n[profiles.demo]\n'
+        f'argv = ["{sys.executable}", "{BASE_DIR / "scripts" / "demo_agent.py"}", "{{prompt}}"]\n'
+        'env = { DEMO_ROUNDS = "2", DEMO_PAUSE_S = "0.5" }\n'
+    )
+    board = BoardListener(url, token)
+    board.start()
+    worker_log = open(tmp_path / "worker.log", "wb")
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "worker", "--server", url, "--state-dir", str(state_dir), "--config", str(config)],
+        cwd=BASE_DIR, env={**os.environ, **database_env(), "RUNSTEAD_WORKER_POLL_S": "1"},
+        stdout=worker_log, stderr=subprocess.STDOUT,
+    )
+    try:
+        resp = api.post(
+            "/api/tasks/",
+            json={"machine": machine_id, "folder": str(repo), "agent": "demo", "prompt": "run the tests"},
+            headers={"Idempotency-Key": str(uuid.uuid4())},
+        )
+        assert resp.status_code == 201, resp.text
+        task_id = resp.json()["id"]
+        deadline = time.monotonic() + 60
+        task = {}
+        while time.monotonic() < deadline:
+            task = api.get(f"/api/tasks/{task_id}/").json()
+            if task["state"] not in ("accepted", "delivered", "starting", "running"):
+                break
+            time.sleep(0.2)
+        assert task["state"] == "succeeded", (task, (tmp_path / "worker.log").read_text()[-3000:])
+        assert task["exit_code"] == 0 and task["stop_reason"] == "exit"
+        assert "tests exit 0" in (repo / "NOTES.md").read_text()
+        assert [r["kind"] for r in reversed(task["receipts"])][:3] == ["starting", "running", "final"]
+        time.sleep(0.5)
+        seen = [e["task"]["state"] for e in board.events if e.get("type") == "task" and e["task"]["id"] == task_id]
+        assert seen[0] == "accepted" and seen[-1] == "succeeded"
+        assert {"starting", "running"} <= set(seen)
+        versions = [e["version"] for e in board.events if e.get("type") == "task" and e["task"]["id"] == task_id]
+        assert versions == sorted(versions)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=15)
+        board.ws.close()
+        api.close()
