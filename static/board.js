@@ -27,6 +27,7 @@
     tasks: new Map(), // id -> task (as GET /api/tasks/{id}/) + version, touched
     machines: new Map(), // id -> machine + version, touched
     grants: [],
+    deleted: new Map(), // session id -> {version, seq} of its session.deleted event
     offsetMs: 0, // server clock - browser clock, from the last server_time (M3)
     graceS: 60,
     offlineS: 90,
@@ -122,6 +123,7 @@
   function touch(row) { row.touched = ++board.seq; return row; }
 
   function ensureSession(id) {
+    if (board.deleted.has(id)) return null; // the next snapshot tells whether it came back
     var s = board.sessions.get(id);
     if (!s) {
       s = touch({ id: id, title: "", status: "idle", status_since: null, version: null, markers: new Map() });
@@ -144,12 +146,21 @@
     if (ev.type === "session.status") {
       var cur = board.sessions.get(ev.session_id);
       if (cur && !isNewer(cur, ev.version)) return;
+      var gone = board.deleted.get(ev.session_id);
+      if (gone && !(ev.version > gone.version)) return;
+      board.deleted.delete(ev.session_id);
       var s = ensureSession(ev.session_id);
       setSessionStatus(s, ev.status, ev.since || ev.status_since || ev.server_time);
       s.version = ev.version;
       touch(s);
+    } else if (ev.type === "session.deleted") {
+      var shownSession = board.sessions.get(ev.session_id);
+      if (shownSession && !isNewer(shownSession, ev.version)) return;
+      board.sessions.delete(ev.session_id);
+      board.deleted.set(ev.session_id, { version: ev.version, seq: ++board.seq });
     } else if (ev.type === "marker") {
       var sess = ensureSession(ev.session_id);
+      if (!sess) { scheduleHydrate(); return; }
       var m = sess.markers.get(ev.device_id);
       if (m && !isNewer(m, ev.version)) return;
       var marker = Object.assign({}, ev);
@@ -195,7 +206,12 @@
     if (typeof snap.marker_grace_s === "number") board.graceS = snap.marker_grace_s;
     if (typeof snap.machine_offline_s === "number") board.offlineS = snap.machine_offline_s;
     var previous = board.sessions;
-    var sessions = mergeRows(previous, snap.sessions || [], startSeq, function (item, cur) {
+    // A snapshot read before a deletion we already applied must not bring the session back.
+    var items = (snap.sessions || []).filter(function (item) {
+      var gone = board.deleted.get(item.id);
+      return !(gone && gone.seq > startSeq && !(item.version > gone.version));
+    });
+    var sessions = mergeRows(previous, items, startSeq, function (item, cur) {
       var markers = new Map();
       (item.markers || []).forEach(function (m) {
         var shown = cur && cur.markers.get(m.device_id);
@@ -212,6 +228,7 @@
       return s;
     });
     board.sessions = sessions;
+    board.deleted.forEach(function (gone, id) { if (gone.seq <= startSeq) board.deleted.delete(id); });
     board.tasks = mergeRows(board.tasks, snap.tasks || [], startSeq, function (item) { return Object.assign({}, item); });
     board.machines = mergeRows(board.machines, snap.machines || [], startSeq, function (item) { return Object.assign({}, item); });
     board.grants = snap.grants || [];

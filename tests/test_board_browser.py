@@ -1,0 +1,225 @@
+"""The board in a real browser (B1-B8): headless Debian Chromium driven by Playwright's
+sync API against a real daphne subprocess on the test database (tests/live.py).
+
+With the in-memory channel layer a broadcast reaches the browser only from inside the
+daphne process, so every change is driven through daphne's HTTP API.
+"""
+import os
+import uuid
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from tests.live import live_daphne  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking", "--disable-gpu"]
+WAIT_MS = 5000
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    # Playwright's sync API runs an event loop in this thread; the test's own ORM calls are
+    # still plain synchronous calls.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+    if previous is None:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def new_page(chromium):
+    contexts = []
+
+    def make(url=None, user=None, **context_options):
+        context = chromium.new_context(**context_options)
+        context.set_default_timeout(WAIT_MS)
+        contexts.append(context)
+        if user is not None:
+            client = Client()
+            client.force_login(user)
+            context.add_cookies([{"name": "sessionid", "value": client.cookies["sessionid"].value, "url": url}])
+        return context.new_page()
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+def api(url, user) -> httpx.Client:
+    return httpx.Client(base_url=url, headers={"Authorization": f"Token {user.auth_token.key}"}, timeout=10)
+
+
+def wait_live(page):
+    page.wait_for_selector("#conn[data-state=live]")
+
+
+def test_b2_task_change_is_pushed_without_reload(live_daphne, new_page, owner, machine, grant):
+    from playwright.sync_api import expect
+
+    url = live_daphne()
+    page = new_page()
+    page.goto(url + "/")
+    assert "/accounts/login/" in page.url  # B1: login required
+    page.fill("input[name=username]", "alice")
+    page.fill("input[name=password]", "pw")
+    page.click("button[type=submit]")
+    page.wait_for_url(url + "/")
+    wait_live(page)
+    page.evaluate("window.__sameDocument = true")
+
+    with api(url, owner) as client:
+        created = client.post(
+            "/api/tasks/",
+            json={"machine": str(machine.id), "folder": grant.path, "agent": "claude", "prompt": "fix the build"},
+            headers={"Idempotency-Key": str(uuid.uuid4())},
+        )
+        assert created.status_code == 201, created.text
+        task_id = created.json()["id"]
+        row = page.locator(f"li[data-task-id='{task_id}']")
+        expect(row).to_have_attribute("data-state", "accepted")
+        expect(row).to_contain_text("fix the build")
+        expect(row).to_contain_text("laptop")
+        assert client.post(f"/api/tasks/{task_id}/cancel/").status_code == 200
+    expect(row).to_have_attribute("data-state", "cancelled")
+    assert page.evaluate("window.__sameDocument") is True  # no reload happened
+    assert page.evaluate("window.runsteadBoard.messages") >= 2
+
+
+def test_b3_marker_disappears_on_expiry_with_no_server_message(live_daphne, new_page, owner):
+    from playwright.sync_api import expect
+
+    from sessions_app.models import Marker, Session
+
+    now = timezone.now()
+    session = Session.objects.create(owner=owner, title="long turn", status="busy", status_since=now, created_at=now)
+    Marker.objects.create(session=session, device_id="mac-1", device_name="Mac", turn_id="t1", state="running",
+                          started_at=now, expires_at=now + timedelta(seconds=5))
+    url = live_daphne(RUNSTEAD_MARKER_GRACE_S="1")
+    page = new_page(url, owner)
+    page.clock.install()
+    page.goto(url + "/")
+    wait_live(page)
+    badge = page.locator(f"li[data-session-id='{session.id}'] .badge.running[data-device-id='mac-1']")
+    expect(badge).to_contain_text("RUNNING")
+    expect(badge).to_contain_text("Mac")
+    page.wait_for_function("window.runsteadBoard.hydrations >= 1")  # the on-connect snapshot is in
+    messages = page.evaluate("window.runsteadBoard.messages")
+
+    page.clock.fast_forward(8000)  # past expires_at + grace (6 s); real time barely moves
+
+    expect(badge).to_have_count(0)
+    assert page.evaluate("window.runsteadBoard.messages") == messages  # nothing came from the server
+    assert Marker.objects.get(session=session).state == "running"  # expiry is a read-side decision
+
+
+def test_b6_phone_viewport_has_no_horizontal_scroll_in_dark_scheme(live_daphne, new_page, owner, machine, grant):
+    from tasks_app.models import Task
+
+    now = timezone.now()
+    long_word = "x" * 400
+    Task.objects.create(owner=owner, machine=machine, grant=grant, folder=grant.path + "/" + long_word, agent="claude",
+                        prompt=long_word, output_tail=("y" * 300 + "\n") * 10, state="unknown",
+                        created_at=now, updated_at=now)
+    url = live_daphne()
+    page = new_page(url, owner, viewport={"width": 390, "height": 844}, color_scheme="dark", is_mobile=True)
+    page.goto(url + "/")
+    wait_live(page)
+    page.wait_for_selector("#decisions li[data-state=unknown] a.decide")
+    widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert widths[0] <= widths[1], widths
+    href = page.get_attribute("#decisions a.decide", "href")
+    assert href.endswith("/admin/tasks_app/task/%s/change/" % Task.objects.get().id)
+    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert background == "rgb(17, 20, 24)"  # the dark scheme's --bg
+
+
+def test_b8_double_click_and_resubmit_after_lost_response_create_one_task(live_daphne, new_page, owner, machine, grant):
+    from tasks_app.models import Task
+
+    url = live_daphne()
+    page = new_page(url, owner)
+    page.goto(url + "/")
+    wait_live(page)
+    page.fill("#task-form [name=folder]", grant.path + "/a")
+    page.fill("#task-form [name=agent]", "claude")
+    page.fill("#task-form [name=prompt]", "first")
+    key = page.get_attribute("#task-form", "data-idempotency-key")
+    assert key
+
+    lost = []
+
+    def lose_first_response(route):
+        response = route.fetch()  # the service accepts the task...
+        if not lost:
+            lost.append(response.status)
+            route.abort()  # ...but the browser never hears back
+        else:
+            route.fulfill(response=response)
+
+    page.route("**/api/tasks/", lose_first_response)
+    page.dblclick("#task-form button[type=submit]")
+    page.wait_for_selector("#form-status.error")
+    assert lost == [201]
+    assert page.get_attribute("#task-form", "data-idempotency-key") == key  # kept for the resubmit
+    page.click("#task-form button[type=submit]")
+    page.wait_for_function("document.getElementById('form-status').textContent === 'Task accepted.'")
+    assert Task.objects.filter(owner=owner).count() == 1
+
+    # After a success the form carries a new key: the next submit is a new task.
+    assert page.get_attribute("#task-form", "data-idempotency-key") != key
+    page.fill("#task-form [name=folder]", grant.path + "/b")
+    page.fill("#task-form [name=prompt]", "second")
+    page.click("#task-form button[type=submit]")
+    page.wait_for_function("document.querySelectorAll('#task-list li[data-task-id]').length === 2")
+    assert sorted(Task.objects.values_list("prompt", flat=True)) == ["first", "second"]
+
+
+def test_b5_done_sound_on_busy_to_idle_and_mute_is_remembered(live_daphne, new_page, owner):
+    from playwright.sync_api import expect
+
+    url = live_daphne()
+    page = new_page(url, owner)
+    page.goto(url + "/")
+    wait_live(page)
+    session_id = str(uuid.uuid4())
+
+    def turn(client, turn_id, state):
+        body = {"turn_id": turn_id, "device_id": "term-1", "device_name": "Terminal", "state": state}
+        response = client.put(f"/api/sessions/{session_id}/marker/", json=body)
+        assert response.status_code == 200 and response.json()["outcome"] == "applied", response.text
+
+    row = page.locator(f"li[data-session-id='{session_id}']")
+    with api(url, owner) as client:
+        turn(client, "t1", "running")
+        expect(row).to_have_attribute("data-status", "busy")
+        turn(client, "t1", "ended")
+        expect(row).to_have_attribute("data-status", "idle")
+        page.wait_for_function("window.runsteadBoard.doneCount === 1")
+        assert page.evaluate("window.runsteadBoard.beeps") == 1
+
+        page.click("#mute")
+        expect(page.locator("#mute")).to_have_text("Sound: off")
+        page.reload()
+        wait_live(page)
+        expect(page.locator("#mute")).to_have_text("Sound: off")  # remembered across reloads
+
+        turn(client, "t2", "running")
+        expect(row).to_have_attribute("data-status", "busy")
+        turn(client, "t2", "ended")
+        expect(row).to_have_attribute("data-status", "idle")
+        page.wait_for_function("window.runsteadBoard.doneCount === 1")  # counted since the reload
+        assert page.evaluate("window.runsteadBoard.beeps") == 0  # muted: no sound
