@@ -1,0 +1,67 @@
+"""``python manage.py worker --server URL [--state-dir DIR] [--config FILE] [--once]`` (SPEC O4).
+
+A thin wrapper: everything lives in ``tasks_app.worker`` (no Django ORM there).
+Environment for tests and tuning: ``RUNSTEAD_WORKER_POLL_S`` (long-poll wait, <= 25,
+default 25), ``RUNSTEAD_WORKER_BACKOFF_BASE_S`` (first retry delay, default 1; the cap is
+60 s), ``RUNSTEAD_WORKER_FAULT`` (crash tests only, see ``tasks_app.worker.faults``).
+Exit codes: 0 done, 1 bad usage/config, 2 state directory in use (W5), 3 token revoked.
+"""
+import os
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise CommandError(f"{name} must be a number of seconds, got {raw!r}")
+
+
+class Command(BaseCommand):
+    help = "Run the RunStead worker loop: pull tasks, run agents under a lease, report receipts."
+    requires_system_checks = []
+    requires_migrations_checks = False
+
+    def add_arguments(self, parser):
+        parser.add_argument("--server", default=None, help="service base URL (default: the one used when pairing)")
+        parser.add_argument("--state-dir", default="~/.runstead", help="token + local database (default ~/.runstead)")
+        parser.add_argument("--config", default=None, help="TOML config (default: STATE_DIR/config.toml if present)")
+        parser.add_argument("--once", action="store_true", help="pull once, run what came, report, exit")
+
+    def handle(self, *args, **options):
+        from tasks_app.worker.config import ConfigError, load_config
+        from tasks_app.worker.loop import WorkerOptions, open_worker
+        from tasks_app.worker.store import StateDirLocked
+
+        state_dir = os.path.abspath(os.path.expanduser(options["state_dir"]))
+        config_path = options["config"]
+        if config_path is None and os.path.exists(os.path.join(state_dir, "config.toml")):
+            config_path = os.path.join(state_dir, "config.toml")
+        try:
+            config = load_config(config_path)
+        except ConfigError as exc:
+            raise CommandError(str(exc))
+        worker_options = WorkerOptions(
+            server=options["server"] or "",
+            poll_wait_s=min(25.0, _env_float("RUNSTEAD_WORKER_POLL_S", 25.0)),
+            once=options["once"],
+            backoff_base_s=_env_float("RUNSTEAD_WORKER_BACKOFF_BASE_S", 1.0),
+        )
+        try:
+            worker = open_worker(state_dir=state_dir, config=config, options=worker_options)
+        except StateDirLocked as exc:
+            sys.stderr.write(f"runstead worker: {exc}\n")
+            sys.exit(2)
+        except RuntimeError as exc:
+            raise CommandError(str(exc))
+        if not worker.options.server:
+            raise CommandError("--server is required (no server recorded at pairing)")
+        worker.install_signal_handlers()
+        code = worker.run()
+        if code:
+            sys.exit(code)

@@ -1,0 +1,312 @@
+"""Agent processes: spawn, identity, bounded stop (SPEC W4, W5, X2, X3, L4, L8).
+
+A process is identified by (pid, ``create_time``), compared with a tolerance because
+``create_time`` can shift by a fraction of a second after clock adjustments; a pid reused
+by another process does not match. Zombies count as ended.
+
+Stopping covers every process the task started: the process group (the launcher leads
+it), descendants seen while it ran, and processes whose environment carries the task's
+``RUNSTEAD_OPERATION_ID`` (children that called ``setsid()`` or double-forked). It is a
+bounded best effort: SIGTERM, a grace period, then SIGKILL rounds until none is left or
+the bound passes; whatever survives is named.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import psutil
+
+TAG_ENV = "RUNSTEAD_OPERATION_ID"
+START_TIME_TOLERANCE_S = 1.0
+KILL_ROUNDS_BOUND_S = 3.0
+POLL_S = 0.05
+TAIL_LINES = 20
+TAIL_CHARS = 4000
+LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
+
+
+@dataclass(frozen=True)
+class ProcRef:
+    pid: int
+    create_time: float
+
+    def as_list(self) -> list:
+        return [self.pid, self.create_time]
+
+
+def identify(pid: int) -> ProcRef | None:
+    """The live (non-zombie) process at ``pid`` as a ProcRef, or None."""
+    try:
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return ProcRef(pid, p.create_time())
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+        return None
+
+
+def alive(ref: ProcRef, tolerance_s: float = START_TIME_TOLERANCE_S) -> bool:
+    """True when ``ref.pid`` is live AND started at ``ref.create_time`` (within tolerance)."""
+    now = identify(ref.pid)
+    return now is not None and abs(now.create_time - ref.create_time) <= tolerance_s
+
+
+def descendants(ref: ProcRef) -> list[ProcRef]:
+    """Live descendants of a verified process (empty if it is gone or not the same)."""
+    if not alive(ref):
+        return []
+    out = []
+    try:
+        for child in psutil.Process(ref.pid).children(recursive=True):
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE:
+                    out.append(ProcRef(child.pid, child.create_time()))
+            except psutil.Error:
+                continue
+    except psutil.Error:
+        pass
+    return out
+
+
+def tagged(operation_id: str) -> list[ProcRef]:
+    """Live processes whose environment has ``RUNSTEAD_OPERATION_ID=<operation_id>``."""
+    me = os.getpid()
+    out = []
+    for p in psutil.process_iter():
+        if p.pid in (me, 0, 1):
+            continue
+        try:
+            if p.environ().get(TAG_ENV) == operation_id and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(ProcRef(p.pid, p.create_time()))
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def group_members(pgid: int, not_before_wall: float | None) -> list[ProcRef]:
+    """Live processes in group ``pgid`` created no earlier than ``not_before_wall``
+    (minus tolerance), so a recycled group id is never taken for ours."""
+    me = os.getpid()
+    out = []
+    for p in psutil.process_iter():
+        if p.pid in (me, 0, 1):
+            continue
+        try:
+            if os.getpgid(p.pid) != pgid or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            created = p.create_time()
+        except (psutil.Error, OSError):
+            continue
+        if not_before_wall is not None and created < not_before_wall - START_TIME_TOLERANCE_S:
+            continue
+        out.append(ProcRef(p.pid, created))
+    return out
+
+
+def _signal(ref: ProcRef, sig: int) -> None:
+    if alive(ref):
+        try:
+            os.kill(ref.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def signal_group(leader: ProcRef | None, pgid: int | None, sig: int) -> bool:
+    """``killpg`` only when the leader is verified alive (its group is then ours)."""
+    if leader is None or pgid is None or not alive(leader):
+        return False
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def describe(ref: ProcRef) -> dict:
+    """A survivor as named in the final receipt (L8)."""
+    out = {"pid": ref.pid, "process_start_time": ref.create_time}
+    try:
+        p = psutil.Process(ref.pid)
+        out["name"] = p.name()
+        out["cmdline"] = " ".join(p.cmdline())[:200]
+    except psutil.Error:
+        pass
+    return out
+
+
+@dataclass
+class Target:
+    """Everything known about one task's processes, for ``stop``."""
+
+    operation_id: str
+    leader: ProcRef | None = None
+    pgid: int | None = None
+    spawned_wall: float | None = None
+    known: tuple = ()
+
+    def collect(self) -> dict:
+        found = {}
+        for ref in self.known:
+            if alive(ref):
+                found[ref.pid] = ref
+        if self.leader is not None and alive(self.leader):
+            found[self.leader.pid] = self.leader
+        if self.pgid is not None and self.spawned_wall is not None:
+            for ref in group_members(self.pgid, self.spawned_wall):
+                found.setdefault(ref.pid, ref)
+        for ref in tagged(self.operation_id):
+            found.setdefault(ref.pid, ref)
+        for ref in list(found.values()):
+            for child in descendants(ref):
+                found.setdefault(child.pid, child)
+        return found
+
+
+def stop(target: Target, *, grace_s: float, bound_s: float = KILL_ROUNDS_BOUND_S, term: bool = True,
+         sleep=time.sleep, on_term=None) -> list[dict]:
+    """Bounded best-effort stop (L4, L8): SIGTERM to the group and every found process,
+    up to ``grace_s`` for them to go, then SIGKILL rounds for up to ``bound_s``.
+
+    Returns the survivors (``describe``), empty when everything is gone.
+    """
+    found = target.collect()
+    if term and grace_s > 0:
+        signal_group(target.leader, target.pgid, signal.SIGTERM)
+        for ref in found.values():
+            _signal(ref, signal.SIGTERM)
+        if on_term:
+            on_term()
+        waited = 0.0
+        while waited < grace_s:
+            if not any(alive(r) for r in found.values()) and not target.collect():
+                return []
+            sleep(POLL_S)
+            waited += POLL_S
+    end = time.monotonic() + bound_s
+    while True:
+        signal_group(target.leader, target.pgid, signal.SIGKILL)
+        found = {pid: ref for pid, ref in found.items() if alive(ref)}
+        for pid, ref in target.collect().items():
+            found.setdefault(pid, ref)
+        if not found:
+            return []
+        for ref in found.values():
+            _signal(ref, signal.SIGKILL)
+        sleep(POLL_S)
+        found = {pid: ref for pid, ref in found.items() if alive(ref)}
+        if not found and not target.collect():
+            return []
+        if time.monotonic() >= end:
+            return [describe(r) for r in found.values()]
+
+
+def agent_env(base: dict, *, profile_env: dict, operation_id: str, task_id: str, token: str | None) -> dict:
+    """The agent's environment: the worker's minus every ``RUNSTEAD_*`` variable and
+    anything holding the machine token (W5), plus the profile's, plus the tag (L8)."""
+    env = {k: v for k, v in base.items() if not k.startswith("RUNSTEAD_") and (not token or token not in v)}
+    env.update(profile_env)
+    env[TAG_ENV] = operation_id
+    env["RUNSTEAD_TASK_ID"] = task_id
+    return env
+
+
+def spawn(*, argv: list[str], cwd: str, env: dict, op_dir: str, stdin_text: str | None) -> tuple[subprocess.Popen, ProcRef]:
+    """Start the launcher (and through it the agent) in a new session and process group.
+
+    stdout and stderr go to ``op_dir/output.log``. No shell (K4).
+    """
+    log = open(os.path.join(op_dir, "output.log"), "ab")
+    stdin = subprocess.DEVNULL
+    if stdin_text is not None:
+        prompt_path = os.path.join(op_dir, "prompt")
+        with open(prompt_path, "w") as f:
+            f.write(stdin_text)
+        stdin = open(prompt_path, "rb")
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", LAUNCHER_PATH, op_dir, "--", *argv],
+            cwd=cwd, env=env, stdin=stdin, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, close_fds=True,
+        )
+    finally:
+        log.close()
+        if stdin is not subprocess.DEVNULL:
+            stdin.close()
+    try:
+        ref = ProcRef(proc.pid, psutil.Process(proc.pid).create_time())
+    except psutil.Error:
+        ref = ProcRef(proc.pid, time.time())
+    return proc, ref
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def output_tail(op_dir: str, lines: int = TAIL_LINES, chars: int = TAIL_CHARS) -> str:
+    """The last lines of the agent's output, bounded (L10)."""
+    path = os.path.join(op_dir, "output.log")
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - chars * 4))
+            data = f.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])[-chars:]
+
+
+def caffeinate_argv(worker_pid: int) -> list[str]:
+    """W7: the macOS idle-sleep assertion held while agents run."""
+    return ["caffeinate", "-i", "-w", str(worker_pid)]
+
+
+class IdleSleepGuard:
+    """Holds ``caffeinate -i -w <worker pid>`` while at least one agent runs (W7).
+
+    Only on macOS (``platform == "darwin"``) and when ``enabled``; ``spawn`` is injectable
+    so a Linux test can check the command without running caffeinate.
+    """
+
+    def __init__(self, *, enabled: bool, platform: str = sys.platform, spawn=None, worker_pid: int | None = None):
+        self.enabled = enabled and platform == "darwin"
+        self.spawn = spawn or (lambda argv: subprocess.Popen(argv, stdin=subprocess.DEVNULL,
+                                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        self.worker_pid = worker_pid or os.getpid()
+        self.count = 0
+        self.proc = None
+        import threading
+
+        self._lock = threading.Lock()
+
+    def acquire(self) -> None:
+        with self._lock:
+            self.count += 1
+            if self.enabled and self.proc is None:
+                try:
+                    self.proc = self.spawn(caffeinate_argv(self.worker_pid))
+                except OSError:
+                    self.proc = None
+
+    def release(self) -> None:
+        with self._lock:
+            self.count = max(0, self.count - 1)
+            if self.count == 0 and self.proc is not None:
+                try:
+                    self.proc.terminate()
+                    self.proc.wait(timeout=2)
+                except Exception:
+                    pass
+                self.proc = None
