@@ -17,4 +17,6 @@ class TasksAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from tasks_app import schema  # noqa: F401 - registers the OpenAPI auth extension
+
         post_save.connect(_give_new_owner_a_budget, sender=settings.AUTH_USER_MODEL, dispatch_uid="runstead-budget")

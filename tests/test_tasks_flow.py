@@ -2,7 +2,7 @@
 import pytest
 
 from tasks_app.models import Budget, Lease, OutboxMessage, Task, TaskEvent
-from tests.conftest import machine_api
+from tests.conftest import machine_api, owner_api
 from tests.factories import final_facts, grant_lease, receipt, submit
 
 pytestmark = pytest.mark.django_db
@@ -66,3 +66,22 @@ def test_l6_renewal_after_expiry_refused_and_task_unknown(owner, machine, grant,
     assert Task.objects.get(pk=task_id).state == "unknown"
     assert OutboxMessage.objects.filter(operation__task_id=task_id, kind="query").count() == 1
     assert Lease.objects.get(pk=lease_id).end_reason == "expired"
+
+
+def test_a7_retention_window_published_in_api_schema(owner_client):
+    resp = owner_client.get("/api/schema/?format=json")
+    assert resp.status_code == 200
+    schema = resp.json() if resp["Content-Type"].startswith("application/json") else None
+    text = resp.content.decode()
+    assert "retention window of 86400 seconds" in text
+    assert "/api/tasks/" in (schema["paths"] if schema else text)
+
+
+def test_k3_malformed_json_and_unknown_fields_answer_400_with_code(owner, machine, grant, grant_root):
+    client = owner_api(owner)
+    bad = client.post("/api/tasks/", "{not json", content_type="application/json", HTTP_IDEMPOTENCY_KEY="k1")
+    assert bad.status_code == 400 and bad.json()["error"] == "malformed_json"
+    unknown = submit(owner, machine, grant_root, surprise=1)
+    assert unknown.status_code == 400 and unknown.json()["error"] == "invalid"
+    assert "surprise" in unknown.json()["fields"]
+    assert Task.objects.count() == 0

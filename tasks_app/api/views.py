@@ -25,7 +25,7 @@ def _json(status_code: int, body: str, **headers) -> HttpResponse:
 class TaskListCreate(generics.GenericAPIView):
     """GET: the owner's tasks (paginated). POST: accept a task (A1-A8)."""
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="tasks_list", responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         page = self.paginate_queryset(Task.objects.filter(owner=request.user))
         return self.get_paginated_response([s.serialize_task(t) for t in page])
@@ -54,6 +54,7 @@ class TaskListCreate(generics.GenericAPIView):
 
 
 class TaskDetail(APIView):
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def get(self, request, task_id):
         task = get_object_or_404(Task, pk=task_id, owner=request.user)
         return Response(s.serialize_task_detail(task))
@@ -62,6 +63,7 @@ class TaskDetail(APIView):
 class TaskCancel(APIView):
     """J7."""
 
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def post(self, request, task_id):
         task = get_object_or_404(Task, pk=task_id, owner=request.user)
         task = cancel.task_cancel(task=task, actor=f"owner:{request.user.get_username()}", now=clock.now())
@@ -69,12 +71,14 @@ class TaskCancel(APIView):
 
 
 class BudgetView(APIView):
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         budget = get_object_or_404(Budget, owner=request.user)
         return Response({"limit_s": budget.limit_s, "reserved_s": budget.reserved_s, "spent_s": budget.spent_s})
 
 
 class MachineList(generics.GenericAPIView):
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         now = clock.now()
         page = self.paginate_queryset(Machine.objects.filter(owner=request.user))
@@ -84,6 +88,7 @@ class MachineList(generics.GenericAPIView):
 class MachineUnpair(APIView):
     """P1, P3."""
 
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def post(self, request, machine_id):
         machine = get_object_or_404(Machine, pk=machine_id, owner=request.user)
         machine = revocation.machine_unpair(machine=machine, actor=f"owner:{request.user.get_username()}", now=clock.now())
@@ -91,6 +96,7 @@ class MachineUnpair(APIView):
 
 
 class PairingCodeCreate(APIView):
+    @extend_schema(request=s.PairingCodeSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request):
         serializer = s.PairingCodeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -102,10 +108,12 @@ class PairingCodeCreate(APIView):
 
 
 class GrantListCreate(generics.GenericAPIView):
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         page = self.paginate_queryset(Grant.objects.filter(owner=request.user))
         return self.get_paginated_response([s.serialize_grant(g) for g in page])
 
+    @extend_schema(request=s.GrantCreateSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request):
         serializer = s.GrantCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -117,6 +125,7 @@ class GrantListCreate(generics.GenericAPIView):
 
 
 class GrantRevoke(APIView):
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def post(self, request, grant_id):
         grant = get_object_or_404(Grant, pk=grant_id, owner=request.user)
         grant = revocation.grant_revoke(grant=grant, actor=f"owner:{request.user.get_username()}", now=clock.now())
@@ -143,6 +152,7 @@ class WorkerPair(APIView):
     permission_classes = [AllowAny]
     authentication_classes = []
 
+    @extend_schema(request=s.PairSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request):
         serializer = s.PairSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -158,7 +168,10 @@ class WorkerPair(APIView):
 class WorkerMessages(MachineView):
     """Long-poll the outbox (W2)."""
 
-    @extend_schema(parameters=[OpenApiParameter("wait", float, description="seconds to wait, at most 25")])
+    @extend_schema(
+        parameters=[OpenApiParameter("wait", float, description="seconds to wait, at most 25")],
+        responses={200: OpenApiTypes.OBJECT},
+    )
     def get(self, request):
         try:
             wait = float(request.query_params.get("wait", 0))
@@ -173,6 +186,7 @@ class WorkerMessages(MachineView):
 
 
 class WorkerMessageAck(MachineView):
+    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def post(self, request, message_id):
         messages.message_ack(machine=request_machine(request), message_id=message_id, now=clock.now())
         return Response({"acked": True})
@@ -181,6 +195,7 @@ class WorkerMessageAck(MachineView):
 class WorkerLeaseGrant(MachineView):
     """L1, L2."""
 
+    @extend_schema(request=s.LeaseGrantSerializer, responses={200: OpenApiTypes.OBJECT})
     def post(self, request):
         serializer = s.LeaseGrantSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -193,6 +208,7 @@ class WorkerLeaseGrant(MachineView):
 class WorkerLeaseRenew(MachineView):
     """L2, L5, L10."""
 
+    @extend_schema(request=s.LeaseRenewSerializer, responses={200: OpenApiTypes.OBJECT})
     def post(self, request, lease_id):
         serializer = s.LeaseRenewSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -206,6 +222,7 @@ class WorkerLeaseRenew(MachineView):
 class WorkerReceipts(MachineView):
     """R1-R3."""
 
+    @extend_schema(request=s.ReceiptSerializer, responses={200: OpenApiTypes.OBJECT})
     def post(self, request):
         serializer = s.ReceiptSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
