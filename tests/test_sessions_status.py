@@ -1,7 +1,6 @@
 """Session busy/idle (SPEC S1-S7) and the sessions API (H): exact ``session.status``
 sequences as published to the owner's board group, after commit."""
-import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 from django.db import transaction
@@ -9,101 +8,7 @@ from django.db import transaction
 from sessions_app import services
 from sessions_app.models import Job, Marker, Session
 from tests.conftest import machine_api, owner_api
-from tests.sessions_events import board_events  # noqa: F401  (fixture)
-
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
-
-
-class Board:
-    """Drives the API as one owner; every call commits (captured on_commit callbacks run
-    at the end of the call), as in a real request."""
-
-    def __init__(self, client, capture):
-        self.client = client
-        self.capture = capture
-
-    def _call(self, method, url, body=None):
-        with self.capture(execute=True):
-            response = getattr(self.client, method)(url, body, format="json")
-        return response
-
-    def marker(self, sid, turn, state, device="laptop", expect=200, **extra):
-        response = self._call(
-            "put", f"/api/sessions/{sid}/marker/", {"turn_id": turn, "device_id": device, "state": state, **extra}
-        )
-        assert response.status_code == expect, response.content
-        return response.json()
-
-    def job(self, sid, job_id, mode="held", expect=201, **extra):
-        body = {"job_id": job_id, **extra}
-        if mode is not None:
-            body["mode"] = mode
-        response = self._call("post", f"/api/sessions/{sid}/jobs/", body)
-        assert response.status_code == expect, response.content
-        return response.json()
-
-    def finish(self, sid, job_id, wakes, expect=200):
-        response = self._call("post", f"/api/sessions/{sid}/jobs/{job_id}/finish/", {"wakes": wakes})
-        assert response.status_code == expect, response.content
-        return response.json()
-
-    def stop(self, sid, expect=200):
-        response = self._call("post", f"/api/sessions/{sid}/stop/")
-        assert response.status_code == expect, response.content
-        return response.json()
-
-    def active(self):
-        with self.capture(execute=True):
-            response = self.client.get("/api/sessions/active/")
-        assert response.status_code == 200, response.content
-        return response.json()
-
-    def sweep(self, now):
-        with self.capture(execute=True):
-            return services.sessions_sweep(now=now)
-
-
-@pytest.fixture
-def board(owner_client, django_capture_on_commit_callbacks, board_events):
-    return Board(owner_client, django_capture_on_commit_callbacks)
-
-
-@pytest.fixture
-def at(time_machine):
-    """Pins the service clock: ``at(seconds)`` moves to T0 + seconds."""
-
-    def move(seconds=0.0):
-        time_machine.move_to(T0 + timedelta(seconds=seconds), tick=False)
-        return T0 + timedelta(seconds=seconds)
-
-    move(0)
-    return move
-
-
-def new_id():
-    return str(uuid.uuid4())
-
-
-def make_task(owner, machine, grant, session_id, state="accepted", **extra):
-    from tasks_app.models import Operation, Task
-
-    now = datetime.now(timezone.utc)
-    task = Task.objects.create(
-        owner=owner, machine=machine, grant=grant, session_id=session_id, folder=grant.path, agent="claude",
-        prompt="p", state=state, created_at=now, updated_at=now, **extra,
-    )
-    Operation.objects.create(task=task, created_at=now)
-    return task
-
-
-def set_task_state(task, state, capture):
-    """What the task code does in each transition: change the row, then refresh S1."""
-    from tasks_app.models import Task
-
-    with capture(execute=True):
-        with transaction.atomic():
-            Task.objects.filter(pk=task.pk).update(state=state)
-            services.session_refresh_status(session_id=task.session_id, now=datetime.now(timezone.utc))
+from tests.sessions_events import T0, at, board, board_events, make_task, new_id, set_task_state  # noqa: F401
 
 
 # --- the sequences of issue 7 -----------------------------------------------------------

@@ -1,0 +1,180 @@
+"""``python manage.py turn --server URL --token OWNER_TOKEN --session ID -- <agent command...>``
+
+Terminal wrapper for any one-shot agent CLI: one run of the command is one turn, so the
+turn reaches every other device's board (M1, M5, M6). With device id
+``<hostname>:<session id>`` (M5: two terminals on one laptop never close each other's
+markers) it
+
+1. sweeps its device id (a previous run that was killed leaves no ghost),
+2. writes ``running`` with a fresh ``turn_id``,
+3. runs the command without a shell, in the foreground, with the terminal's stdin,
+   stdout and stderr,
+4. writes ``ended`` when the command exits (any exit code), on Ctrl-C and on
+   SIGTERM / SIGHUP, and exits with the command's status (128 + signal number when it
+   died from a signal).
+
+Markers are display-only (M8): when the service cannot be reached the command still
+runs, with a warning on stderr. Server and token may come from ``RUNSTEAD_SERVER`` and
+``RUNSTEAD_TOKEN``. Uses no database.
+"""
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from urllib.parse import quote
+
+import httpx
+from django.core.management.base import BaseCommand, CommandError
+
+HTTP_TIMEOUT_S = 10.0
+ENDED_ATTEMPTS = 4
+RETRY_BACKOFF_S = 0.5
+KILL_GRACE_S = 10.0
+POLL_S = 0.1
+FORWARDED = (signal.SIGTERM, signal.SIGHUP)
+
+
+class TurnClient:
+    """The three calls a turn makes (M5 sweep, M1 running / ended), over httpx."""
+
+    def __init__(self, server: str, token: str, session_id: uuid.UUID, device_id: str, timeout_s: float):
+        self.http = httpx.Client(
+            base_url=server.rstrip("/"), headers={"Authorization": f"Token {token}"}, timeout=timeout_s
+        )
+        self.session_id = session_id
+        self.device_id = device_id
+
+    def sweep(self) -> dict:
+        response = self.http.post(f"/api/devices/{quote(self.device_id, safe=':')}/sweep/")
+        response.raise_for_status()
+        return response.json()
+
+    def marker(self, *, turn_id: str, state: str, device_name: str, deep_research: bool) -> dict:
+        body = {
+            "turn_id": turn_id, "device_id": self.device_id, "device_name": device_name, "state": state,
+            "deep_research": deep_research,
+        }
+        response = self.http.put(f"/api/sessions/{self.session_id}/marker/", json=body)
+        response.raise_for_status()
+        return response.json()
+
+    def close(self):
+        self.http.close()
+
+
+class Command(BaseCommand):
+    help = "Run one agent turn and publish it as a RUNNING marker (SPEC M)."
+    requires_system_checks = []
+    requires_migrations_checks = False
+
+    def add_arguments(self, parser):
+        parser.add_argument("--server", default=os.environ.get("RUNSTEAD_SERVER"), help="service URL (RUNSTEAD_SERVER)")
+        parser.add_argument("--token", default=os.environ.get("RUNSTEAD_TOKEN"), help="owner API token (RUNSTEAD_TOKEN)")
+        parser.add_argument("--session", required=True, type=uuid.UUID, help="chat session id (UUID)")
+        parser.add_argument("--device-name", default=socket.gethostname(), help="shown on the board (hostname)")
+        parser.add_argument("--deep-research", action="store_true", help="60-minute expiry class (M2)")
+        parser.add_argument("--kill-grace", type=float, default=KILL_GRACE_S, help="seconds before SIGKILL")
+        parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- the agent command and its arguments")
+
+    def handle(self, *args, **options):
+        argv = list(options["argv"])
+        if argv[:1] == ["--"]:
+            argv = argv[1:]
+        if not argv:
+            raise CommandError("give the agent command after --")
+        if not options["server"] or not options["token"]:
+            raise CommandError("--server and --token (or RUNSTEAD_SERVER and RUNSTEAD_TOKEN) are required")
+        session_id = options["session"]
+        device_id = f"{socket.gethostname()}:{session_id}"
+        client = TurnClient(options["server"], options["token"], session_id, device_id, HTTP_TIMEOUT_S)
+        try:
+            return_code = run_turn(
+                client, argv, device_name=options["device_name"], deep_research=options["deep_research"],
+                kill_grace_s=options["kill_grace"], warn=self.warn,
+            )
+        finally:
+            client.close()
+        sys.stdout.flush()
+        sys.exit(return_code)
+
+    def warn(self, message: str):
+        self.stderr.write(f"runstead turn: {message}")
+
+
+def run_turn(client: TurnClient, argv: list[str], *, device_name: str, deep_research: bool, kill_grace_s: float,
+             warn) -> int:
+    """Sweep, ``running``, run ``argv``, ``ended``. Returns the exit status for the shell."""
+    received: list[int] = []
+    child: subprocess.Popen | None = None
+
+    def on_signal(signum, frame):
+        received.append(signum)
+        # Ctrl-C already reached the agent through the terminal's process group; sending
+        # it again would read as a second Ctrl-C (force quit) to many CLIs.
+        if child is not None and child.poll() is None and signum in FORWARDED:
+            child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, *FORWARDED)}
+    turn_id = str(uuid.uuid4())
+    try:
+        try:
+            client.sweep()
+        except httpx.HTTPError as error:
+            warn(f"startup sweep failed: {error}")
+        try:
+            client.marker(turn_id=turn_id, state="running", device_name=device_name, deep_research=deep_research)
+        except httpx.HTTPError as error:
+            warn(f"could not publish the running turn: {error}")
+        if received:
+            return 128 + received[0]
+        try:
+            child = subprocess.Popen(argv)
+        except OSError as error:
+            warn(f"cannot run {argv[0]!r}: {error}")
+            return 127
+        return_code = wait_child(child, received, kill_grace_s)
+    finally:
+        write_ended(client, turn_id, device_name=device_name, deep_research=deep_research, warn=warn)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - return_code if return_code < 0 else return_code
+
+
+def wait_child(child: subprocess.Popen, received: list[int], kill_grace_s: float) -> int:
+    """Waits for the agent. Once a signal arrived, the agent gets ``kill_grace_s`` to exit,
+    then SIGTERM, then after the same grace SIGKILL."""
+    deadline = None
+    escalation = [signal.SIGTERM, signal.SIGKILL]
+    while True:
+        try:
+            return child.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+        if received and deadline is None:
+            deadline = time.monotonic() + kill_grace_s
+        if deadline is not None and time.monotonic() >= deadline and escalation:
+            child.send_signal(escalation.pop(0))
+            deadline = time.monotonic() + kill_grace_s
+
+
+def write_ended(client: TurnClient, turn_id: str, *, device_name: str, deep_research: bool, warn) -> None:
+    """``ended`` for this turn (M1, M6), retried briefly: a lost ``ended`` would leave the
+    turn RUNNING until its expiry (M3)."""
+    for attempt in range(ENDED_ATTEMPTS):
+        try:
+            client.marker(turn_id=turn_id, state="ended", device_name=device_name, deep_research=deep_research)
+            return
+        except httpx.HTTPStatusError as error:
+            if error.response.status_code < 500:
+                warn(f"could not publish the end of the turn: {error}")
+                return
+            last = error
+        except httpx.HTTPError as error:
+            last = error
+        if attempt + 1 < ENDED_ATTEMPTS:
+            time.sleep(RETRY_BACKOFF_S * (2**attempt))
+    warn(f"could not publish the end of the turn: {last}")
