@@ -110,7 +110,9 @@ def test_b3_marker_disappears_on_expiry_with_no_server_message(live_daphne, new_
                           started_at=now, expires_at=now + timedelta(seconds=5))
     url = live_daphne(RUNSTEAD_MARKER_GRACE_S="1")
     page = new_page(url, owner)
-    page.clock.install()
+    # The browser's clock is an hour behind the service: only the server_time correction
+    # (M3) makes the marker expire 8 s later.
+    page.clock.install(time=now - timedelta(hours=1))
     page.goto(url + "/")
     wait_live(page)
     badge = page.locator(f"li[data-session-id='{session.id}'] .badge.running[data-device-id='mac-1']")
@@ -124,6 +126,52 @@ def test_b3_marker_disappears_on_expiry_with_no_server_message(live_daphne, new_
     expect(badge).to_have_count(0)
     assert page.evaluate("window.runsteadBoard.messages") == messages  # nothing came from the server
     assert Marker.objects.get(session=session).state == "running"  # expiry is a read-side decision
+
+
+def test_b2_event_older_than_shown_is_ignored(live_daphne, new_page, owner, machine, grant):
+    """Events are injected into the page's real socket (Playwright WebSocket routing);
+    a snapshot older than what is shown does not roll the row back either (B4)."""
+    import json
+
+    from playwright.sync_api import expect
+
+    from tasks_app.models import Task
+
+    now = timezone.now()
+    task = Task.objects.create(owner=owner, machine=machine, grant=grant, folder=grant.path, agent="claude",
+                               prompt="p", state="running", version=5, created_at=now, updated_at=now)
+    url = live_daphne()
+    page = new_page(url, owner)
+    page.clock.install()
+    sockets = []
+
+    def route(ws):
+        ws.connect_to_server()  # server messages still flow to the page
+        sockets.append(ws)
+
+    page.route_web_socket("**/ws/board/", route)
+    page.goto(url + "/")
+    wait_live(page)
+    row = page.locator(f"li[data-task-id='{task.id}']")
+    expect(row).to_have_attribute("data-state", "running")
+
+    def push(state, version):
+        shape = {"id": str(task.id), "state": state, "machine": str(machine.id), "folder": grant.path,
+                 "agent": "claude", "prompt": "p", "created_at": now.isoformat(), "version": version}
+        sockets[-1].send(json.dumps({"type": "task", "task": shape, "version": version,
+                                     "server_time": timezone.now().isoformat()}))
+
+    push("accepted", 4)
+    push("succeeded", 4)
+    page.wait_for_function("window.runsteadBoard.messages === 2")
+    expect(row).to_have_attribute("data-state", "running")  # both older or equal: ignored
+    push("succeeded", 6)
+    expect(row).to_have_attribute("data-state", "succeeded")
+
+    hydrations = page.evaluate("window.runsteadBoard.hydrations")
+    page.clock.fast_forward(61_000)  # B4: the 60 s safety-net snapshot (the DB still says v5)
+    page.wait_for_function(f"window.runsteadBoard.hydrations > {hydrations}")
+    expect(row).to_have_attribute("data-state", "succeeded")
 
 
 def test_b6_phone_viewport_has_no_horizontal_scroll_in_dark_scheme(live_daphne, new_page, owner, machine, grant):
