@@ -10,6 +10,8 @@ from datetime import datetime
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import render
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -114,10 +116,53 @@ def board_snapshot(*, owner, now: datetime) -> dict:
     }
 
 
+_MARKER_SHAPE = inline_serializer(
+    "BoardMarker",
+    {
+        "session_id": serializers.UUIDField(),
+        "device_id": serializers.CharField(),
+        "device_name": serializers.CharField(),
+        "turn_id": serializers.CharField(),
+        "state": serializers.ChoiceField(["running", "ended"]),
+        "deep_research": serializers.BooleanField(),
+        "started_at": serializers.DateTimeField(),
+        "expires_at": serializers.DateTimeField(),
+        "ended_at": serializers.DateTimeField(allow_null=True),
+        "version": serializers.IntegerField(),
+        "running": serializers.BooleanField(help_text="M3 on the service clock at server_time"),
+    },
+    many=True,
+)
+_SNAPSHOT_SHAPE = inline_serializer(
+    "BoardSnapshot",
+    {
+        "sessions": inline_serializer(
+            "BoardSession",
+            {
+                "id": serializers.UUIDField(),
+                "title": serializers.CharField(),
+                "status": serializers.ChoiceField(["busy", "idle"]),
+                "status_since": serializers.DateTimeField(),
+                "version": serializers.IntegerField(),
+                "markers": _MARKER_SHAPE,
+            },
+            many=True,
+        ),
+        "tasks": serializers.ListField(child=serializers.DictField(), help_text="tasks as in task events, plus started_at"),
+        "machines": serializers.ListField(child=serializers.DictField(), help_text="machines as GET /api/machines/"),
+        "grants": serializers.ListField(child=serializers.DictField(), help_text="active grants {id, machine, path}"),
+        "server_time": serializers.DateTimeField(),
+        "marker_grace_s": serializers.FloatField(),
+        "machine_offline_s": serializers.FloatField(),
+    },
+)
+
+
 class BoardSnapshotView(APIView):
     """``GET /api/board/``: the requesting owner's snapshot (B4, K2). Owners only (token or
     browser session); machine tokens get 403."""
 
+    @extend_schema(responses=_SNAPSHOT_SHAPE, summary="The owner's board snapshot (B4)")
     def get(self, request):
         return Response(board_snapshot(owner=request.user, now=clock.now()))
 
