@@ -7,6 +7,8 @@ from tasks_app.models import Grant, Machine, Task
 
 PROMPT_MAX_BYTES = 64 * 1024
 RECEIPT_KINDS = ("starting", "running", "final", "unknown", "report")
+# J1: why the process ended, as the worker reports it.
+STOP_REASONS = ("exit", "cancel", "deadline", "renewal_refused", "max_runtime", "worker_shutdown", "worker_restart", "refused")
 
 
 class StrictSerializer(serializers.Serializer):
@@ -86,23 +88,45 @@ class ReceiptSerializer(StrictSerializer):
         facts = attrs["facts"]
         kind = attrs["kind"]
         if kind == "final":
-            if facts.get("process_started") not in (True, False, "unknown"):
-                raise serializers.ValidationError({"facts": ["process_started must be true, false or \"unknown\""]})
-            for name in ("exit_code", "signal"):
-                if facts.get(name) is not None and not isinstance(facts[name], int):
-                    raise serializers.ValidationError({"facts": [f"{name} must be an integer or null"]})
-            if facts.get("runtime_s") is not None and not isinstance(facts["runtime_s"], (int, float)):
-                raise serializers.ValidationError({"facts": ["runtime_s must be a number"]})
-            if not isinstance(facts.get("survivors", []), list):
-                raise serializers.ValidationError({"facts": ["survivors must be a list"]})
-        if kind == "running" and not isinstance(facts.get("pid"), int):
+            _validate_final_facts(facts)
+        if kind == "running" and not _is_int(facts.get("pid")):
             raise serializers.ValidationError({"facts": ["running needs an integer pid"]})
         if kind == "report":
             record = facts.get("record", "missing")
             if record == "missing" or not (record is None or isinstance(record, dict)):
                 raise serializers.ValidationError({"facts": ["report needs record: null or an object"]})
+            if record is not None and record.get("final") is not None:
+                if not isinstance(record["final"], dict):
+                    raise serializers.ValidationError({"facts": ["record.final must be null or an object"]})
+                _validate_final_facts(record["final"])
         attrs["operation_id"] = str(attrs["operation_id"])
         return attrs
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _validate_final_facts(facts: dict) -> None:
+    """J1 shape of final facts (in a ``final`` receipt or a report's ``record.final``);
+    a malformed one is refused with 400 (R3) rather than judged."""
+    started = facts.get("process_started")
+    if not (isinstance(started, bool) or started == "unknown"):
+        raise serializers.ValidationError({"facts": ["process_started must be true, false or \"unknown\""]})
+    for name in ("exit_code", "signal"):
+        if facts.get(name) is not None and not _is_int(facts[name]):
+            raise serializers.ValidationError({"facts": [f"{name} must be an integer or null"]})
+    runtime = facts.get("runtime_s")
+    if runtime is not None and (isinstance(runtime, bool) or not isinstance(runtime, (int, float)) or runtime < 0):
+        raise serializers.ValidationError({"facts": ["runtime_s must be a non-negative number"]})
+    if not (facts.get("ended_within_lease") is None or isinstance(facts["ended_within_lease"], bool)):
+        raise serializers.ValidationError({"facts": ["ended_within_lease must be true, false or null"]})
+    if facts.get("stop_reason") not in STOP_REASONS:
+        raise serializers.ValidationError({"facts": [f"stop_reason must be one of {', '.join(STOP_REASONS)}"]})
+    if not isinstance(facts.get("survivors", []), list):
+        raise serializers.ValidationError({"facts": ["survivors must be a list"]})
+    if facts.get("output_tail") is not None and not isinstance(facts["output_tail"], str):
+        raise serializers.ValidationError({"facts": ["output_tail must be a string"]})
 
 
 def _iso(value):

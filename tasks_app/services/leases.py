@@ -98,19 +98,26 @@ def lease_grant(*, machine: Machine, operation_id, now: datetime) -> tuple[Lease
         refusal = _standing_refusal(machine, task)
         lock_budget(task.owner_id)
         task = Task.objects.select_for_update().select_related("grant").get(pk=task.pk)
-        lease = Lease.objects.filter(operation__task=task).first()
+        lease = Lease.objects.select_for_update().filter(operation__task=task).first()
         if refusal:
             pass
-        elif lease is not None:
-            if lease.ended_at is None and lease.expires_at > now and not lease.refused_reason:
-                return lease, False
-            refusal = "expired"  # an operation never gets a second lease
         elif task.state in FINAL_STATES:
             refusal = "final"
-        elif task.cancel_requested_at:
-            refusal = "cancelled"
         elif task.state == TaskState.UNKNOWN:
             refusal = "unknown"
+        elif task.cancel_requested_at:
+            refusal = "cancelled"  # J7: even while its lease is live
+        elif lease is not None:
+            # An operation never gets a second lease (L1).
+            if lease.ended_at is None and lease.expires_at <= now:
+                lease_expire(lease, now=now)  # L6 without waiting for the sweep
+                refusal = lease.refused_reason or "expired"
+            elif lease.refused_reason:
+                refusal = lease.refused_reason  # L5: a refusal is final for the lease
+            elif lease.ended_at is None:
+                return lease, False
+            else:
+                refusal = "expired"
         elif task.created_at <= start_window_deadline(now):
             refusal = "start_window"
             task_finalize(
@@ -157,10 +164,12 @@ def lease_renew(*, machine: Machine, lease_id, output_tail: str | None, now: dat
         refusal = _standing_refusal(machine, task)
         task = Task.objects.select_for_update().get(pk=task.pk)
         lease = Lease.objects.select_for_update().get(pk=lease_id)
-        if lease.refused_reason:
-            refusal = lease.refused_reason
-        elif lease.ended_at is not None or lease.expires_at <= now:
-            lease_expire(lease, now=now)
+        if lease.ended_at is None and lease.expires_at <= now:
+            lease_expire(lease, now=now)  # L6 without waiting for the sweep
+            refusal = lease.refused_reason or "expired"
+        elif lease.refused_reason:
+            refusal = lease.refused_reason  # L5: a refusal is final for the lease
+        elif lease.ended_at is not None:
             refusal = "expired"
         elif refusal:
             pass

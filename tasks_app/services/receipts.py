@@ -66,21 +66,24 @@ def _apply(task: Task, *, machine: Machine, receipt: dict, now: datetime) -> dic
     lock_budget(task.owner_id)
     task = Task.objects.select_for_update().get(pk=task.pk)
     kind, facts, actor = receipt["kind"], receipt["facts"], _actor(machine)
+    if task.state in FINAL_STATES:
+        # Evidence of a final task stays as it was settled (reordered or late receipts).
+        task_record(task, reason=f"{kind} receipt after final state", actor=actor, now=now)
+        return not_applied("final")
     if receipt.get("slept_s") is not None:
         Task.objects.filter(pk=task.pk).update(slept_s=receipt["slept_s"])
         task.slept_s = receipt["slept_s"]
     if kind == "starting":
         task_record(task, reason="starting receipt", actor=actor, now=now)
         return APPLIED
-    if task.state in FINAL_STATES:
-        task_record(task, reason=f"{kind} receipt after final state", actor=actor, now=now)
-        return not_applied("final")
     if kind == "running":
         return _apply_running(task, facts, actor=actor, now=now)
     if kind == "unknown":
         if task.state not in LEASED_STATES:
             task_record(task, reason=f"unknown receipt in state {task.state}", actor=actor, now=now)
             return not_applied("state")
+        # X3: the worker lost track of its process; the lease cannot be kept alive.
+        Lease.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, end_reason="unknown_receipt")
         task_transition(
             task, from_states=LEASED_STATES, to=TaskState.UNKNOWN, reason=f"worker: {facts.get('reason', '')}",
             actor=actor, now=now,

@@ -33,8 +33,13 @@ def expire_leases(*, now: datetime) -> int:
     many this call expired."""
     done = 0
     # Uses the partial index lease_live_expiry.
-    for lease_id in Lease.objects.filter(ended_at__isnull=True, expires_at__lte=now).values_list("id", flat=True)[:BATCH]:
+    due = Lease.objects.filter(ended_at__isnull=True, expires_at__lte=now).values_list("id", "task_id")[:BATCH]
+    for lease_id, task_id in due:
         with transaction.atomic():
+            # Lock order P2 (task, then lease), as renewals and receipts take them; a row
+            # another process holds is skipped and seen again on the next pass.
+            if Task.objects.select_for_update(skip_locked=True).filter(pk=task_id).first() is None:
+                continue
             lease = Lease.objects.select_for_update(skip_locked=True).filter(pk=lease_id, ended_at__isnull=True).first()
             if lease is not None and lease_expire(lease, now=now):
                 done += 1
