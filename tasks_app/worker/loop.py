@@ -166,6 +166,7 @@ class Worker:
         self.revoked = threading.Event()
         self.outbox_wake = threading.Event()
         self.sender_done = threading.Event()
+        self.sender_failing = threading.Event()  # the last send needs a retry (service away)
         self.signals = 0
 
     # --- helpers -----------------------------------------------------------------------
@@ -241,7 +242,8 @@ class Worker:
             time.sleep(0.1)
         flush = ONCE_FLUSH_S if self.options.once else DRAIN_FLUSH_S
         end = time.monotonic() + flush
-        while self.store.pending_outbox() and time.monotonic() < end and not self.revoked.is_set():
+        while (self.store.pending_outbox() and time.monotonic() < end and not self.revoked.is_set()
+               and not self.sender_failing.is_set()):
             self.outbox_wake.set()
             time.sleep(0.05)
         if self.revoked.is_set():
@@ -619,6 +621,10 @@ class Worker:
             body = json.loads(row["body"])
             self.store.outbox_attempt(row["seq"])
             answer = client.request(row["method"], row["path"], body)
+            if answer.kind == "retry":
+                self.sender_failing.set()
+            else:
+                self.sender_failing.clear()
             if answer.kind == "ok":
                 outcome = (answer.body or {}).get("outcome")
                 if outcome == "not_applied":

@@ -157,9 +157,11 @@ class Target:
                 found[ref.pid] = ref
         if self.leader is not None and alive(self.leader):
             found[self.leader.pid] = self.leader
-        if self.pgid is not None and self.spawned_wall is not None:
-            for ref in group_members(self.pgid, self.spawned_wall):
-                found.setdefault(ref.pid, ref)
+            # The group is ours only while its verified leader lives: a dead leader's
+            # group id may belong to someone else now (members of ours carry the tag).
+            if self.pgid is not None and self.spawned_wall is not None:
+                for ref in group_members(self.pgid, self.spawned_wall):
+                    found.setdefault(ref.pid, ref)
         for ref in tagged(self.operation_id):
             found.setdefault(ref.pid, ref)
         for ref in list(found.values()):

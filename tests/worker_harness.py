@@ -1,0 +1,226 @@
+"""Helpers for the worker's tests (tests/test_worker_*.py).
+
+- ``make_worker``: an in-process ``Worker`` on a temporary state directory, with any
+  clock (a ``FakeClock`` for lease math), talking to an unreachable server unless told
+  otherwise. For tests that drive ``watch``/``recover`` directly with real processes.
+- ``LiveSetup``: a real daphne (``tests.live``) with short lease timings, an owner, a
+  machine paired through ``manage.py pair_worker``, a grant, a worker config with test
+  agent profiles (``tests/agents/agent.py``), and helpers to run ``manage.py worker`` as
+  a real subprocess, submit tasks and wait for states.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tasks_app.worker.config import parse_config
+from tasks_app.worker.loop import Worker, WorkerOptions
+from tasks_app.worker.store import StateDir, Store
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+AGENT = BASE_DIR / "tests" / "agents" / "agent.py"
+UNREACHABLE = "http://127.0.0.1:9"
+
+SHORT_TIMINGS = {
+    "RUNSTEAD_LEASE_DURATION_S": "3",
+    "RUNSTEAD_LEASE_RENEW_S": "0.5",
+    "RUNSTEAD_LEASE_MARGIN_S": "0.5",
+    "RUNSTEAD_KILL_GRACE_S": "0.5",
+    "RUNSTEAD_SWEEP_INTERVAL_S": "0.2",
+    "RUNSTEAD_EMBEDDED_SWEEP": "1",
+    "RUNSTEAD_MESSAGE_VISIBILITY_S": "1",
+}
+WORKER_ENV = {"RUNSTEAD_WORKER_POLL_S": "0.5", "RUNSTEAD_WORKER_BACKOFF_BASE_S": "0.2", "PYTHONUNBUFFERED": "1"}
+LIVE_STATES = ("accepted", "delivered", "starting", "running")
+
+PROFILES = {
+    "quick": {"AGENT_SLEEP_S": "0.5"},
+    "fail": {"AGENT_SLEEP_S": "0.2", "AGENT_EXIT": "3"},
+    "slow": {"AGENT_SLEEP_S": "2"},
+    "long": {"AGENT_SLEEP_S": "30"},
+    "tree": {"AGENT_SLEEP_S": "30", "AGENT_CHILDREN": "tree"},
+    "setsid": {"AGENT_SLEEP_S": "30", "AGENT_CHILDREN": "setsid"},
+    "forks": {"AGENT_SLEEP_S": "30", "AGENT_CHILDREN": "forks", "AGENT_FORKS": "150"},
+    "stubborn": {"AGENT_SLEEP_S": "30", "AGENT_IGNORE_TERM": "1"},
+}
+
+
+def config_toml(*, roots: list[str], files: dict, profiles: dict = PROFILES, max_concurrent: int = 4) -> str:
+    lines = [f"allowed_roots = {json.dumps(roots)}", f"max_concurrent = {max_concurrent}", "prevent_idle_sleep = true", ""]
+    for name, env in profiles.items():
+        full = {**files, **env}
+        env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in full.items())
+        lines += [f"[profiles.{name}]", f"argv = {json.dumps([sys.executable, str(AGENT), '{prompt}'])}",
+                  f"env = {{ {env_toml} }}", ""]
+    return "\n".join(lines)
+
+
+def make_worker(tmp_path: Path, clock, *, roots=None, server: str = UNREACHABLE, files=None) -> Worker:
+    import tomllib
+
+    state = StateDir(str(tmp_path / "state"))
+    state.ensure()
+    state.write_identity(machine_id=str(uuid.uuid4()), generation=1, name="unit", server=server, token="tok-" + uuid.uuid4().hex)
+    files = files or {"AGENT_STARTS": str(tmp_path / "starts"), "AGENT_PIDS": str(tmp_path / "pids")}
+    config = parse_config(tomllib.loads(config_toml(roots=roots or [str(tmp_path)], files=files)))
+    return Worker(state=state, store=Store(state.db_path), identity=state.read_identity(), config=config,
+                  options=WorkerOptions(server=server), clock=clock)
+
+
+def count_lines(path: Path) -> int:
+    try:
+        return len([line for line in path.read_text().splitlines() if line.strip()])
+    except FileNotFoundError:
+        return 0
+
+
+def recorded_pids(path: Path) -> list[tuple[int, str]]:
+    try:
+        return [(int(a), b) for a, b in (line.split(maxsplit=1) for line in path.read_text().splitlines() if line.strip())]
+    except FileNotFoundError:
+        return []
+
+
+def live_pids(pids) -> list[int]:
+    """Those of ``pids`` that are alive and not zombies."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def manage_env(extra: dict | None = None) -> dict:
+    from tests.live import database_env
+
+    env = {**os.environ, **database_env(), **WORKER_ENV}
+    env.pop("RUNSTEAD_WORKER_FAULT", None)
+    env.update(extra or {})
+    return env
+
+
+class LiveSetup:
+    """A paired worker state directory against a real daphne with short timings."""
+
+    def __init__(self, url: str, owner, tmp_path: Path, profiles: dict = PROFILES, max_concurrent: int = 4):
+        self.url = url
+        self.owner = owner
+        self.tmp = tmp_path
+        self.api = httpx.Client(base_url=url, headers={"Authorization": f"Token {owner.auth_token.key}"}, timeout=15)
+        self.root = tmp_path / "root"
+        self.repo = self.root / "repo"
+        self.repo.mkdir(parents=True)
+        self.starts_file = tmp_path / "starts"
+        self.pids_file = tmp_path / "pids"
+        self.state_dir = tmp_path / "state"
+        code = self.api.post("/api/machines/pairing-codes/", json={"name": "test-laptop"}).json()["code"]
+        out = subprocess.run(
+            [sys.executable, "manage.py", "pair_worker", "--server", url, "--code", code, "--name", "test-laptop",
+             "--state-dir", str(self.state_dir)],
+            cwd=BASE_DIR, env=manage_env(), capture_output=True, text=True, timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        self.machine_id = json.loads((self.state_dir / "machine.json").read_text())["machine_id"]
+        resp = self.api.post("/api/grants/", json={"machine": self.machine_id, "path": str(self.root)})
+        assert resp.status_code == 201, resp.text
+        self.grant_id = resp.json()["id"]
+        self.config = tmp_path / "worker.toml"
+        self.config.write_text(config_toml(
+            roots=[str(self.root)], files={"AGENT_STARTS": str(self.starts_file), "AGENT_PIDS": str(self.pids_file)},
+            profiles=profiles, max_concurrent=max_concurrent))
+        self.workers: list[subprocess.Popen] = []
+        self.log_path = tmp_path / "worker.log"
+
+    # --- worker processes -----------------------------------------------------------------
+
+    def start_worker(self, *, fault: str | None = None, once: bool = False, env: dict | None = None) -> subprocess.Popen:
+        extra = dict(env or {})
+        if fault:
+            extra["RUNSTEAD_WORKER_FAULT"] = fault
+        args = [sys.executable, "manage.py", "worker", "--server", self.url, "--state-dir", str(self.state_dir),
+                "--config", str(self.config)]
+        if once:
+            args.append("--once")
+        log = open(self.log_path, "ab")
+        log.write(f"\n===== worker start (fault={fault}) =====\n".encode())
+        log.flush()
+        proc = subprocess.Popen(args, cwd=BASE_DIR, env=manage_env(extra), stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.workers.append(proc)
+        return proc
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except FileNotFoundError:
+            return ""
+
+    def stop_workers(self) -> None:
+        for proc in self.workers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+    def close(self) -> None:
+        self.stop_workers()
+        # Agents of a killed worker are the test's leftovers: end them.
+        for pid in live_pids([p for p, _ in recorded_pids(self.pids_file)]):
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        self.api.close()
+
+    # --- service --------------------------------------------------------------------------
+
+    def submit(self, agent: str = "quick", folder: Path | None = None, **extra) -> str:
+        body = {"machine": self.machine_id, "folder": str(folder or self.repo), "agent": agent,
+                "prompt": "do the thing", **extra}
+        resp = self.api.post("/api/tasks/", json=body, headers={"Idempotency-Key": str(uuid.uuid4())})
+        assert resp.status_code == 201, resp.text
+        return resp.json()["id"]
+
+    def task(self, task_id: str) -> dict:
+        return self.api.get(f"/api/tasks/{task_id}/").json()
+
+    def wait_state(self, task_id: str, states, timeout: float = 20.0) -> dict:
+        states = (states,) if isinstance(states, str) else tuple(states)
+        end = time.monotonic() + timeout
+        task = {}
+        while time.monotonic() < end:
+            task = self.task(task_id)
+            if task.get("state") in states:
+                return task
+            time.sleep(0.1)
+        raise AssertionError(f"task never reached {states}: {json.dumps(task, indent=1)[:3000]}\n--- worker log ---\n{self.log()}")
+
+    def wait_final(self, task_id: str, timeout: float = 20.0) -> dict:
+        return self.wait_state(task_id, ("succeeded", "failed", "failed_lease_lost", "cancelled", "not_started",
+                                         "abandoned"), timeout)
+
+    def starts(self) -> int:
+        return count_lines(self.starts_file)
+
+    def agent_pids(self) -> list[tuple[int, str]]:
+        return recorded_pids(self.pids_file)
