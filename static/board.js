@@ -20,6 +20,7 @@
   var SLEEP_SHOWN_S = 1; // L9: slept_s worth mentioning
   var WAITING = { accepted: true, delivered: true };
   var UNFINISHED = { accepted: true, delivered: true, starting: true, running: true, unknown: true };
+  var LEASED = { starting: true, running: true };
   var SLEEP_STATES = { starting: true, running: true, unknown: true, failed_lease_lost: true };
 
   var board = {
@@ -170,8 +171,13 @@
     } else if (ev.type === "task" && ev.task) {
       var shown = board.tasks.get(ev.task.id);
       var task = ev.task;
-      // Events carry no start time; keep the one the snapshot gave (live runtime).
-      if (!task.started_at && shown && shown.started_at) task = Object.assign({}, task, { started_at: shown.started_at });
+      // Events carry no start time: keep the snapshot's, or take the service time of the
+      // event that moved the task into a leased state (for the live runtime).
+      if (!task.started_at) {
+        var started = shown && shown.started_at;
+        if (!started && LEASED[task.state] && !(shown && LEASED[shown.state])) started = ev.server_time;
+        if (started) task = Object.assign({}, task, { started_at: started });
+      }
       applyRow(board.tasks, task, ev.version);
     } else if (ev.type === "machine" && ev.machine) {
       applyRow(board.machines, ev.machine, ev.version);
@@ -385,7 +391,7 @@
     if (t.runtime_s !== null && t.runtime_s !== undefined) facts.push("runtime " + fmtDuration(t.runtime_s));
     else {
       var started = t.started_at || (t.lease && t.lease.granted_at);
-      if (started && UNFINISHED[t.state]) facts.push("running for " + fmtAge(started));
+      if (started && LEASED[t.state]) facts.push("running for " + fmtAge(started));
     }
     if (t.exit_code !== null && t.exit_code !== undefined) facts.push("exit code " + t.exit_code);
     if (t.signal !== null && t.signal !== undefined) facts.push("signal " + t.signal);

@@ -195,6 +195,33 @@ def test_b6_phone_viewport_has_no_horizontal_scroll_in_dark_scheme(live_daphne, 
     assert background == "rgb(17, 20, 24)"  # the dark scheme's --bg
 
 
+def test_b7_machine_goes_offline_on_the_page_timer_and_waiting_task_says_so(live_daphne, new_page, owner, machine, grant):
+    from playwright.sync_api import expect
+
+    from tasks_app.models import Machine, Task
+
+    now = timezone.now()
+    Machine.objects.filter(pk=machine.pk).update(last_heard_at=now - timedelta(seconds=10))
+    task = Task.objects.create(owner=owner, machine=machine, grant=grant, folder=grant.path, agent="claude",
+                               prompt="p", state="accepted", created_at=now, updated_at=now)
+    url = live_daphne(RUNSTEAD_MACHINE_OFFLINE_S="30")
+    page = new_page(url, owner)
+    page.clock.install()
+    page.goto(url + "/")
+    wait_live(page)
+    machine_row = page.locator(f"li[data-machine-id='{machine.id}']")
+    task_row = page.locator(f"li[data-task-id='{task.id}']")
+    expect(machine_row).to_have_attribute("data-online", "true")
+    expect(machine_row).to_contain_text("last heard")
+    expect(task_row.locator(".note.offline")).to_have_count(0)
+
+    page.clock.fast_forward(25_000)  # 35 s since last heard > 30 s threshold
+
+    expect(machine_row).to_have_attribute("data-online", "false")
+    expect(machine_row).to_contain_text("offline since")
+    expect(task_row.locator(".note.offline")).to_contain_text("waiting for laptop, offline since")
+
+
 def test_b8_double_click_and_resubmit_after_lost_response_create_one_task(live_daphne, new_page, owner, machine, grant):
     from tasks_app.models import Task
 
