@@ -93,10 +93,27 @@ def test_b2_task_change_is_pushed_without_reload(live_daphne, new_page, owner, m
         expect(row).to_have_attribute("data-state", "accepted")
         expect(row).to_contain_text("fix the build")
         expect(row).to_contain_text("laptop")
+
+        worker = httpx.Client(base_url=url, headers={"Authorization": f"Machine {machine.test_token}"}, timeout=10)
+        (message,) = worker.get("/api/worker/messages/?wait=0").json()["messages"]
+        assert worker.post(f"/api/worker/messages/{message['id']}/ack/").status_code == 200
+        expect(row).to_have_attribute("data-state", "delivered")
+        lease = worker.post("/api/worker/leases/", json={"operation_id": message["operation_id"]})
+        assert lease.status_code == 201, lease.text
+        expect(row).to_have_attribute("data-state", "starting")
+        expect(row).to_contain_text("running for")  # live runtime from the leasing event
+
         assert client.post(f"/api/tasks/{task_id}/cancel/").status_code == 200
-    expect(row).to_have_attribute("data-state", "cancelled")
+        expect(row).to_contain_text("cancel requested")  # J7: a leased task waits for its facts
+        facts = {"process_started": False, "stop_reason": "cancel", "lease_id": lease.json()["lease_id"],
+                 "survivors": [], "output_tail": ""}
+        receipt = worker.post("/api/worker/receipts/", json={
+            "event_id": "e1", "generation": machine.generation, "operation_id": message["operation_id"],
+            "kind": "final", "facts": facts})
+        assert receipt.status_code == 200, receipt.text
+    expect(row).to_have_attribute("data-state", "not_started")
     assert page.evaluate("window.__sameDocument") is True  # no reload happened
-    assert page.evaluate("window.runsteadBoard.messages") >= 2
+    assert page.evaluate("window.runsteadBoard.messages") >= 5
 
 
 def test_b3_marker_disappears_on_expiry_with_no_server_message(live_daphne, new_page, owner):
