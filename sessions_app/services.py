@@ -6,20 +6,17 @@ that inserting a task or a marker takes on the session row never conflicts with 
 marker / job rows. Tasks are never locked while a session lock is held (the task code
 locks budget -> task -> session), so the two orders cannot deadlock.
 """
-import logging
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db import transaction
+from django.db.models import Exists, F, OuterRef, Q
 
 from config.errors import ApplicationError
 from sessions_app.broadcast import broadcast
 from sessions_app.models import EndedTurn, Job, JobMode, Marker, MarkerState, Session, SessionStatus
-
-log = logging.getLogger("runstead.sessions")
 
 # Task states that keep a session busy (S1); ``unknown`` does not.
 BUSY_TASK_STATES = ("accepted", "delivered", "starting", "running")
@@ -178,14 +175,27 @@ def session_refresh_status(*, session_id: uuid.UUID, now: datetime) -> bool:
         return _refresh_locked(session, now)
 
 
+def lapsed_sessions_q(now: datetime) -> Q:
+    """Busy sessions for which S1 is false at ``now`` (as a Session filter): no marker
+    RUNNING by M3, no task in a busy state, no held job that still counts."""
+    from tasks_app.models import Task
+
+    return Q(status=SessionStatus.BUSY) & ~Q(
+        Exists(Marker.objects.filter(running_markers_q(now), session=OuterRef("pk")))
+        | Exists(Task.objects.filter(session=OuterRef("pk"), state__in=BUSY_TASK_STATES))
+        | Exists(Job.objects.filter(counting_jobs_q(now), session=OuterRef("pk")))
+    )
+
+
 def sessions_sweep(*, now: datetime, batch: int = SWEEP_BATCH) -> int:
-    """S7 and M3 for the periodic sweep: re-evaluates S1 for busy sessions (expired
-    markers, held jobs past ``RUNSTEAD_JOB_HOLD_MAX_S``, and any busy that lapsed), one
-    short transaction each, claimed with ``select_for_update(skip_locked=True)`` so several
-    processes can sweep at once (O2). Changes session status, never markers. Returns how
-    many sessions changed status (0 = no work found)."""
+    """S7 and M3 for the periodic sweep: flips to idle the busy sessions whose busy has
+    lapsed (an expired marker, a held job past ``RUNSTEAD_JOB_HOLD_MAX_S``), one short
+    transaction each, claimed with ``select_for_update(skip_locked=True)`` so several
+    processes can sweep at once (O2); each is re-evaluated under its lock and changed by
+    compare-and-set, so it is published once. Changes session status, never markers.
+    Returns how many sessions changed status (0 = no work found)."""
     candidates = list(
-        Session.objects.filter(status=SessionStatus.BUSY).order_by("status_since").values_list("pk", flat=True)[:batch]
+        Session.objects.filter(lapsed_sessions_q(now)).order_by("status_since").values_list("pk", flat=True)[:batch]
     )
     changed = 0
     for session_id in candidates:
@@ -203,10 +213,9 @@ def sessions_sweep(*, now: datetime, batch: int = SWEEP_BATCH) -> int:
 def sessions_active(*, owner, now: datetime) -> list[Session]:
     """S6: the owner's busy sessions, for hydration. A busy that lapsed since the last
     sweep is settled first (same compare-and-set, so it is still published once)."""
-    busy = list(Session.objects.filter(owner=owner, status=SessionStatus.BUSY).values_list("pk", flat=True))
-    for session_id in busy:
-        if not session_is_busy(session_id=session_id, now=now):
-            session_refresh_status(session_id=session_id, now=now)
+    lapsed = list(Session.objects.filter(lapsed_sessions_q(now), owner=owner).values_list("pk", flat=True))
+    for session_id in lapsed:
+        session_refresh_status(session_id=session_id, now=now)
     return list(Session.objects.filter(owner=owner, status=SessionStatus.BUSY).order_by("-status_since"))
 
 

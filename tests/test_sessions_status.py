@@ -166,6 +166,19 @@ def test_s7_held_job_that_never_reports_goes_idle_after_the_bound(board, board_e
     assert board_events.statuses(owner, sid) == ["busy", "idle"]
 
 
+def test_s7_sweep_takes_only_lapsed_sessions_so_busy_ones_never_starve_it(board, board_events, owner, at):
+    long_busy, lapsed = new_id(), new_id()
+    board.job(long_busy, "forever", "held")  # busy first, and still busy
+    at(3000)
+    board.job(long_busy, "fresh", "held")
+    board.marker(lapsed, "t", "running", device="crashed")
+    sweep_at = T0 + timedelta(seconds=3000 + 1200 + 60)
+    with board.capture(execute=True):
+        assert services.sessions_sweep(now=sweep_at, batch=1) == 1
+    assert board_events.statuses(owner, lapsed) == ["busy", "idle"]
+    assert board_events.statuses(owner, long_busy) == ["busy"]
+
+
 def test_s7_waking_job_never_consumed_stops_counting_after_the_bound(board, board_events, owner, at):
     sid = new_id()
     board.job(sid, "bg", "held")
