@@ -1,0 +1,57 @@
+"""Marker and session events end to end (B2, K2): an API write reaches its owner's board
+socket, after commit, with versions; another owner's board gets nothing."""
+import json
+import uuid
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import channel_layers
+from channels.testing import WebsocketCommunicator
+
+from sessions_app.routing import websocket_application
+from tests.conftest import owner_api
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture(autouse=True)
+def fresh_layer():
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
+async def board_of(user):
+    key = await sync_to_async(lambda: user.auth_token.key)()
+    communicator = WebsocketCommunicator(
+        websocket_application, "/ws/board/", headers=[(b"authorization", f"Token {key}".encode())]
+    )
+    connected, _ = await communicator.connect()
+    assert connected
+    return communicator
+
+
+async def test_k2_marker_and_status_events_reach_only_the_owners_board(owner, other_owner):
+    mine, theirs = await board_of(owner), await board_of(other_owner)
+    sid = str(uuid.uuid4())
+
+    def put(state):
+        answer = owner_api(owner).put(
+            f"/api/sessions/{sid}/marker/", {"turn_id": "t1", "device_id": "laptop", "state": state}, format="json"
+        )
+        assert answer.status_code == 200
+
+    await sync_to_async(put)("running")
+    first = [json.loads(await mine.receive_from()) for _ in range(2)]
+    assert [(e["type"], e.get("state"), e.get("status")) for e in first] == [
+        ("marker", "running", None), ("session.status", None, "busy"),
+    ]
+    assert all(e["session_id"] == sid and e["server_time"] for e in first)
+    await sync_to_async(put)("ended")
+    second = [json.loads(await mine.receive_from()) for _ in range(2)]
+    assert [(e["type"], e["version"]) for e in second] == [("marker", 2), ("session.status", first[1]["version"] + 1)]
+    assert second[1]["status"] == "idle"
+    assert await theirs.receive_nothing(timeout=0.3)
+    assert await mine.receive_nothing(timeout=0.1)
+    await mine.disconnect()
+    await theirs.disconnect()
