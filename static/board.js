@@ -35,7 +35,7 @@
     seq: 0, // local change counter; rows touched after a hydrate started survive it
     loaded: false,
     messages: 0, // WebSocket messages received (tests read it)
-    hydrations: 0,
+    hydrations: 0, // snapshots fetched from /api/board/
     doneCount: 0, // busy -> idle transitions seen (B5)
     beeps: 0, // of which played aloud (not muted)
   };
@@ -238,7 +238,6 @@
     board.tasks = mergeRows(board.tasks, snap.tasks || [], startSeq, function (item) { return Object.assign({}, item); });
     board.machines = mergeRows(board.machines, snap.machines || [], startSeq, function (item) { return Object.assign({}, item); });
     board.grants = snap.grants || [];
-    board.hydrations++;
   }
 
   // ---------------------------------------------------------------- B4 hydration
@@ -257,7 +256,12 @@
         if (!r.ok) throw new Error("snapshot: HTTP " + r.status);
         return r.json();
       })
-      .then(function (snap) { if (snap) { applySnapshot(snap, startSeq); render(); } })
+      .then(function (snap) {
+        if (!snap) return;
+        applySnapshot(snap, startSeq);
+        board.hydrations++;
+        render();
+      })
       .catch(function () { /* the next (re)connect or the 60 s timer tries again */ })
       .then(function () { hydrating = null; });
     return hydrating;

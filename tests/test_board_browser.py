@@ -64,7 +64,10 @@ def api(url, user) -> httpx.Client:
 
 
 def wait_live(page):
+    """The socket is open and the on-connect snapshot (B4) is applied, so no late snapshot
+    resets the clock correction under a test's fast-forward."""
     page.wait_for_selector("#conn[data-state=live]")
+    page.wait_for_function("window.runsteadBoard.hydrations >= 1")
 
 
 def test_b2_task_change_is_pushed_without_reload(live_daphne, new_page, owner, machine, grant):
@@ -135,7 +138,6 @@ def test_b3_marker_disappears_on_expiry_with_no_server_message(live_daphne, new_
     badge = page.locator(f"li[data-session-id='{session.id}'] .badge.running[data-device-id='mac-1']")
     expect(badge).to_contain_text("RUNNING")
     expect(badge).to_contain_text("Mac")
-    page.wait_for_function("window.runsteadBoard.hydrations >= 1")  # the on-connect snapshot is in
     messages = page.evaluate("window.runsteadBoard.messages")
 
     page.clock.fast_forward(8000)  # past expires_at + grace (6 s); real time barely moves
