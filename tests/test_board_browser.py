@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage", "--disable-background-networking", "--disable-gpu"]
-WAIT_MS = 5000
+WAIT_MS = 10000
 
 
 @pytest.fixture(scope="module")
