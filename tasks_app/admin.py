@@ -10,38 +10,46 @@ from tasks_app.models import (
 from tasks_app.services.decisions import task_ask_again, task_clear_survivor_lock, task_decide
 
 
-class TaskEventInline(admin.TabularInline):
-    model = TaskEvent
+class EvidenceInline(admin.TabularInline):
+    """Read-only history rows under a task (U4). Whoever may view the task sees them, without
+    separate permissions on these models; nobody adds, edits or deletes them (append-only)."""
+
     extra = 0
     can_delete = False
-    readonly_fields = ["at", "old_state", "new_state", "reason", "actor"]
+
+    def has_view_permission(self, request, obj=None):
+        return request.user.has_perm("tasks_app.view_task") or request.user.has_perm("tasks_app.change_task")
 
     def has_add_permission(self, request, obj=None):
         return False
 
+    def has_change_permission(self, request, obj=None):
+        return False
 
-class ReceiptInline(admin.TabularInline):
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+class TaskEventInline(EvidenceInline):
+    model = TaskEvent
+    fields = ["at", "old_state", "new_state", "reason", "actor"]
+    readonly_fields = fields
+
+
+class ReceiptInline(EvidenceInline):
+    """The worker's receipts and answers, reports included (U4)."""
+
     model = Receipt
-    extra = 0
-    can_delete = False
     fields = ["received_at", "kind", "event_id", "generation", "body", "response_body"]
     readonly_fields = fields
 
-    def has_add_permission(self, request, obj=None):
-        return False
 
-
-class LeaseInline(admin.TabularInline):
+class LeaseInline(EvidenceInline):
     """Lease timeline (U4): granted, renewals, expiry."""
 
     model = Lease
-    extra = 0
-    can_delete = False
     fields = ["granted_at", "renewals", "last_renewed_at", "expires_at", "refused_reason", "ended_at", "end_reason"]
     readonly_fields = fields
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 def _decide(decision):
@@ -69,9 +77,9 @@ class TaskAdmin(admin.ModelAdmin):
     search_fields = ["id", "folder", "prompt"]
     inlines = [LeaseInline, TaskEventInline, ReceiptInline]
     actions = [
-        admin.action(description="Mark succeeded")(_decide("succeeded")),
-        admin.action(description="Mark failed")(_decide("failed")),
-        admin.action(description="It never ran (abandon)")(_decide("abandoned")),
+        admin.action(description="Mark succeeded", permissions=["change"])(_decide("succeeded")),
+        admin.action(description="Mark failed", permissions=["change"])(_decide("failed")),
+        admin.action(description="It never ran (abandon)", permissions=["change"])(_decide("abandoned")),
         "ask_again",
         "clear_survivor_lock",
     ]
@@ -81,22 +89,27 @@ class TaskAdmin(admin.ModelAdmin):
         qs = super().get_queryset(request)
         if not request.user.is_superuser:
             qs = qs.filter(owner=request.user)
-        return qs.annotate(
-            unknown_first=Case(When(state=TaskState.UNKNOWN, then=Value(0)), default=Value(1), output_field=IntegerField())
-        ).order_by("unknown_first", "-created_at")
+        return qs
+
+    def get_ordering(self, request):
+        # Unknown tasks first (U3). The changelist takes its ordering from here, not from
+        # the queryset (it would fall back to Task.Meta.ordering).
+        unknown_first = Case(When(state=TaskState.UNKNOWN, then=Value(0)), default=Value(1), output_field=IntegerField())
+        return [unknown_first.asc(), "-created_at"]
 
     def has_add_permission(self, request):
         return False
 
-    @admin.action(description="Ask the worker again")
+    @admin.action(description="Ask the worker again", permissions=["change"])
     def ask_again(self, request, queryset):
         for task in queryset:
             try:
                 task_ask_again(task=task, user=request.user, now=clock.now())
+                self.message_user(request, f"{task.id}: asked the worker again")
             except ApplicationError as exc:
                 self.message_user(request, f"{task.id}: {exc.detail}", messages.WARNING)
 
-    @admin.action(description="Clear the folder lock kept for survivors")
+    @admin.action(description="Clear the folder lock kept for survivors", permissions=["change"])
     def clear_survivor_lock(self, request, queryset):
         for task in queryset:
             task_clear_survivor_lock(task=task, user=request.user, now=clock.now())

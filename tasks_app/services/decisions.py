@@ -46,6 +46,7 @@ def task_decide(*, task: Task, decision: str, user, now: datetime) -> Task:
 def task_ask_again(*, task: Task, user, now: datetime) -> None:
     """Send the worker another ``query`` for an ``unknown`` task (U1, U3)."""
     with transaction.atomic():
+        task = Task.objects.select_for_update().get(pk=task.pk)
         if task.state != TaskState.UNKNOWN:
             raise ApplicationError("not_unknown", f"the task is {task.state}, not unknown", status_code=409)
         message_send(task, kind=MessageKind.QUERY, now=now, query_id=str(uuid.uuid4()))
