@@ -14,17 +14,17 @@ import pytest
 from django.conf import settings
 
 from sessions_app.models import EndedTurn, Marker, Session
-from tests.live import live_daphne  # noqa: F401  (fixture)
+from tests.live import start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BASE_DIR = Path(settings.BASE_DIR)
 
 
-def wrapper(url, token, session_id, *command, **popen):
+def wrapper(url, token, session_id, *command, options=(), **popen):
     env = {**os.environ, "RUNSTEAD_SERVER": url, "RUNSTEAD_TOKEN": token, "PYTHONUNBUFFERED": "1"}
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     return subprocess.Popen(
-        [sys.executable, "manage.py", "turn", "--session", str(session_id), "--", *command],
+        [sys.executable, "manage.py", "turn", "--session", str(session_id), *options, "--", *command],
         cwd=BASE_DIR, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen,
     )
 
@@ -46,9 +46,18 @@ def running_marker(session_id):
     return Marker.objects.filter(session_id=session_id, device_id=device_of(session_id), state="running").first()
 
 
+@pytest.fixture(scope="module")
+def daphne_url(django_db_setup, django_db_blocker):
+    """One live daphne for the module, on the test database (each test commits its rows)."""
+    with django_db_blocker.unblock():
+        server = start_daphne({"RUNSTEAD_EMBEDDED_SWEEP": "0"})
+    yield server.url
+    server.stop()
+
+
 @pytest.fixture
-def server(live_daphne, owner):
-    return live_daphne(), owner.auth_token.key
+def server(daphne_url, owner):
+    return daphne_url, owner.auth_token.key
 
 
 def test_m1_wrapper_writes_ended_when_the_command_exits_non_zero(server, tmp_path):
@@ -144,8 +153,10 @@ def test_m5_wrapper_sweeps_its_device_at_start(server, owner):
 def test_m8_wrapper_runs_the_command_even_when_the_service_is_down(tmp_path):
     sid = uuid.uuid4()
     out_file = tmp_path / "out"
-    proc = wrapper("http://127.0.0.1:9", "t", sid, sys.executable, "-c",
-                   f"open({str(out_file)!r}, 'w').write('ran')")
+    proc = wrapper(
+        "http://127.0.0.1:9", "t", sid, sys.executable, "-c", f"open({str(out_file)!r}, 'w').write('ran')",
+        options=["--ended-retry", "1"],
+    )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0
     assert out_file.read_text() == "ran"

@@ -30,8 +30,8 @@ from urllib.parse import quote
 import httpx
 from django.core.management.base import BaseCommand, CommandError
 
-HTTP_TIMEOUT_S = 10.0
-ENDED_ATTEMPTS = 4
+HTTP_TIMEOUT_S = 5.0
+ENDED_BUDGET_S = 15.0
 RETRY_BACKOFF_S = 0.5
 KILL_GRACE_S = 10.0
 POLL_S = 0.1
@@ -77,6 +77,9 @@ class Command(BaseCommand):
         parser.add_argument("--session", required=True, type=uuid.UUID, help="chat session id (UUID)")
         parser.add_argument("--device-name", default=socket.gethostname(), help="shown on the board (hostname)")
         parser.add_argument("--deep-research", action="store_true", help="60-minute expiry class (M2)")
+        parser.add_argument(
+            "--ended-retry", type=float, default=ENDED_BUDGET_S, help="seconds to keep retrying `ended`"
+        )
         parser.add_argument("--kill-grace", type=float, default=KILL_GRACE_S, help="seconds before SIGKILL")
         parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- the agent command and its arguments")
 
@@ -94,7 +97,7 @@ class Command(BaseCommand):
         try:
             return_code = run_turn(
                 client, argv, device_name=options["device_name"], deep_research=options["deep_research"],
-                kill_grace_s=options["kill_grace"], warn=self.warn,
+                kill_grace_s=options["kill_grace"], ended_retry_s=options["ended_retry"], warn=self.warn,
             )
         finally:
             client.close()
@@ -106,7 +109,7 @@ class Command(BaseCommand):
 
 
 def run_turn(client: TurnClient, argv: list[str], *, device_name: str, deep_research: bool, kill_grace_s: float,
-             warn) -> int:
+             ended_retry_s: float, warn) -> int:
     """Sweep, ``running``, run ``argv``, ``ended``. Returns the exit status for the shell."""
     received: list[int] = []
     child: subprocess.Popen | None = None
@@ -138,7 +141,9 @@ def run_turn(client: TurnClient, argv: list[str], *, device_name: str, deep_rese
             return 127
         return_code = wait_child(child, received, kill_grace_s)
     finally:
-        write_ended(client, turn_id, device_name=device_name, deep_research=deep_research, warn=warn)
+        write_ended(
+            client, turn_id, device_name=device_name, deep_research=deep_research, budget_s=ended_retry_s, warn=warn
+        )
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 128 - return_code if return_code < 0 else return_code
@@ -161,10 +166,14 @@ def wait_child(child: subprocess.Popen, received: list[int], kill_grace_s: float
             deadline = time.monotonic() + kill_grace_s
 
 
-def write_ended(client: TurnClient, turn_id: str, *, device_name: str, deep_research: bool, warn) -> None:
-    """``ended`` for this turn (M1, M6), retried briefly: a lost ``ended`` would leave the
-    turn RUNNING until its expiry (M3)."""
-    for attempt in range(ENDED_ATTEMPTS):
+def write_ended(
+    client: TurnClient, turn_id: str, *, device_name: str, deep_research: bool, budget_s: float, warn
+) -> None:
+    """``ended`` for this turn (M1, M6), retried for at most ``budget_s`` seconds: a lost
+    ``ended`` leaves the turn RUNNING on other devices until its expiry (M3)."""
+    deadline = time.monotonic() + budget_s
+    delay = RETRY_BACKOFF_S
+    while True:
         try:
             client.marker(turn_id=turn_id, state="ended", device_name=device_name, deep_research=deep_research)
             return
@@ -175,6 +184,8 @@ def write_ended(client: TurnClient, turn_id: str, *, device_name: str, deep_rese
             last = error
         except httpx.HTTPError as error:
             last = error
-        if attempt + 1 < ENDED_ATTEMPTS:
-            time.sleep(RETRY_BACKOFF_S * (2**attempt))
-    warn(f"could not publish the end of the turn: {last}")
+        if time.monotonic() + delay >= deadline:
+            warn(f"could not publish the end of the turn: {last}")
+            return
+        time.sleep(delay)
+        delay *= 2
