@@ -35,6 +35,7 @@ from django.db import connection
 
 BASE_DIR = Path(settings.BASE_DIR)
 READY_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 3.0  # SIGTERM, then SIGKILL
 
 
 def free_port() -> int:
@@ -56,8 +57,10 @@ class DaphneServer:
     """One daphne process; ``url`` like ``http://127.0.0.1:PORT``; ``log_path`` holds its
     stdout and stderr."""
 
-    def __init__(self, env: dict | None = None):
-        self.port = free_port()
+    def __init__(self, env: dict | None = None, port: int | None = None):
+        # ``port``: start on a given port, e.g. to bring a stopped server back at the
+        # same URL (the worker's "service down, then back" tests).
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.mkstemp(prefix="daphne-", suffix=".log")[1])
         full_env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "PYTHONUNBUFFERED": "1"}
@@ -95,25 +98,25 @@ class DaphneServer:
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=5)
+                self.process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=5)
 
 
-def start_daphne(env: dict | None = None) -> DaphneServer:
-    return DaphneServer(env)
+def start_daphne(env: dict | None = None, log_dir: Path | None = None) -> DaphneServer:
+    return DaphneServer(env, log_dir)
 
 
 @pytest.fixture
-def live_daphne(transactional_db):
+def live_daphne(transactional_db, tmp_path):
     """A factory: ``live_daphne(**env_overrides) -> base URL``. Every server it started is
-    stopped after the test. The embedded sweep is off unless the caller turns it on
-    (``RUNSTEAD_EMBEDDED_SWEEP="1"``)."""
+    stopped after the test; its log stays in the test's ``tmp_path``. The embedded sweep
+    is off unless the caller turns it on (``RUNSTEAD_EMBEDDED_SWEEP="1"``)."""
     servers = []
 
     def start(**env) -> str:
-        server = DaphneServer({"RUNSTEAD_EMBEDDED_SWEEP": "0", **env})
+        server = DaphneServer({"RUNSTEAD_EMBEDDED_SWEEP": "0", **env}, log_dir=tmp_path)
         servers.append(server)
         return server.url
 

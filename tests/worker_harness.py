@@ -123,7 +123,8 @@ def manage_env(extra: dict | None = None) -> dict:
 class LiveSetup:
     """A paired worker state directory against a real daphne with short timings."""
 
-    def __init__(self, url: str, owner, tmp_path: Path, profiles: dict = PROFILES, max_concurrent: int = 4):
+    def __init__(self, url: str, owner, tmp_path: Path, profiles: dict = PROFILES, max_concurrent: int = 4,
+                 pair_via_command: bool = False):
         self.url = url
         self.owner = owner
         self.tmp = tmp_path
@@ -135,12 +136,21 @@ class LiveSetup:
         self.pids_file = tmp_path / "pids"
         self.state_dir = tmp_path / "state"
         code = self.api.post("/api/machines/pairing-codes/", json={"name": "test-laptop"}).json()["code"]
-        out = subprocess.run(
-            [sys.executable, "manage.py", "pair_worker", "--server", url, "--code", code, "--name", "test-laptop",
-             "--state-dir", str(self.state_dir)],
-            cwd=BASE_DIR, env=manage_env(), capture_output=True, text=True, timeout=60,
-        )
-        assert out.returncode == 0, out.stderr
+        if pair_via_command:
+            out = subprocess.run(
+                [sys.executable, "manage.py", "pair_worker", "--server", url, "--code", code, "--name", "test-laptop",
+                 "--state-dir", str(self.state_dir)],
+                cwd=BASE_DIR, env=manage_env(), capture_output=True, text=True, timeout=60,
+            )
+            assert out.returncode == 0, out.stderr
+        else:  # what the command does, without a second Django start-up
+            from tasks_app.worker.client import pair
+
+            answer = pair(url, code, "test-laptop")
+            assert answer.status == 201, answer.text
+            StateDir(str(self.state_dir)).write_identity(
+                machine_id=answer.body["machine_id"], generation=answer.body["generation"], name="test-laptop",
+                server=url, token=answer.body["token"])
         self.machine_id = json.loads((self.state_dir / "machine.json").read_text())["machine_id"]
         resp = self.api.post("/api/grants/", json={"machine": self.machine_id, "path": str(self.root)})
         assert resp.status_code == 201, resp.text

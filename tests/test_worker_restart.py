@@ -1,0 +1,216 @@
+"""The worker dies for real and restarts (SPEC W2, W3, W4, W6, X1-X4; issue 5).
+
+Every test runs ``manage.py worker`` as a subprocess against a real daphne with short
+lease timings (tests.worker_harness.SHORT_TIMINGS). The test agent appends a line to a
+file on every start, so "ran at most once" is a line count.
+"""
+import os
+import signal
+import time
+
+import pytest
+from django.utils import timezone
+
+from tests.live import live_daphne  # noqa: F401  (fixture)
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup, live_pids, wait_for
+
+pytestmark = pytest.mark.slow
+FAULT_EXIT = 97
+
+
+@pytest.fixture
+def live(live_daphne, make_owner, tmp_path):  # noqa: F811
+    setup = LiveSetup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path)
+    yield setup
+    setup.close()
+
+
+def receipt_kinds(task):
+    return [r["kind"] for r in reversed(task["receipts"])]
+
+
+def final_facts(task):
+    """The facts of the task's (last) final receipt, as the worker sent them."""
+    return [r for r in task["receipts"] if r["kind"] == "final"][0]["body"]["facts"]
+
+
+def wait_final_receipt(live, task_id, timeout=20):
+    return wait_for(lambda: (t := live.task(task_id)) and "final" in receipt_kinds(t) and t, timeout=timeout,
+                    what=f"final receipt\n{live.log()}")
+
+
+# (fault point, agent profile, states the task may end in, agent starts)
+FAULTS = [
+    ("after_commit_before_ack", "quick", {"succeeded"}, 1),
+    ("after_ack_before_lease", "quick", {"succeeded"}, 1),
+    ("after_starting_commit_before_spawn", "quick", {"unknown"}, 0),
+    ("after_spawn_before_pid_commit", "long", {"unknown"}, 1),
+    ("while_agent_runs", "long", {"failed", "failed_lease_lost"}, 1),
+    ("after_exit_before_final_receipt", "quick", {"succeeded"}, 1),
+]
+
+
+@pytest.mark.parametrize("point,agent,states,starts", FAULTS, ids=[f[0] for f in FAULTS])
+def test_x4_worker_dies_at_fault_point_restart_never_runs_twice(live, point, agent, states, starts):
+    first = live.start_worker(fault=point)
+    task_id = live.submit(agent)
+    assert first.wait(timeout=30) == FAULT_EXIT, live.log()
+    if point in ("after_spawn_before_pid_commit", "while_agent_runs", "after_exit_before_final_receipt"):
+        wait_for(lambda: live.starts() >= 1, what="the agent's start")  # it ran under the first worker
+    second = live.start_worker()
+    if "unknown" in states:
+        task = wait_final_receipt(live, task_id)
+        assert task["state"] == "unknown"
+        assert final_facts(task)["process_started"] == "unknown"
+        assert final_facts(task)["stop_reason"] == "worker_restart"
+        assert "unknown" in receipt_kinds(task)
+    else:
+        task = live.wait_final(task_id)
+        assert task["state"] in states, (task, live.log())
+    time.sleep(1.0)  # the restarted worker had every chance to run it again
+    assert live.starts() == starts
+    assert live_pids([p for p, _ in live.agent_pids()]) == []  # no leftover keeps running
+    if point == "while_agent_runs":
+        assert task["stop_reason"] == "worker_restart"
+        assert receipt_kinds(task)[-2:] == ["unknown", "final"]
+    if point == "after_exit_before_final_receipt":
+        assert task["exit_code"] == 0 and task["stop_reason"] == "exit"
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=20) == 0
+
+
+def test_x3_restart_after_sigkill_stops_agent_child_and_grandchild_and_reports_unknown_then_final(live):
+    worker = live.start_worker()
+    task_id = live.submit("tree")
+    pids = wait_for(lambda: len(live.agent_pids()) >= 3 and live.agent_pids(), what="agent, child, grandchild")
+    live.wait_state(task_id, "running")
+    worker.kill()
+    worker.wait(timeout=10)
+    time.sleep(0.3)
+    assert len(live_pids([p for p, _ in pids])) == 3  # the worker's death did not end them
+    restarted = live.start_worker()
+    task = live.wait_final(task_id)
+    assert task["state"] in ("failed", "failed_lease_lost")
+    assert task["stop_reason"] == "worker_restart" and task["survivors"] == []
+    assert receipt_kinds(task)[-2:] == ["unknown", "final"]
+    assert task["signal"] == signal.SIGTERM  # the launcher recorded how the agent ended
+    time.sleep(1.0)
+    assert live_pids([p for p, _ in live.agent_pids()]) == []
+    assert live.starts() == 1
+    restarted.send_signal(signal.SIGTERM)
+    assert restarted.wait(timeout=20) == 0
+
+
+def test_w3_duplicate_start_delivery_runs_once_before_and_after_restart(live_daphne, make_owner, tmp_path):  # noqa: F811
+    from tasks_app.models import OutboxMessage
+
+    live = LiveSetup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, pair_via_command=True)
+
+    def redeliver():
+        OutboxMessage.objects.filter(operation__task_id=task_id, kind="start").update(
+            acked_at=None, visible_at=timezone.now())
+
+    def acked_again(n):
+        m = OutboxMessage.objects.get(operation__task_id=task_id, kind="start")
+        return m.acked_at is not None and m.deliveries >= n
+
+    worker = live.start_worker()
+    task_id = live.submit("slow")
+    live.wait_state(task_id, "running")
+    redeliver()  # the service delivers the same start again while the agent runs
+    wait_for(lambda: acked_again(2), what="second delivery acked")
+    task = live.wait_final(task_id)
+    assert task["state"] == "succeeded"
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+    redeliver()  # and once more to a freshly started worker
+    worker = live.start_worker()
+    wait_for(lambda: acked_again(3), what="third delivery acked")
+    time.sleep(1.0)
+    assert live.starts() == 1
+    assert live.task(task_id)["state"] == "succeeded"
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0
+    live.close()
+
+
+def test_w6_first_sigterm_drains_running_agent_finishes_and_reports(live):
+    worker = live.start_worker()
+    task_id = live.submit("slow")
+    live.wait_state(task_id, "running")
+    worker.send_signal(signal.SIGTERM)
+    later = live.submit("quick", exclusive=False)  # arrives after the signal: not pulled any more
+    assert worker.wait(timeout=20) == 0
+    task = live.task(task_id)
+    assert task["state"] == "succeeded" and task["stop_reason"] == "exit", live.log()
+    assert live.task(later)["state"] == "accepted"
+    assert live.starts() == 1
+
+
+def test_w6_second_sigterm_stops_agent_with_worker_shutdown(live):
+    worker = live.start_worker()
+    task_id = live.submit("tree")
+    live.wait_state(task_id, "running")
+    wait_for(lambda: len(live.agent_pids()) >= 3, what="agent tree")
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert worker.poll() is None  # draining: the agent still runs
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0, live.log()
+    task = live.wait_final(task_id, timeout=5)
+    assert task["state"] == "failed" and task["stop_reason"] == "worker_shutdown"
+    assert live_pids([p for p, _ in live.agent_pids()]) == []
+
+
+def test_w4_symlink_out_of_allowed_root_refused_with_final_receipt_nothing_runs(live, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (live.root / "escape").symlink_to(outside)
+    worker = live.start_worker()
+    task_id = live.submit("quick", folder=live.root / "escape")
+    task = live.wait_final(task_id)
+    assert task["state"] == "not_started"
+    assert final_facts(task)["process_started"] is False and final_facts(task)["stop_reason"] == "refused"
+    assert "outside" in task["output_tail"]
+    assert receipt_kinds(task) == ["final"]  # refused before any lease was asked for
+    assert live.starts() == 0
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=20)
+
+
+def test_w4_dotdot_folder_in_start_message_refused_even_if_service_sent_it(live, tmp_path):
+    """The service refuses '..' at acceptance; the worker does not rely on that: a start
+    message edited to carry '..' out of the root is refused locally."""
+    from tasks_app.models import OutboxMessage
+
+    (tmp_path / "outside").mkdir()
+    task_id = live.submit("quick")
+    message = OutboxMessage.objects.get(operation__task_id=task_id, kind="start")
+    message.payload = {**message.payload, "folder": f"{live.repo}/../../outside"}
+    message.save(update_fields=["payload"])
+    worker = live.start_worker()
+    task = live.wait_final(task_id)
+    assert task["state"] == "not_started"
+    assert final_facts(task)["stop_reason"] == "refused" and final_facts(task)["process_started"] is False
+    assert live.starts() == 0
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=20)
+
+
+def test_w5_token_never_in_agent_environment(live):
+    worker = live.start_worker()
+    task_id = live.submit("tree")
+    live.wait_state(task_id, "running")
+    pids = wait_for(lambda: len(live.agent_pids()) >= 3 and live.agent_pids())
+    token = (live.state_dir / "token").read_text().strip()
+    import psutil
+
+    for pid, _ in pids:
+        env = psutil.Process(pid).environ()
+        assert not any(token in v for v in env.values())
+        assert env["RUNSTEAD_OPERATION_ID"]
+    assert os.stat(live.state_dir).st_mode & 0o777 == 0o700
+    worker.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # two signals at once would merge into one
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=20)
