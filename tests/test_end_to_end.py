@@ -46,15 +46,20 @@ class BoardListener(threading.Thread):
 
     def __init__(self, url: str, token: str):
         super().__init__(daemon=True)
-        self.ws = connect(url.replace("http://", "ws://") + "/ws/board/", additional_headers={"Authorization": f"Token {token}"})
+        self.url = url.replace("http://", "ws://") + "/ws/board/"
+        self.token = token
         self.events: list[dict] = []
+        self.connected = threading.Event()
+        self.closing = threading.Event()
 
     def run(self):
-        try:
-            for message in self.ws:
-                self.events.append(json.loads(message))
-        except Exception:  # noqa: BLE001 - closed at the end of the test
-            pass
+        with connect(self.url, additional_headers={"Authorization": f"Token {self.token}"}) as ws:
+            self.connected.set()
+            while not self.closing.is_set():
+                try:
+                    self.events.append(json.loads(ws.recv(timeout=0.2)))
+                except TimeoutError:
+                    continue
 
 
 @pytest.mark.slow
@@ -79,6 +84,7 @@ def test_o1_h_task_runs_end_to_end_with_real_worker_and_board_events(live_daphne
     )
     board = BoardListener(url, token)
     board.start()
+    assert board.connected.wait(10)
     worker_log = open(tmp_path / "worker.log", "wb")
     worker = subprocess.Popen(
         [sys.executable, "manage.py", "worker", "--server", url, "--state-dir", str(state_dir), "--config", str(config)],
@@ -113,5 +119,6 @@ def test_o1_h_task_runs_end_to_end_with_real_worker_and_board_events(live_daphne
     finally:
         worker.terminate()
         worker.wait(timeout=15)
-        board.ws.close()
+        board.closing.set()
+        board.join(5)
         api.close()
