@@ -17,11 +17,11 @@ from django.db.models import Exists, F, OuterRef, Q
 from config.errors import ApplicationError
 from sessions_app.broadcast import broadcast
 from sessions_app.models import EndedTurn, Job, JobMode, Marker, MarkerState, Session, SessionStatus
+from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Task
 
-# Task states that keep a session busy (S1); ``unknown`` does not.
-BUSY_TASK_STATES = ("accepted", "delivered", "starting", "running")
-# Task states in which a machine's marker takes the task's expiry class (M2).
-TASK_TURN_STATES = BUSY_TASK_STATES
+# Task states that keep a session busy (S1; ``unknown`` does not), and in which a
+# machine's turn takes the task's expiry class (M2).
+BUSY_TASK_STATES = tuple(sorted(NEVER_LEASED_STATES | LEASED_STATES))
 SWEEP_BATCH = 200
 
 
@@ -68,8 +68,6 @@ def job_counts(job: Job, now: datetime) -> bool:
 def session_is_busy(*, session_id: uuid.UUID, now: datetime) -> bool:
     """S1 on the service clock: a marker RUNNING by M3, or a task of the session in
     accepted/delivered/starting/running, or a held job that still counts."""
-    from tasks_app.models import Task
-
     if Marker.objects.filter(running_markers_q(now), session_id=session_id).exists():
         return True
     if Task.objects.filter(session_id=session_id, state__in=BUSY_TASK_STATES).exists():
@@ -80,17 +78,21 @@ def session_is_busy(*, session_id: uuid.UUID, now: datetime) -> bool:
 # --- sessions ---------------------------------------------------------------------------
 
 
+def _session_get_or_create(*, owner, session_id: uuid.UUID, now: datetime, title: str) -> tuple[Session, bool]:
+    session, created = Session.objects.get_or_create(
+        id=session_id, defaults={"owner": owner, "title": title, "status_since": now, "created_at": now}
+    )
+    if session.owner_id != owner.pk:
+        raise ApplicationError("not_found", "no such session", status_code=404)
+    return session, created
+
+
 def session_get_or_create(*, owner, session_id: uuid.UUID, now: datetime, title: str = "") -> Session:
     """The owner's session ``session_id``, created (idle) when the id is new.
 
     Raises ApplicationError 404 ``not_found`` when the id belongs to another owner (K2).
     """
-    session, _ = Session.objects.get_or_create(
-        id=session_id, defaults={"owner": owner, "title": title, "status_since": now, "created_at": now}
-    )
-    if session.owner_id != owner.pk:
-        raise ApplicationError("not_found", "no such session", status_code=404)
-    return session
+    return _session_get_or_create(owner=owner, session_id=session_id, now=now, title=title)[0]
 
 
 def session_create(*, owner, session_id: uuid.UUID | None, title: str, now: datetime) -> tuple[Session, bool]:
@@ -99,12 +101,7 @@ def session_create(*, owner, session_id: uuid.UUID | None, title: str, now: date
     owner's id."""
     if session_id is None:
         return Session.objects.create(owner=owner, title=title, status_since=now, created_at=now), True
-    session, created = Session.objects.get_or_create(
-        id=session_id, defaults={"owner": owner, "title": title, "status_since": now, "created_at": now}
-    )
-    if session.owner_id != owner.pk:
-        raise ApplicationError("not_found", "no such session", status_code=404)
-    return session, created
+    return _session_get_or_create(owner=owner, session_id=session_id, now=now, title=title)
 
 
 def session_lock(*, owner, session_id: uuid.UUID) -> Session:
@@ -130,8 +127,6 @@ def session_delete(*, owner, session_id: uuid.UUID, now: datetime) -> None:
     """``DELETE /api/sessions/{id}/``: removes the session with its markers, jobs and turn
     records; its tasks stay, detached from it (``session`` becomes null). Publishes
     ``session.deleted`` so open boards drop it."""
-    from tasks_app.models import Task
-
     with transaction.atomic():
         # Tasks first (task -> session, the task code's lock order), then the session.
         Task.objects.filter(session_id=session_id, owner=owner).update(session=None)
@@ -178,8 +173,6 @@ def session_refresh_status(*, session_id: uuid.UUID, now: datetime) -> bool:
 def lapsed_sessions_q(now: datetime) -> Q:
     """Busy sessions for which S1 is false at ``now`` (as a Session filter): no marker
     RUNNING by M3, no task in a busy state, no held job that still counts."""
-    from tasks_app.models import Task
-
     return Q(status=SessionStatus.BUSY) & ~Q(
         Exists(Marker.objects.filter(running_markers_q(now), session=OuterRef("pk")))
         | Exists(Task.objects.filter(session=OuterRef("pk"), state__in=BUSY_TASK_STATES))
@@ -254,10 +247,8 @@ def marker_expiry_s(*, session_id: uuid.UUID, machine, deep_research: bool) -> f
     ``RUNSTEAD_MARKER_LONG_S`` (60 min) with ``deep_research``, else
     ``RUNSTEAD_MARKER_DEFAULT_S`` (20 min)."""
     if machine is not None:
-        from tasks_app.models import Task
-
         runtimes = list(
-            Task.objects.filter(session_id=session_id, machine=machine, state__in=TASK_TURN_STATES).values_list(
+            Task.objects.filter(session_id=session_id, machine=machine, state__in=BUSY_TASK_STATES).values_list(
                 "max_runtime_s", flat=True
             )
         )
@@ -457,8 +448,6 @@ def session_stop(*, owner, session_id: uuid.UUID, actor: str, now: datetime) -> 
     The tasks are cancelled after the session transaction commits, one transaction each,
     because the task code locks task -> session and this one must not lock the other way.
     """
-    from tasks_app.models import FINAL_STATES, Task
-
     with transaction.atomic():
         session = session_lock(owner=owner, session_id=session_id)
         closed = 0
