@@ -26,6 +26,10 @@ class MarkerIn(serializers.Serializer):
     deep_research = serializers.BooleanField(required=False, default=False)
 
 
+class DeviceIn(serializers.Serializer):
+    device_id = serializers.RegexField(DEVICE_ID_RE)
+
+
 class JobIn(serializers.Serializer):
     job_id = serializers.RegexField(r"^[^/\s]{1,200}$")
     mode = serializers.ChoiceField(choices=JobMode.choices, required=False, allow_null=True, default=None)

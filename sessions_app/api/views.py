@@ -94,7 +94,7 @@ class DeviceSweepView(APIView):
 
     @extend_schema(request=None, responses=s.SweepOut)
     def post(self, request, device_id):
-        s.serializers.RegexField(s.DEVICE_ID_RE).run_validation(device_id)
+        s.DeviceIn(data={"device_id": device_id}).is_valid(raise_exception=True)
         closed = services.device_sweep(
             owner=request.user, device_id=device_id, machine=request_machine(request), now=clock.now()
         )
