@@ -57,12 +57,12 @@ class DaphneServer:
     """One daphne process; ``url`` like ``http://127.0.0.1:PORT``; ``log_path`` holds its
     stdout and stderr."""
 
-    def __init__(self, env: dict | None = None, port: int | None = None):
+    def __init__(self, env: dict | None = None, port: int | None = None, log_dir: Path | None = None):
         # ``port``: start on a given port, e.g. to bring a stopped server back at the
         # same URL (the worker's "service down, then back" tests).
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(tempfile.mkstemp(prefix="daphne-", suffix=".log")[1])
+        self.log_path = Path(tempfile.mkstemp(prefix="daphne-", suffix=".log", dir=log_dir)[1])
         full_env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", "PYTHONUNBUFFERED": "1"}
         full_env.update(database_env())
         full_env.update({k: str(v) for k, v in (env or {}).items()})
@@ -104,8 +104,8 @@ class DaphneServer:
                 self.process.wait(timeout=5)
 
 
-def start_daphne(env: dict | None = None, log_dir: Path | None = None) -> DaphneServer:
-    return DaphneServer(env, log_dir)
+def start_daphne(env: dict | None = None, log_dir: Path | None = None, port: int | None = None) -> DaphneServer:
+    return DaphneServer(env, port=port, log_dir=log_dir)
 
 
 @pytest.fixture
