@@ -288,3 +288,5 @@ def test_k3_bad_marker_input_is_refused_and_changes_nothing(board, owner_client)
     assert owner_client.put(url, "{not json", content_type="application/json").status_code == 400
     assert not Session.objects.filter(pk=sid).exists()
     assert owner_client.put("/api/sessions/not-a-uuid/marker/", {}, format="json").status_code == 404
+    bad_sweep = owner_client.post("/api/devices/has%20space/sweep/")
+    assert bad_sweep.status_code == 400 and bad_sweep.json()["error"] == "invalid"
