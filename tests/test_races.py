@@ -11,6 +11,7 @@ import threading
 import uuid
 
 import pytest
+from django.conf import settings
 from django.db import OperationalError, connection, transaction
 
 from tasks_app.models import Budget, Grant, IdempotencyRecord, Operation, OutboxMessage, Task
@@ -19,6 +20,16 @@ from tests.conftest import owner_api
 from tests.factories import submit
 
 JOIN_TIMEOUT_S = 60
+sqlite_only = pytest.mark.skipif(
+    settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3", reason="the SQLite variant (BEGIN IMMEDIATE)"
+)
+
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    """Owners are created per test; the default PBKDF2 costs ~0.5 s each on this machine."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 def race(n: int, work, *, prepare=None) -> list:
@@ -86,10 +97,9 @@ def test_a4_32_identical_requests_get_one_byte_equal_201(owner, machine, grant, 
     _identical_race(owner, machine, grant_root / "repo", 32)
 
 
+@sqlite_only
 @pytest.mark.django_db(transaction=True)
 def test_a4_identical_requests_on_sqlite_wait_for_the_winner(owner, machine, grant, grant_root):
-    if connection.vendor != "sqlite":
-        pytest.skip("the SQLite variant (BEGIN IMMEDIATE)")
     _identical_race(owner, machine, grant_root / "repo", 8)
 
 
@@ -185,10 +195,9 @@ def test_a5_budget_race_exactly_n_accepted_never_over_limit(owner, machine, gran
     _budget_race(owner, machine, grant_root, 24, 7)
 
 
+@sqlite_only
 @pytest.mark.django_db(transaction=True)
 def test_a5_budget_race_on_sqlite(owner, machine, grant, grant_root):
-    if connection.vendor != "sqlite":
-        pytest.skip("the SQLite variant (BEGIN IMMEDIATE)")
     _budget_race(owner, machine, grant_root, 8, 3)
 
 
@@ -386,10 +395,9 @@ def test_p1_unpair_race_never_accepts_on_an_unpaired_machine(owner, grant_root):
     assert accepted + refused == 60
 
 
+@sqlite_only
 @pytest.mark.django_db(transaction=True)
 def test_p1_revocation_race_on_sqlite_with_begin_immediate(owner, grant_root):
-    if connection.vendor != "sqlite":
-        pytest.skip("the SQLite variant (BEGIN IMMEDIATE)")
     accepted, refused = _revocation_race(owner, grant_root, 40)
     assert accepted + refused == 40
 

@@ -2,6 +2,7 @@
 import hashlib
 import json
 import posixpath
+import unicodedata
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +24,7 @@ from tasks_app.services.locking import advisory_xact_lock, for_key_share, retry_
 from tasks_app.services.transitions import task_created
 
 PENDING_STATUS = 0  # a claimed key whose response is written later in the same transaction
+CLAIM_ATTEMPTS = 3
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,15 @@ def path_within(path: str, root: str) -> bool:
     return path == root or path.startswith(root if root == "/" else root + "/")
 
 
+def folder_lock_key(folder: str) -> str:
+    """How A8 compares folders: Unicode NFC and case-folded. The worker usually runs on a
+    Mac, whose default file system treats ``Repo`` and ``repo`` (and NFC/NFD spellings of
+    ``café``) as one folder; the service cannot tell, so it assumes they may be, and two
+    exclusive tasks never share a folder under different spellings. Paths are stored and
+    sent to the worker exactly as given."""
+    return unicodedata.normalize("NFC", folder).casefold()
+
+
 def task_accept(*, owner, key: str, raw_body: dict, data: dict, now: datetime, serialize) -> StoredResponse:
     """Accept a task exactly once per (owner, idempotency key) (A1-A5).
 
@@ -87,9 +98,19 @@ def _accept(*, owner, key, digest, data, now, serialize) -> StoredResponse:
     with transaction.atomic():
         # P2: the key first. A racing inserter of the same key makes this wait for its
         # commit (then we replay) or its rollback (then we proceed on our own) (A4).
-        record_id = _claim_key(owner_id=owner.pk, key=key, digest=digest, now=now)
+        record_id = record = None
+        for _ in range(CLAIM_ATTEMPTS):
+            record_id = _claim_key(owner_id=owner.pk, key=key, digest=digest, now=now)
+            if record_id is not None:
+                break
+            # The key is taken by a committed record; read it in a fresh statement (READ
+            # COMMITTED). It can vanish in between only through the A7 cleanup: claim again.
+            record = IdempotencyRecord.objects.filter(owner=owner, key=key).first()
+            if record is not None:
+                break
         if record_id is None:
-            record = IdempotencyRecord.objects.get(owner=owner, key=key)
+            if record is None:
+                raise ApplicationError("conflict", "the Idempotency-Key changed hands meanwhile, retry", status_code=409)
             if record.body_digest != digest:
                 raise ApplicationError(
                     "idempotency_key_reused", "this Idempotency-Key was used with a different body", status_code=422
@@ -132,8 +153,10 @@ def _create_task(*, owner, data, now) -> Task:
 
     if data["exclusive"]:
         advisory_xact_lock(f"folder-lock:{machine.pk}")  # A8: per-machine
+        mine = folder_lock_key(folder)
         for holder in Task.objects.filter(machine=machine, holds_lock=True).only("id", "folder"):
-            if path_within(folder, holder.folder) or path_within(holder.folder, folder):
+            theirs = folder_lock_key(holder.folder)
+            if path_within(mine, theirs) or path_within(theirs, mine):
                 raise ApplicationError(
                     "folder_locked",
                     "an unfinished exclusive task holds this folder, an ancestor or a descendant",
