@@ -294,6 +294,14 @@ SHORT_TIMINGS = {
 }
 
 
+def operation_of(task_id) -> str:
+    """The task's operation id, read from a helper thread that closes its connection."""
+    try:
+        return str(Task.objects.get(pk=task_id).operation.id)
+    finally:
+        connection.close()
+
+
 @pytest.mark.slow
 def test_l6_real_daphne_silent_running_task_becomes_unknown_within_5s_on_the_board(
     owner, machine, grant, grant_root, live_daphne  # noqa: F811
@@ -312,7 +320,7 @@ def test_l6_real_daphne_silent_running_task_becomes_unknown_within_5s_on_the_boa
             )
             assert created.status_code == 201, created.text
             task_id = created.json()["id"]
-            operation = await asyncio.to_thread(lambda: str(Task.objects.get(pk=task_id).operation.id))
+            operation = await asyncio.to_thread(operation_of, task_id)
             lease = await http.post("/api/worker/leases/", headers=machine_headers, json={"operation_id": operation})
             assert lease.status_code == 201, lease.text
             assert lease.json()["duration_s"] == 2
