@@ -222,3 +222,19 @@ def test_j7_cancel_racing_final_receipt_settles_once_by_the_facts(owner, machine
             assert task.cancel_requested_at is None and not messages(task_id, "cancel").exists()
     assert budget_of(owner) == (0, 60.0)  # six tasks, 10 s each, settled once
     assert outcomes  # at least one ordering observed (both, usually)
+
+
+@pytest.mark.django_db
+def test_j7_cancelling_a_task_does_not_stop_its_session(owner, machine, grant, grant_root, pinned):
+    from sessions_app.models import Marker, Session
+
+    session_id = "0b4f3a52-0000-4000-8000-000000000001"
+    turn = {"turn_id": "turn-1", "device_id": "phone", "state": "running"}
+    assert owner_api(owner).put(f"/api/sessions/{session_id}/marker/", turn, format="json").status_code == 200
+    task_id = in_state(owner, machine, grant_root, "running", session=session_id)
+    assert Session.objects.get(pk=session_id).status == "busy"
+    cancel(owner, task_id)
+    receipt(machine, task_id, "final", final_facts(stop_reason="cancel", signal=15, exit_code=None))
+    assert Task.objects.get(pk=task_id).state == "cancelled"
+    assert Session.objects.get(pk=session_id).status == "busy"  # the phone's turn still runs
+    assert Marker.objects.get(session_id=session_id, device_id="phone").state == "running"

@@ -243,7 +243,7 @@ def test_r3_body_that_is_not_json_is_400(owner, machine, grant, grant_root):
 # --- X3, U1, U2, L9 ----------------------------------------------------------------------
 
 
-def test_x3_unknown_receipt_moves_running_to_unknown_and_queries(owner, machine, grant, grant_root):
+def test_x3_u1_unknown_receipt_moves_running_to_unknown_and_queries(owner, machine, grant, grant_root):
     from tasks_app.models import OutboxMessage
 
     task_id = running_task(owner, machine, grant_root)

@@ -75,7 +75,7 @@ def queries(task_id):
 
 
 @pytest.mark.django_db
-def test_l6_sweep_moves_lapsed_running_task_to_unknown_and_queries(
+def test_l6_u1_sweep_moves_lapsed_running_task_to_unknown_and_queries(
     owner, machine, grant, grant_root, pinned, board, django_capture_on_commit_callbacks
 ):
     task_id = running_task(owner, machine, grant_root)
