@@ -43,6 +43,7 @@ LIVE_STATES = ("accepted", "delivered", "starting", "running")
 
 PROFILES = {
     "quick": {"AGENT_SLEEP_S": "0.5"},
+    "brief": {"AGENT_SLEEP_S": "1"},
     "fail": {"AGENT_SLEEP_S": "0.2", "AGENT_EXIT": "3"},
     "slow": {"AGENT_SLEEP_S": "2"},
     "long": {"AGENT_SLEEP_S": "30"},
