@@ -9,6 +9,7 @@ fi
 stamp=.venv/.requirements.sha256
 want=$(sha256sum requirements.txt | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+  echo "installing requirements into .venv ..."
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt 2> >(grep -v "is ignored: it is neither" >&2)
   echo "$want" > "$stamp"
 fi
