@@ -9,6 +9,7 @@ The PostgreSQL tests are the proof; the SQLite ones check that ``BEGIN IMMEDIATE
 import random
 import threading
 import uuid
+from datetime import datetime, timezone
 
 import pytest
 from django.conf import settings
@@ -20,6 +21,7 @@ from tests.conftest import owner_api
 from tests.factories import submit
 
 JOIN_TIMEOUT_S = 60
+T_HEARD = datetime(2026, 1, 1, tzinfo=timezone.utc)
 sqlite_only = pytest.mark.skipif(
     settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3", reason="the SQLite variant (BEGIN IMMEDIATE)"
 )
@@ -468,3 +470,40 @@ def test_p2_deadlock_inside_an_outer_transaction_is_not_retried(owner, make_owne
 def test_p1_for_key_share_needs_an_atomic_block():
     with pytest.raises(transaction.TransactionManagementError):
         locking.for_key_share(Grant.objects.all())
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_p1_for_key_share_blocks_for_update_but_not_last_heard_at(owner, machine, grant):
+    """The helper really takes KEY SHARE: a revocation's FOR UPDATE cannot get the rows,
+    while ``last_heard_at`` (a no-key UPDATE, P2) goes through at once."""
+    from django.db import DatabaseError
+
+    from tasks_app.models import Machine
+
+    seen = {}
+
+    def other_connection():
+        try:
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL lock_timeout = '2s'")
+                Machine.objects.filter(pk=machine.pk).update(last_heard_at=T_HEARD)
+                seen["heard"] = True
+            for model, pk in ((Grant, grant.pk), (Machine, machine.pk)):
+                try:
+                    with transaction.atomic():
+                        model.objects.select_for_update(nowait=True).get(pk=pk)
+                    seen[model.__name__] = "locked it"
+                except DatabaseError:
+                    seen[model.__name__] = "refused"
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        assert [m.pk for m in locking.for_key_share(Machine.objects.filter(pk=machine.pk))] == [machine.pk]
+        assert [g.pk for g in locking.for_key_share(Grant.objects.filter(pk=grant.pk))] == [grant.pk]
+        thread = threading.Thread(target=other_connection)
+        thread.start()
+        thread.join(10)
+    assert seen == {"heard": True, "Grant": "refused", "Machine": "refused"}
