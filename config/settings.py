@@ -203,6 +203,10 @@ SPECTACULAR_SETTINGS = {
         f"plus a retention window of {int(RUNSTEAD_IDEMPOTENCY_RETENTION_S)} seconds (A7)."
     ),
     "VERSION": "1.0.0",
+    "ENUM_NAME_OVERRIDES": {
+        "MarkerStateEnum": "sessions_app.models.MarkerState",
+        "TaskStateEnum": "tasks_app.models.TaskState",
+    },
 }
 
 LOGGING = {
