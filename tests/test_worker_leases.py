@@ -219,3 +219,36 @@ def test_m8_worker_writes_running_then_ended_marker_for_a_session_task(live):
     record = Store(str(live.state_dir / "worker.sqlite3")).in_states("ended")[0]
     assert record["turn_id"] == marker.turn_id
     assert stop_worker(worker) == 0
+
+
+def test_r3_token_revoked_stops_agents_and_loop_and_says_how_to_pair_again(live):
+    worker = live.start_worker()
+    task_id = live.submit("tree")
+    live.wait_state(task_id, "running")
+    pids = wait_for(lambda: len(live.agent_pids()) >= 3 and live.agent_pids(), what="agent tree")
+    assert live.api.post(f"/api/machines/{live.machine_id}/unpair/").status_code == 200
+    assert worker.wait(timeout=15) == 3, live.log()  # EXIT_REVOKED
+    assert live_pids([p for p, _ in pids]) == []
+    assert "pair_worker --server" in live.log() and "token_revoked" in live.log()
+    record = Store(str(live.state_dir / "worker.sqlite3")).in_states("ended")[0]
+    assert json.loads(record["final"])["stop_reason"] == "worker_shutdown"
+
+
+def test_w8_at_most_max_concurrent_agents(live_daphne, make_owner, tmp_path):  # noqa: F811
+    live = LiveSetup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, max_concurrent=1)
+    try:
+        worker = live.start_worker()
+        first = live.submit("slow", exclusive=False)
+        second = live.submit("quick", exclusive=False)
+        live.wait_state(first, "running")
+        time.sleep(1.0)
+        assert live.task(second)["state"] in ("accepted", "delivered")  # waits for the slot, unleased
+        assert live.wait_final(first)["state"] == "succeeded"
+        assert live.wait_final(second)["state"] == "succeeded"
+        store = Store(str(live.state_dir / "worker.sqlite3"))
+        rec = {r["task_id"]: r for r in store.in_states("ended")}
+        first_exit = json.loads((live.state_dir / "ops" / rec[first]["operation_id"] / "exit.json").read_text())
+        assert rec[second]["spawned_wall"] >= first_exit["exit_wall"]  # never both at once
+        assert stop_worker(worker) == 0
+    finally:
+        live.close()
