@@ -275,3 +275,33 @@ def test_l5_renewal_by_another_machine_is_404(owner, machine, make_machine, gran
     other = make_machine(owner, name="desktop")
     assert renew(other, lease_id).status_code == 404
     assert Lease.objects.get(pk=lease_id).refused_reason == ""
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_l1_racing_grants_get_one_lease(owner, machine, grant, grant_root):
+    import threading
+
+    from django.db import connection
+
+    for i in range(4):
+        task_id = new_task(owner, machine, grant_root / f"t{i}")
+        barrier = threading.Barrier(3)
+        answers = []
+
+        def run():
+            try:
+                barrier.wait()
+                answers.append(grant_lease(machine, task_id))
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=run) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert sorted(a.status_code for a in answers) == [200, 200, 201]
+        assert len({a.json()["lease_id"] for a in answers}) == 1
+        assert Lease.objects.filter(task_id=task_id).count() == 1
+        assert TaskEvent.objects.filter(task_id=task_id, new_state="starting").count() == 1

@@ -296,3 +296,33 @@ def test_l9_slept_s_is_kept_as_evidence(owner, machine, grant, grant_root):
     receipt(machine, task_id, "unknown", {"reason": "lid closed"}, slept_s=840.5)
     assert Task.objects.get(pk=task_id).slept_s == 840.5
     assert owner_api(owner).get(f"/api/tasks/{task_id}/").json()["slept_s"] == 840.5
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_r1_racing_duplicates_are_applied_once_with_one_answer(owner, machine, grant, grant_root):
+    import threading
+
+    from django.db import connection
+
+    task_id = running_task(owner, machine, grant_root)
+    barrier = threading.Barrier(3)
+    answers = []
+
+    def run():
+        try:
+            barrier.wait()
+            answers.append(receipt(machine, task_id, "final", final_facts(runtime_s=8.0), event_id="dup"))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert {(a.status_code, a.content) for a in answers} == {(200, b'{"outcome":"applied"}')}
+    assert Receipt.objects.filter(machine=machine, event_id="dup").count() == 1
+    assert TaskEvent.objects.filter(task_id=task_id, new_state="succeeded").count() == 1
+    budget = Budget.objects.get(owner=owner)
+    assert (budget.reserved_s, budget.spent_s) == (0, 8.0)

@@ -348,3 +348,52 @@ def test_l6_real_daphne_silent_running_task_becomes_unknown_within_5s_on_the_boa
     assert TaskEvent.objects.filter(task=task, new_state="unknown").get().actor == "service"
     [query] = queries(task_id)
     assert query.machine_id == machine.id and query.payload["query_id"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_l6_sweep_racing_renewal_and_final_receipt_transitions_once(owner, machine, grant, grant_root, time_machine):
+    """At expiry the sweep, a late renewal and a final receipt all reach for the same task:
+    no deadlock (one lock order, P2), one transition to unknown at most, one query at most,
+    and the facts settle the task."""
+    from tests.conftest import machine_api
+
+    time_machine.move_to(T0, tick=False)
+    for i in range(5):
+        task_id = running_task(owner, machine, grant_root / f"t{i}")
+        lease_id = Lease.objects.get(task_id=task_id).id
+        time_machine.shift(60)
+        now = clock.now()
+        barrier = threading.Barrier(3)
+        answers, errors = {}, []
+
+        def run(name, fn):
+            try:
+                barrier.wait()
+                answers[name] = fn()
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [
+            threading.Thread(target=run, args=("sweep", lambda: expire_leases(now=now))),
+            threading.Thread(target=run, args=("renew", lambda: machine_api(machine).post(
+                f"/api/worker/leases/{lease_id}/renew/").json())),
+            threading.Thread(target=run, args=("final", lambda: receipt(
+                machine, task_id, "final", final_facts(runtime_s=59.0)).json())),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert answers["renew"]["error"] == "expired"
+        assert answers["final"] == {"outcome": "applied"}
+        task = Task.objects.get(pk=task_id)
+        assert task.state == "succeeded"  # J2: ended within its lease
+        assert TaskEvent.objects.filter(task=task, new_state="unknown").count() <= 1
+        assert queries(task_id).count() == TaskEvent.objects.filter(task=task, new_state="unknown").count()
+        assert TaskEvent.objects.filter(task=task, new_state="succeeded").count() == 1
+    budget = Budget.objects.get(owner=owner)
+    assert (budget.reserved_s, budget.spent_s) == (0, 5 * 59.0)

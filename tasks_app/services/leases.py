@@ -97,8 +97,10 @@ def lease_grant(*, machine: Machine, operation_id, now: datetime) -> tuple[Lease
     with transaction.atomic():
         refusal = _standing_refusal(machine, task)
         lock_budget(task.owner_id)
-        task = Task.objects.select_for_update().select_related("grant").get(pk=task.pk)
-        lease = Lease.objects.select_for_update().filter(operation__task=task).first()
+        # of=("self",): a join would also lock the grant row FOR UPDATE, against the
+        # FOR KEY SHARE other grants and acceptances hold on it (P1), and deadlock.
+        task = Task.objects.select_for_update(of=("self",)).select_related("grant").get(pk=task.pk)
+        lease = Lease.objects.select_for_update().filter(task=task).first()
         if refusal:
             pass
         elif task.state in FINAL_STATES:
