@@ -85,3 +85,28 @@ def test_k3_malformed_json_and_unknown_fields_answer_400_with_code(owner, machin
     assert unknown.status_code == 400 and unknown.json()["error"] == "invalid"
     assert "surprise" in unknown.json()["fields"]
     assert Task.objects.count() == 0
+
+
+def test_k4_folder_escapes_are_refused(owner, machine, grant, grant_root):
+    dotdot = submit(owner, machine, f"{grant_root}/../etc")
+    assert dotdot.status_code == 400 and "folder" in dotdot.json()["fields"]
+    sibling = submit(owner, machine, f"{grant_root}-sibling")  # a name prefix is not a subfolder
+    assert sibling.status_code == 403 and sibling.json()["error"] == "folder_not_granted"
+    relative = submit(owner, machine, "repo")
+    assert relative.status_code == 400
+    assert Task.objects.count() == 0
+
+
+def test_l7_lease_expiry_is_decided_by_the_service_clock_alone(owner, machine, grant, grant_root, time_machine):
+    """The worker sends durations, never its wall clock; the service compares expires_at
+    with its own clock."""
+    time_machine.move_to("2026-03-01T12:00:00Z", tick=False)
+    task_id = submit(owner, machine, grant_root).json()["id"]
+    lease = grant_lease(machine, task_id).json()
+    assert lease["expires_at"] == "2026-03-01T12:01:00+00:00"
+    time_machine.shift(59)
+    renewed = machine_api(machine).post(f"/api/worker/leases/{lease['lease_id']}/renew/", {}, format="json")
+    assert renewed.json()["expires_at"] == "2026-03-01T12:01:59+00:00"
+    time_machine.shift(60)
+    expired = machine_api(machine).post(f"/api/worker/leases/{lease['lease_id']}/renew/", {}, format="json")
+    assert expired.status_code == 409 and expired.json()["error"] == "expired"
