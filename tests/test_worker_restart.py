@@ -214,3 +214,19 @@ def test_w5_token_never_in_agent_environment(live):
     time.sleep(0.3)  # two signals at once would merge into one
     worker.send_signal(signal.SIGTERM)
     worker.wait(timeout=20)
+
+
+def test_x3_agent_that_ended_while_worker_was_down_is_reported_with_launcher_exit_status(live):
+    worker = live.start_worker()
+    task_id = live.submit("fail")  # exits 3 after 0.2 s
+    live.wait_state(task_id, ("starting", "running"))
+    worker.kill()
+    worker.wait(timeout=10)
+    wait_for(lambda: list((live.state_dir / "ops").rglob("exit.json")), what="the launcher's exit record")
+    restarted = live.start_worker()
+    task = live.wait_final(task_id)
+    assert task["state"] == "failed" and task["exit_code"] == 3 and task["stop_reason"] == "exit", live.log()
+    assert final_facts(task)["ended_within_lease"] is True
+    assert live.starts() == 1
+    restarted.send_signal(signal.SIGTERM)
+    assert restarted.wait(timeout=20) == 0

@@ -578,6 +578,7 @@ class Worker:
     def renew_loop(self, run: Run) -> None:
         """Renew every ``renew_every_s`` from the last send (L3); a 409 is final (L5)."""
         client = self.client()
+        failures = 0
         try:
             while not run.finished.is_set() and run.proc.poll() is None:
                 if not run.deadline.renewal_due(self.clock) or run.stop_reason == "worker_shutdown":
@@ -603,8 +604,13 @@ class Worker:
                     self.on_revoked()
                     return
                 else:
-                    log.warning("operation %s: renewal failed (%s), retrying", run.operation_id, answer.status or answer.text)
+                    failures += 1
+                    if failures == 1 or failures % 20 == 0:
+                        log.warning("operation %s: renewal failed (%s), retrying until the deadline (%d tries)",
+                                    run.operation_id, answer.status or answer.text[:120], failures)
                     run.finished.wait(min(1.0, run.deadline.terms.renew_every_s / 4))
+                    continue
+                failures = 0
         finally:
             client.close()
 
