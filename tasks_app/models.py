@@ -157,6 +157,8 @@ class Task(models.Model):
         indexes = [
             # sweeps.expire_start_windows: never-leased tasks by age.
             models.Index(fields=["state", "created_at"], name="task_state_created"),
+            # sweeps.cleanup_idempotency_records (A7): final tasks by age.
+            models.Index(fields=["final_at"], condition=Q(final_at__isnull=False), name="task_final_at"),
             # acceptance A8: the lock holders of one machine.
             models.Index(fields=["machine"], condition=Q(holds_lock=True), name="task_lock_holders"),
         ]
