@@ -244,6 +244,8 @@ class Lease(models.Model):
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="leases")
     granted_at = models.DateTimeField()
     expires_at = models.DateTimeField()
+    # The machine's generation at grant; renewals under another generation are refused (L2).
+    generation = models.PositiveIntegerField(default=0)
     renewals = models.PositiveIntegerField(default=0)
     last_renewed_at = models.DateTimeField(null=True, blank=True)
     duration_s = models.FloatField()

@@ -3,7 +3,9 @@ import pytest
 
 from tasks_app.models import Budget, Lease, OutboxMessage, Task, TaskEvent
 from tests.conftest import machine_api, owner_api
-from tests.factories import final_facts, grant_lease, receipt, submit
+from rest_framework.test import APIClient
+
+from tests.factories import final_facts, grant_lease, operation_id, receipt, submit
 
 pytestmark = pytest.mark.django_db
 
@@ -110,3 +112,20 @@ def test_l7_lease_expiry_is_decided_by_the_service_clock_alone(owner, machine, g
     time_machine.shift(60)
     expired = machine_api(machine).post(f"/api/worker/leases/{lease['lease_id']}/renew/", {}, format="json")
     assert expired.status_code == 409 and expired.json()["error"] == "expired"
+
+
+def test_l2_renewal_after_repair_is_refused_unpaired(owner, machine, grant, grant_root):
+    """A lease belongs to the pairing that took it: after a re-pair (generation 2), the new
+    token cannot renew the old generation's lease."""
+    task_id = submit(owner, machine, grant_root).json()["id"]
+    lease_id = grant_lease(machine, task_id).json()["lease_id"]
+    code = owner_api(owner).post("/api/machines/pairing-codes/", {"machine": str(machine.id)}, format="json").json()["code"]
+    paired = APIClient().post("/api/worker/pair/", {"code": code}, format="json").json()
+    assert paired["generation"] == 2
+    new = APIClient()
+    new.credentials(HTTP_AUTHORIZATION=f"Machine {paired['token']}")
+    refused = new.post(f"/api/worker/leases/{lease_id}/renew/", {}, format="json")
+    assert refused.status_code == 409 and refused.json()["error"] == "unpaired"
+    again = new.post("/api/worker/leases/", {"operation_id": operation_id(task_id)}, format="json")
+    assert again.status_code == 409 and again.json()["error"] == "unpaired"
+    assert Lease.objects.filter(task_id=task_id).count() == 1

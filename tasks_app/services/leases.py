@@ -116,8 +116,10 @@ def lease_grant(*, machine: Machine, operation_id, now: datetime) -> tuple[Lease
                 refusal = lease.refused_reason or "expired"
             elif lease.refused_reason:
                 refusal = lease.refused_reason  # L5: a refusal is final for the lease
-            elif lease.ended_at is None:
+            elif lease.ended_at is None and lease.generation == machine.generation:
                 return lease, False
+            elif lease.ended_at is None:
+                refusal = "unpaired"  # granted under an earlier pairing (L2)
             else:
                 refusal = "expired"
         elif task.created_at <= start_window_deadline(now):
@@ -138,6 +140,7 @@ def lease_grant(*, machine: Machine, operation_id, now: datetime) -> tuple[Lease
                 task=task,
                 granted_at=now,
                 expires_at=now + timedelta(seconds=timings.duration_s),
+                generation=machine.generation,
                 duration_s=timings.duration_s,
                 renew_every_s=timings.renew_every_s,
                 margin_s=timings.margin_s,
@@ -175,6 +178,8 @@ def lease_renew(*, machine: Machine, lease_id, output_tail: str | None, now: dat
             refusal = "expired"
         elif refusal:
             pass
+        elif lease.generation != machine.generation:
+            refusal = "unpaired"  # L2: paired at this generation, the lease's own
         elif task.cancel_requested_at or task.state in FINAL_STATES:
             refusal = "cancelled"
         elif (now - lease.granted_at).total_seconds() >= task.max_runtime_s:
