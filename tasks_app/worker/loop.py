@@ -161,7 +161,7 @@ class Worker:
         self.runs_lock = threading.Lock()
         self.slots = threading.BoundedSemaphore(config.max_concurrent)
         self.draining = threading.Event()  # W6 first signal: stop pulling and starting
-        self.no_pull = threading.Event()  # pulling is over (drain, --once, revoked)
+        self.no_pull = threading.Event()  # --once: the one pull is done
         self.stopping = threading.Event()  # W6 second signal: stop agents
         self.revoked = threading.Event()
         self.outbox_wake = threading.Event()
@@ -204,16 +204,14 @@ class Worker:
     # --- main --------------------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
+        """W6. The handler only sets flags (it runs between bytecodes of the main thread,
+        which may hold a lock); the main loop acts on them."""
+
         def handler(signum, frame):
             self.signals += 1
-            if self.signals == 1:
-                log.info("signal %s: draining (no new work; running agents finish and report)", signum)
-                self.draining.set()
-            else:
-                log.info("signal %s again: stopping agents (worker_shutdown)", signum)
-                self.draining.set()
+            self.draining.set()
+            if self.signals > 1:
                 self.stopping.set()
-                self.stop_all("worker_shutdown")
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
@@ -236,7 +234,15 @@ class Worker:
             self.no_pull.set()
         else:
             threading.Thread(target=self.poll_loop, name="poller", daemon=True).start()
+        announced_drain = announced_stop = False
         while True:
+            if self.draining.is_set() and not announced_drain and not self.revoked.is_set():
+                announced_drain = True
+                log.info("draining: no new work; running agents finish and report (a second signal stops them)")
+            if self.stopping.is_set() and not announced_stop:
+                announced_stop = True
+                log.info("second signal: stopping agents (worker_shutdown)")
+                self.stop_all("worker_shutdown")
             if (self.no_pull.is_set() or self.draining.is_set()) and self.active() == 0:
                 break
             time.sleep(0.1)
