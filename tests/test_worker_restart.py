@@ -237,3 +237,53 @@ def test_x3_agent_that_ended_while_worker_was_down_is_reported_with_launcher_exi
     assert live.starts() == 1
     restarted.send_signal(signal.SIGTERM)
     assert restarted.wait(timeout=20) == 0
+
+
+def test_w2_message_committed_locally_before_ack_and_redelivered_after_crash(live):
+    from tasks_app.models import OutboxMessage
+    from tasks_app.worker.store import Store
+
+    first = live.start_worker(fault="after_commit_before_ack")
+    task_id = live.submit("quick")
+    assert first.wait(timeout=30) == FAULT_EXIT
+    message = OutboxMessage.objects.get(operation__task_id=task_id, kind="start")
+    assert message.acked_at is None  # died before the ack...
+    store = Store(str(live.state_dir / "worker.sqlite3"))
+    record = store.get(str(message.operation_id))
+    assert record["local_state"] == "received"  # ...but after the local commit
+    assert store.conn.execute("SELECT COUNT(*) AS n FROM messages WHERE message_id = ?",
+                              (str(message.id),)).fetchone()["n"] == 1
+    store.close()
+    second = live.start_worker()
+    assert live.wait_final(task_id)["state"] == "succeeded"
+    wait_for(lambda: OutboxMessage.objects.get(pk=message.pk).acked_at is not None, what="redelivery acked")
+    assert OutboxMessage.objects.get(pk=message.pk).deliveries >= 2
+    assert live.starts() == 1
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=20) == 0
+
+
+def test_x2_pid_group_start_time_and_lease_send_times_committed_right_after_spawn(live):
+    import psutil
+
+    from tasks_app.worker.clock import boot_id
+    from tasks_app.worker.store import Store
+
+    first = live.start_worker(fault="while_agent_runs")
+    task_id = live.submit("long")
+    assert first.wait(timeout=30) == FAULT_EXIT
+    store = Store(str(live.state_dir / "worker.sqlite3"))
+    record = store.in_states("running")[0]
+    store.close()
+    launcher = psutil.Process(record["pid"])
+    assert "launcher.py" in " ".join(launcher.cmdline())
+    assert abs(launcher.create_time() - record["process_start_time"]) < 0.01
+    assert record["pgid"] == record["pid"] == os.getpgid(record["pid"])
+    assert record["spawn_count"] == 1 and record["lease_id"]
+    assert record["sent_mono"] is not None and record["sent_wall"] is not None
+    assert record["boot_id"] == boot_id()
+    second = live.start_worker()
+    assert live.wait_final(task_id)["stop_reason"] == "worker_restart"
+    assert not psutil.pid_exists(record["pid"]) or psutil.Process(record["pid"]).status() == psutil.STATUS_ZOMBIE
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=20) == 0
