@@ -109,8 +109,9 @@ def test_l3_l4_l9_sleep_stops_agent_at_once_and_reports_slept_600(tmp_path):
     run.granted = SentAt.now(clock)
     run.deadline = Deadline(TERMS, run.granted)
     profile, folder = check_start(worker.config, payload)
+    env = process.agent_env(dict(os.environ), profile_env=profile.env, operation_id=op, task_id="t", token="x")
     thread = threading.Thread(target=worker.spawn_and_watch,
-                              args=(run, profile.command(prompt="p", folder=folder), folder, False))
+                              args=(run, profile.command(prompt="p", folder=folder), folder, False, env))
     thread.start()
     wait_for(lambda: len(recorded_pids(tmp_path / "pids")) >= 3, what="agent, child and grandchild")
     time.sleep(0.5)

@@ -165,7 +165,6 @@ class Worker:
         self.stopping = threading.Event()  # W6 second signal: stop agents
         self.revoked = threading.Event()
         self.outbox_wake = threading.Event()
-        self.sender_done = threading.Event()
         self.sender_failing = threading.Event()  # the last send needs a retry (service away)
         self.signals = 0
 
@@ -409,7 +408,7 @@ class Worker:
                 return  # stays 'received': the next worker start takes it up
             if not self.acquire_lease(run):
                 return
-            self.spawn_and_watch(run, argv, folder, profile.prompt_via == "stdin")
+            self.spawn_and_watch(run, argv, folder, profile.prompt_via == "stdin", env)
         finally:
             self.slots.release()
 
@@ -448,7 +447,7 @@ class Worker:
         finally:
             client.close()
 
-    def spawn_and_watch(self, run: Run, argv: list[str], folder: str, via_stdin: bool) -> None:
+    def spawn_and_watch(self, run: Run, argv: list[str], folder: str, via_stdin: bool, env: dict) -> None:
         payload = run.payload
         session_id = payload.get("session_id")
         turn_id = str(uuid.uuid4()) if session_id else None
@@ -458,9 +457,6 @@ class Worker:
                          facts={"lease_id": run.deadline.terms.lease_id}, slept=slept)])
         self.outbox_wake.set()
         faults.fault("after_starting_commit_before_spawn")
-        env = process.agent_env(os.environ, profile_env=self.config.profiles[payload["agent"]].env,
-                                operation_id=run.operation_id, task_id=str(payload.get("task_id", "")),
-                                token=self.identity.token)
         run.spawned = SentAt.now(self.clock)
         try:
             proc, leader = process.spawn(argv=argv, cwd=folder, env=env, op_dir=run.op_dir,
@@ -659,7 +655,6 @@ class Worker:
                 while time.monotonic() < end and not self.revoked.is_set():
                     time.sleep(min(0.1, max(0.0, end - time.monotonic())))
         client.close()
-        self.sender_done.set()
 
     # --- restart (X3, X4) ------------------------------------------------------------------
 

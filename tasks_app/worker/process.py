@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -289,8 +290,6 @@ class IdleSleepGuard:
         self.worker_pid = worker_pid or os.getpid()
         self.count = 0
         self.proc = None
-        import threading
-
         self._lock = threading.Lock()
 
     def acquire(self) -> None:
