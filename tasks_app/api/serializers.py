@@ -4,11 +4,19 @@ from rest_framework import serializers
 
 from config import clock
 from tasks_app.models import Grant, Machine, Task
+from tasks_app.services.acceptance import folder_problem
 
 PROMPT_MAX_BYTES = 64 * 1024
 RECEIPT_KINDS = ("starting", "running", "final", "unknown", "report")
 # J1: why the process ended, as the worker reports it.
 STOP_REASONS = ("exit", "cancel", "deadline", "renewal_refused", "max_runtime", "worker_shutdown", "worker_restart", "refused")
+
+
+def _valid_folder(value: str) -> str:
+    problem = folder_problem(value)
+    if problem:
+        raise serializers.ValidationError(problem)
+    return value
 
 
 class StrictSerializer(serializers.Serializer):
@@ -41,16 +49,15 @@ class TaskCreateSerializer(StrictSerializer):
         return value
 
     def validate_folder(self, value):
-        if not value.startswith("/"):
-            raise serializers.ValidationError("must be an absolute path")
-        if ".." in value.split("/") or "\x00" in value:
-            raise serializers.ValidationError("must not contain '..' or NUL")
-        return value
+        return _valid_folder(value)
 
 
 class GrantCreateSerializer(StrictSerializer):
     machine = serializers.UUIDField()
     path = serializers.CharField(max_length=4096)
+
+    def validate_path(self, value):
+        return _valid_folder(value)
 
 
 class PairingCodeSerializer(StrictSerializer):

@@ -55,12 +55,21 @@ def body_digest(data) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def normalize_folder(folder: str) -> str:
-    """An absolute, normalised POSIX path; ``..`` components are refused (K4)."""
+def folder_problem(folder: str) -> str | None:
+    """Why ``folder`` is not an acceptable absolute path (K4), or None."""
     if not folder.startswith("/"):
-        raise ApplicationError("invalid", "folder must be an absolute path", fields={"folder": ["must be absolute"]})
+        return "must be an absolute path"
     if ".." in folder.split("/") or "\x00" in folder:
-        raise ApplicationError("invalid", "folder must not contain '..'", fields={"folder": ["must not contain '..'"]})
+        return "must not contain '..' or NUL"
+    return None
+
+
+def normalize_folder(folder: str) -> str:
+    """An absolute, normalised POSIX path. Raises ApplicationError 400 ``invalid`` for a
+    relative path or one with ``..`` components (K4)."""
+    problem = folder_problem(folder)
+    if problem:
+        raise ApplicationError("invalid", f"folder {problem}", fields={"folder": [problem]})
     return posixpath.normpath(folder).replace("//", "/")
 
 
