@@ -3,7 +3,10 @@
 Every error body is ``{"error": "<code>", "detail": "<human text>"}`` plus optional extra
 fields (for example ``task_id`` on ``folder_locked``).
 """
+from django.core.exceptions import RequestDataTooBig
+from django.http import JsonResponse
 from rest_framework import exceptions, status
+from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
 
@@ -26,12 +29,24 @@ class ApplicationError(Exception):
 
 
 
+class StrictJSONParser(JSONParser):
+    """DRF's JSON parser, with nesting too deep for the decoder refused as malformed (K3)."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise exceptions.ParseError("JSON nested too deeply")
+
+
 def exception_handler(exc, context):
     """Map ApplicationError and DRF errors to the ``{"error", "detail"}`` shape."""
     from rest_framework.views import exception_handler as drf_exception_handler  # avoids an import cycle
 
     if isinstance(exc, ApplicationError):
         return Response(exc.body(), status=exc.status_code)
+    if isinstance(exc, RequestDataTooBig):
+        return Response({"error": "body_too_large", "detail": str(exc)}, status=413)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -48,3 +63,25 @@ def exception_handler(exc, context):
     detail = response.data.get("detail", "") if isinstance(response.data, dict) else ""
     response.data = {"error": code, "detail": str(detail)}
     return response
+
+
+_API_HTML_ERRORS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+
+
+def api_responses(get_response):
+    """Middleware. Under ``/api/`` an error page that Django rendered as HTML (an unknown
+    path, an id that is not a UUID) becomes ``{"error", "detail"}`` JSON (K3), whatever
+    DEBUG is; and a HEAD answer carries headers only (daphne sends what it is given)."""
+
+    def middleware(request):
+        response = get_response(request)
+        code = _API_HTML_ERRORS.get(response.status_code)
+        if code and request.path.startswith("/api/") and response.get("Content-Type", "").startswith("text/html"):
+            response = JsonResponse({"error": code, "detail": response.reason_phrase.lower()}, status=response.status_code)
+        if request.method == "HEAD" and not response.streaming:
+            length = len(response.content)
+            response.content = b""
+            response["Content-Length"] = str(length)
+        return response
+
+    return middleware

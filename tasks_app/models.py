@@ -59,6 +59,14 @@ class Grant(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
+    class Meta:
+        constraints = [
+            # A folder is granted to a machine once at a time, so one revocation ends it.
+            models.UniqueConstraint(
+                fields=["machine", "path"], condition=Q(revoked_at__isnull=True), name="grant_one_active_per_path"
+            )
+        ]
+
     def __str__(self):
         return self.path
 

@@ -129,3 +129,44 @@ def test_l2_renewal_after_repair_is_refused_unpaired(owner, machine, grant, gran
     again = new.post("/api/worker/leases/", {"operation_id": operation_id(task_id)}, format="json")
     assert again.status_code == 409 and again.json()["error"] == "unpaired"
     assert Lease.objects.filter(task_id=task_id).count() == 1
+
+
+def test_p3_granting_a_folder_twice_gives_one_grant_so_one_revocation_ends_it(owner, machine, grant, grant_root):
+    client = owner_api(owner)
+    again = client.post("/api/grants/", {"machine": str(machine.id), "path": str(grant_root)}, format="json")
+    assert again.status_code == 200 and again.json()["id"] == str(grant.id)
+    assert client.post(f"/api/grants/{grant.id}/revoke/").status_code == 200
+    refused = submit(owner, machine, grant_root / "repo")
+    assert refused.status_code == 403 and refused.json()["error"] == "folder_not_granted"
+    fresh = client.post("/api/grants/", {"machine": str(machine.id), "path": str(grant_root)}, format="json")
+    assert fresh.status_code == 201 and fresh.json()["id"] != str(grant.id)
+
+
+def test_k3_bad_input_answers_json_4xx_and_changes_nothing(owner, machine, machine_client, grant, grant_root):
+    client = owner_api(owner)
+    assert client.get("/api/tasks/not-a-uuid/").json()["error"] == "not_found"
+    assert client.get("/api/nope/").json() == {"error": "not_found", "detail": "not found"}
+    deep = client.post("/api/tasks/", "[" * 100000 + "]" * 100000, content_type="application/json", HTTP_IDEMPOTENCY_KEY="deep")
+    assert deep.status_code == 400 and deep.json()["error"] == "malformed_json"
+    big = submit(owner, machine, grant_root, prompt="x" * 300 * 1024)
+    assert big.status_code == 413 and big.json()["error"] == "body_too_large"
+    for wrong in ({"prompt": 5}, {"deep_research": "yes"}, {"session": 5}, {"max_runtime_s": True}):
+        resp = submit(owner, machine, grant_root, **wrong)
+        assert resp.status_code == 400 and set(resp.json()["fields"]) == set(wrong), resp.json()
+    int_machine = client.post(
+        "/api/tasks/", {"machine": 5, "folder": str(grant_root), "agent": "a", "prompt": "p"}, format="json",
+        HTTP_IDEMPOTENCY_KEY="int-machine",
+    )
+    assert int_machine.status_code == 400 and "machine" in int_machine.json()["fields"]
+    assert client.options("/api/tasks/").status_code == 200
+    task_id = submit(owner, machine, grant_root).json()["id"]
+    grant_lease(machine, task_id)
+    for facts in ({"pid": 10**30}, {"pid": 7, "process_start_time": "x"}, {"pid": -5}):
+        assert receipt(machine, task_id, "running", facts).status_code == 400
+    survivors = receipt(machine, task_id, "final", final_facts(survivors=["garbage"]))
+    assert survivors.status_code == 400
+    assert receipt(machine, task_id, "running", {"pid": 7}).json() == {"outcome": "applied"}
+    assert receipt(machine, task_id, "running", {"pid": 8}).json()["outcome"] == "not_applied"
+    assert Task.objects.get(pk=task_id).pid == 7  # a receipt that does not apply changes nothing
+    head = client.head("/api/budget/")
+    assert head.status_code == 200 and head.content == b""

@@ -19,15 +19,44 @@ def _valid_folder(value: str) -> str:
     return value
 
 
+# JSON types each field kind accepts as sent: DRF would coerce 5 to "5" or "yes" to True.
+_JSON_TYPES = [
+    (serializers.BooleanField, (bool,)),
+    (serializers.IntegerField, (int,)),
+    (serializers.FloatField, (int, float)),
+    (serializers.DictField, (dict,)),
+    (serializers.CharField, (str,)),  # RegexField too
+    (serializers.UUIDField, (str,)),
+    (serializers.ChoiceField, (str,)),
+]
+
+
+def _json_type_problem(field, value) -> str | None:
+    if value is None:
+        return None  # allow_null decides
+    for kind, types in _JSON_TYPES:
+        if isinstance(field, kind):
+            if isinstance(value, bool) and bool not in types:
+                return f"expected {types[0].__name__}, got a boolean"
+            if not isinstance(value, types):
+                return f"expected {types[0].__name__}, got {type(value).__name__}"
+            return None
+    return None
+
+
 class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not know (K3)."""
+    """Refuses fields it does not know and values of the wrong JSON type (K3)."""
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
             raise serializers.ValidationError({"non_field_errors": ["expected a JSON object"]})
-        unknown = sorted(set(data) - set(self.fields))
-        if unknown:
-            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        errors = {name: ["unknown field"] for name in sorted(set(data) - set(self.fields))}
+        for name, field in self.fields.items():
+            problem = _json_type_problem(field, data.get(name))
+            if problem:
+                errors[name] = [problem]
+        if errors:
+            raise serializers.ValidationError(errors)
         return super().to_internal_value(data)
 
 
@@ -96,8 +125,8 @@ class ReceiptSerializer(StrictSerializer):
         kind = attrs["kind"]
         if kind == "final":
             _validate_final_facts(facts)
-        if kind == "running" and not _is_int(facts.get("pid")):
-            raise serializers.ValidationError({"facts": ["running needs an integer pid"]})
+        if kind == "running":
+            _validate_running_facts(facts)
         if kind == "report":
             record = facts.get("record", "missing")
             if record == "missing" or not (record is None or isinstance(record, dict)):
@@ -112,6 +141,27 @@ class ReceiptSerializer(StrictSerializer):
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+PID_MAX = 2**31 - 1
+
+
+def _is_pid(value) -> bool:
+    return _is_int(value) and 0 < value <= PID_MAX
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _validate_running_facts(facts: dict) -> None:
+    """``running`` facts: pid and pgid positive integers, process_start_time a number."""
+    if not _is_pid(facts.get("pid")):
+        raise serializers.ValidationError({"facts": ["running needs a positive integer pid"]})
+    if facts.get("pgid") is not None and not _is_pid(facts["pgid"]):
+        raise serializers.ValidationError({"facts": ["pgid must be a positive integer"]})
+    if facts.get("process_start_time") is not None and not _is_number(facts["process_start_time"]):
+        raise serializers.ValidationError({"facts": ["process_start_time must be a number"]})
 
 
 def _validate_final_facts(facts: dict) -> None:
@@ -130,8 +180,9 @@ def _validate_final_facts(facts: dict) -> None:
         raise serializers.ValidationError({"facts": ["ended_within_lease must be true, false or null"]})
     if facts.get("stop_reason") not in STOP_REASONS:
         raise serializers.ValidationError({"facts": [f"stop_reason must be one of {', '.join(STOP_REASONS)}"]})
-    if not isinstance(facts.get("survivors", []), list):
-        raise serializers.ValidationError({"facts": ["survivors must be a list"]})
+    survivors = facts.get("survivors", [])
+    if not isinstance(survivors, list) or not all(isinstance(s, dict) and _is_pid(s.get("pid")) for s in survivors):
+        raise serializers.ValidationError({"facts": ["survivors must be a list of objects with a pid"]})
     if facts.get("output_tail") is not None and not isinstance(facts["output_tail"], str):
         raise serializers.ValidationError({"facts": ["output_tail must be a string"]})
 

@@ -25,6 +25,8 @@ def _json(status_code: int, body: str, **headers) -> HttpResponse:
 class TaskListCreate(generics.GenericAPIView):
     """GET: the owner's tasks (paginated). POST: accept a task (A1-A8)."""
 
+    serializer_class = s.TaskCreateSerializer
+
     @extend_schema(operation_id="tasks_list", responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         page = self.paginate_queryset(Task.objects.filter(owner=request.user))
@@ -108,6 +110,8 @@ class PairingCodeCreate(APIView):
 
 
 class GrantListCreate(generics.GenericAPIView):
+    serializer_class = s.GrantCreateSerializer
+
     @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
     def get(self, request):
         page = self.paginate_queryset(Grant.objects.filter(owner=request.user))
@@ -117,11 +121,11 @@ class GrantListCreate(generics.GenericAPIView):
     def post(self, request):
         serializer = s.GrantCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        grant = revocation.grant_create(
+        grant, created = revocation.grant_create(
             owner=request.user, machine_id=serializer.validated_data["machine"],
             path=serializer.validated_data["path"], now=clock.now(),
         )
-        return Response(s.serialize_grant(grant), status=status.HTTP_201_CREATED)
+        return Response(s.serialize_grant(grant), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class GrantRevoke(APIView):

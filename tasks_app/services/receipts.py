@@ -102,7 +102,6 @@ def _apply(task: Task, *, machine: Machine, receipt: dict, now: datetime) -> dic
 def _apply_running(task: Task, facts: dict, *, actor: str, now: datetime) -> dict:
     fields = {"pid": facts.get("pid"), "process_start_time": facts.get("process_start_time")}
     if task.state != TaskState.STARTING:
-        Task.objects.filter(pk=task.pk).update(**fields)
         task_record(task, reason=f"running receipt (pid {fields['pid']}) in state {task.state}", actor=actor, now=now)
         return not_applied("state")
     task_transition(

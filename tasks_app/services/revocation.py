@@ -1,7 +1,7 @@
 """Grants, grant revocation and machine unpairing (SPEC P1, P3)."""
 from datetime import datetime
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from config.errors import ApplicationError
 from tasks_app.models import NEVER_LEASED_STATES, Grant, Machine, Task, TaskState
@@ -10,14 +10,21 @@ from tasks_app.services.locking import lock_budget, retry_on_deadlock
 from tasks_app.services.transitions import task_finalize
 
 
-def grant_create(*, owner, machine_id, path: str, now: datetime) -> Grant:
-    """Let one of the owner's machines work in ``path`` (absolute) and below.
-    Raises ApplicationError 403 ``machine_forbidden`` for a machine that is not the owner's."""
+def grant_create(*, owner, machine_id, path: str, now: datetime) -> tuple[Grant, bool]:
+    """Let one of the owner's machines work in ``path`` (absolute) and below. Idempotent:
+    an active grant of the same machine and path is returned again (a database constraint
+    keeps one), so a single revocation always ends the permission. Returns
+    (grant, created). Raises ApplicationError 403 ``machine_forbidden`` for a machine that
+    is not the owner's."""
     path = normalize_folder(path)
     machine = Machine.objects.filter(pk=machine_id, owner=owner).first()
     if machine is None:
         raise ApplicationError("machine_forbidden", "no such machine among yours", status_code=403)
-    return Grant.objects.create(owner=owner, machine=machine, path=path, created_at=now)
+    try:
+        with transaction.atomic():
+            return Grant.objects.create(owner=owner, machine=machine, path=path), True
+    except IntegrityError:  # grant_one_active_per_path: a concurrent or earlier grant
+        return Grant.objects.get(machine=machine, path=path, revoked_at__isnull=True), False
 
 
 def _not_start(tasks, *, reason: str, actor: str, now: datetime) -> int:

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand
 from rest_framework.authtoken.models import Token
 
 from config import clock
-from tasks_app.models import Budget, Grant, Machine
+from tasks_app.models import Budget, Machine
 from tasks_app.services.pairing import pairing_code_create
 from tasks_app.services.revocation import grant_create
 
@@ -67,8 +67,7 @@ class Command(BaseCommand):
         if grant:
             machines = list(Machine.objects.filter(owner=user, paired=True).order_by("-last_heard_at"))
             for machine in machines:
-                if not Grant.objects.filter(machine=machine, path=str(demo_dir), revoked_at__isnull=True).exists():
-                    grant_create(owner=user, machine_id=machine.id, path=str(demo_dir), now=now)
+                grant_create(owner=user, machine_id=machine.id, path=str(demo_dir), now=now)
             self.stdout.write(json.dumps({"machine": str(machines[0].id) if machines else None}))
             return
         self._repo(demo_dir)
