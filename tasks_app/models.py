@@ -43,10 +43,15 @@ class PairingCode(models.Model):
 
 
 class PairingAttempt(models.Model):
-    """One row per pairing attempt, counted in the database (K1) to brake guessing."""
+    """One row per pairing attempt, counted in the database per client address (K1) to
+    brake guessing without letting one client lock everyone out."""
 
-    at = models.DateTimeField(db_index=True)
+    at = models.DateTimeField()
+    client = models.CharField(max_length=64, default="")
     ok = models.BooleanField()
+
+    class Meta:
+        indexes = [models.Index(fields=["client", "at"], name="pairing_attempt_client_at")]
 
 
 class Grant(models.Model):

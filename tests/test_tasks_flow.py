@@ -170,3 +170,18 @@ def test_k3_bad_input_answers_json_4xx_and_changes_nothing(owner, machine, machi
     assert Task.objects.get(pk=task_id).pid == 7  # a receipt that does not apply changes nothing
     head = client.head("/api/budget/")
     assert head.status_code == 200 and head.content == b""
+
+
+def test_k1_pairing_code_single_use_and_guessing_braked_per_client(owner):
+    anonymous = APIClient()
+    for _ in range(30):
+        wrong = anonymous.post("/api/worker/pair/", {"code": "WRONGWRONG22"}, format="json", REMOTE_ADDR="10.0.0.66")
+        assert wrong.status_code == 400 and wrong.json()["error"] == "pairing_code_invalid"
+    code = owner_api(owner).post("/api/machines/pairing-codes/", {"name": "mac"}, format="json").json()["code"]
+    assert len(code) >= 8  # 12 symbols of 32: 60 bits
+    braked = anonymous.post("/api/worker/pair/", {"code": code}, format="json", REMOTE_ADDR="10.0.0.66")
+    assert braked.status_code == 429 and braked.json()["error"] == "too_many_attempts"
+    paired = anonymous.post("/api/worker/pair/", {"code": code.lower()}, format="json", REMOTE_ADDR="10.0.0.7")
+    assert paired.status_code == 201 and paired.json()["generation"] == 1
+    reused = anonymous.post("/api/worker/pair/", {"code": code}, format="json", REMOTE_ADDR="10.0.0.7")
+    assert reused.status_code == 400 and reused.json()["error"] == "pairing_code_invalid"

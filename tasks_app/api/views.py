@@ -161,7 +161,8 @@ class WorkerPair(APIView):
         serializer = s.PairSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         machine, token = pairing.machine_pair(
-            code=serializer.validated_data["code"], name=serializer.validated_data.get("name", ""), now=clock.now()
+            code=serializer.validated_data["code"], name=serializer.validated_data.get("name", ""),
+            client=request.META.get("REMOTE_ADDR", "")[:64], now=clock.now(),
         )
         return Response(
             {"machine_id": str(machine.id), "token": token, "generation": machine.generation, "name": machine.name},

@@ -41,12 +41,13 @@ def _normalize_code(code: str) -> str:
     return code.strip().upper().replace("-", "").replace(" ", "")
 
 
-def machine_pair(*, code: str, name: str = "", now: datetime) -> tuple[Machine, str]:
+def machine_pair(*, code: str, name: str = "", client: str = "", now: datetime) -> tuple[Machine, str]:
     """Exchange a pairing code for a machine token (single use, unexpired). A re-pair bumps
     the machine's generation so the old token answers 401 ``token_revoked``. Attempts are
-    counted in the database; too many failures in a minute answer 429. Returns
+    counted in the database per ``client`` (its address); too many failures from one
+    client in a minute answer 429. Returns
     (machine, token). Raises ApplicationError 400 ``pairing_code_invalid`` or 429."""
-    recent_failures = PairingAttempt.objects.filter(at__gte=now - timedelta(minutes=1), ok=False).count()
+    recent_failures = PairingAttempt.objects.filter(client=client, at__gte=now - timedelta(minutes=1), ok=False).count()
     if recent_failures >= MAX_FAILED_ATTEMPTS_PER_MINUTE:
         raise ApplicationError("too_many_attempts", "too many pairing attempts, wait a minute", status_code=429)
     with transaction.atomic():
@@ -72,7 +73,7 @@ def machine_pair(*, code: str, name: str = "", now: datetime) -> tuple[Machine, 
             machine.last_heard_at = now
             machine.save()
             machine_publish(machine)
-        PairingAttempt.objects.create(at=now, ok=row is not None)
+        PairingAttempt.objects.create(at=now, client=client, ok=row is not None)
     if row is None:
         raise ApplicationError("pairing_code_invalid", "unknown, used or expired pairing code", status_code=400)
     return machine, token
