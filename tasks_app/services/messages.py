@@ -1,4 +1,5 @@
 """The worker's outbox pull and acknowledgement (SPEC W2, H)."""
+import threading
 import time
 from datetime import datetime, timedelta
 
@@ -16,17 +17,21 @@ POLL_SLICE_S = 0.2
 BATCH = 20
 
 
-def messages_pull(*, machine: Machine, wait_s: float, sleep=time.sleep) -> list[OutboxMessage]:
+# Set when the server begins to stop (config/server_hooks.py): waiting pulls return.
+server_stopping = threading.Event()
+
+
+def messages_pull(*, machine: Machine, wait_s: float) -> list[OutboxMessage]:
     """Long-poll for up to ``wait_s`` seconds (<= 25) for the machine's visible,
-    unacknowledged messages, holding no transaction while waiting. Each returned message
-    becomes invisible for RUNSTEAD_MESSAGE_VISIBILITY_S seconds and is delivered again
-    if not acknowledged by then (W2)."""
+    unacknowledged messages, holding no transaction while waiting; returns early (empty)
+    when the server stops. Each returned message becomes invisible for
+    RUNSTEAD_MESSAGE_VISIBILITY_S seconds and is delivered again if not acknowledged by
+    then (W2)."""
     deadline = time.monotonic() + max(0.0, min(wait_s, MAX_WAIT_S))
     while True:
         claimed = _claim(machine, now=clock.now())
-        if claimed or time.monotonic() >= deadline:
+        if claimed or time.monotonic() >= deadline or server_stopping.wait(POLL_SLICE_S):
             return claimed
-        sleep(POLL_SLICE_S)
 
 
 def _claim(machine: Machine, *, now: datetime) -> list[OutboxMessage]:

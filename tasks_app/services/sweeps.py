@@ -4,14 +4,13 @@ Each step claims rows with ``select_for_update(skip_locked=True)`` (PostgreSQL) 
 changes them by compare-and-set, so two sweepers never process a row twice. Correctness
 never depends on the sweep: lease checks compare ``expires_at`` themselves (L6).
 
-How it runs: inside every daphne process, scheduled on its event loop from
-``config/asgi.py`` through ``start_in_server`` (daphne has no lifespan protocol); in the
-embedded default the in-memory channel layer then reaches that process's boards. ``manage.py sweep`` runs the
+How it runs: inside every daphne process, as ``sweep_loop`` on its event loop, scheduled
+by ``config/server_hooks.py`` (daphne has no lifespan protocol); in the embedded default
+the in-memory channel layer then reaches that process's boards. ``manage.py sweep`` runs the
 same loop as its own process (``--once`` for one pass).
 """
 import asyncio
 import logging
-import sys
 from datetime import datetime, timedelta
 
 from asgiref.sync import sync_to_async
@@ -113,14 +112,3 @@ async def sweep_loop(interval_s: float) -> None:
     while True:
         await sync_to_async(sweep_pass, thread_sensitive=False)()
         await asyncio.sleep(interval_s)
-
-
-def start_in_server(interval_s: float | None = None) -> None:
-    """Schedule ``sweep_loop`` on daphne's event loop once the Twisted reactor runs (daphne
-    has no ASGI lifespan). Outside daphne, do nothing: ``manage.py sweep`` is the loop."""
-    reactor = sys.modules.get("twisted.internet.reactor")
-    if reactor is None:
-        log.warning("no Twisted reactor: the in-server sweep is off; run `manage.py sweep`")
-        return
-    interval_s = interval_s or settings.RUNSTEAD_SWEEP_INTERVAL_S
-    reactor.callWhenRunning(lambda: asyncio.ensure_future(sweep_loop(interval_s)))

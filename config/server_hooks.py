@@ -1,0 +1,31 @@
+"""What runs when daphne starts and stops. daphne implements no ASGI lifespan
+(django/daphne#264), so this hooks into its Twisted reactor, from ``config/asgi.py``.
+
+- start: the periodic sweep (L6, J5, S7, A7) as a task on the server's event loop, when
+  ``RUNSTEAD_EMBEDDED_SWEEP`` is on (the default). Several processes sweeping at once is
+  safe (O2); with it off, run ``manage.py sweep``.
+- stop: waiting worker long-polls return at once, so the server exits without waiting
+  up to 25 s for their threads.
+"""
+import asyncio
+import logging
+import sys
+
+from django.conf import settings
+
+log = logging.getLogger("runstead.server")
+
+
+def install() -> None:
+    """Register the hooks on the running daphne's reactor; outside daphne, do nothing."""
+    from tasks_app.services.messages import server_stopping
+    from tasks_app.services.sweeps import sweep_loop
+
+    reactor = sys.modules.get("twisted.internet.reactor")
+    if reactor is None:
+        log.warning("not under daphne: no in-server sweep; run `manage.py sweep`")
+        return
+    if settings.RUNSTEAD_EMBEDDED_SWEEP:
+        interval_s = settings.RUNSTEAD_SWEEP_INTERVAL_S
+        reactor.callWhenRunning(lambda: asyncio.ensure_future(sweep_loop(interval_s)))
+    reactor.addSystemEventTrigger("before", "shutdown", server_stopping.set)
