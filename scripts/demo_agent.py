@@ -2,7 +2,7 @@
 """The demo agent profile: real work in the demo repository, slowly enough to watch.
 
 Usage: demo_agent.py PROMPT. Runs the repository's unit tests ROUNDS times with a pause
-between rounds (about 12 s in all), records the prompt in the repository's NOTES.md, and
+between rounds (about 10 s in all), records the prompt in the repository's NOTES.md, and
 exits with the status of the last test run.
 """
 import os

@@ -400,7 +400,7 @@
     if (t.exit_code !== null && t.exit_code !== undefined) facts.push("exit code " + t.exit_code);
     if (t.signal !== null && t.signal !== undefined) facts.push("signal " + t.signal);
     if (t.stop_reason) facts.push("stop: " + t.stop_reason);
-    if (t.state_reason) facts.push(t.state_reason);
+    if (t.state_reason && t.stop_reason !== "exit") facts.push(t.state_reason);  // "exit N" repeats the exit code
     if (t.cancel_requested_at && UNFINISHED[t.state]) facts.push("cancel requested");
     if (t.survivors && t.survivors.length) facts.push(t.survivors.length + " process(es) survived");
     return facts;
