@@ -9,7 +9,8 @@ import pytest
 
 from config import clock
 from tasks_app.models import Budget, OutboxMessage, Task, TaskEvent
-from tasks_app.services.judging import judge, stop_reason_for_refusal
+from tasks_app.services.judging import judge
+from tasks_app.worker.loop import refusal_stop_reason
 from tasks_app.services.sweeps import expire_leases
 from tests.factories import final_facts, grant_lease, receipt, submit
 
@@ -237,6 +238,6 @@ def test_j6_judge_first_matching_row_wins(facts, leased, row, state):
 
 
 def test_j6_refused_renewal_maps_to_stop_reason():
-    assert [stop_reason_for_refusal(r) for r in ("cancelled", "max_runtime", "revoked", "budget", "expired")] == [
+    assert [refusal_stop_reason(r) for r in ("cancelled", "max_runtime", "revoked", "budget", "expired")] == [
         "cancel", "max_runtime", "renewal_refused", "renewal_refused", "renewal_refused",
     ]

@@ -1,4 +1,7 @@
-"""The facts table J6: the only place that maps how a process ended to a final state."""
+"""The facts table J6: the only place that maps how a process ended to a final state.
+
+(The table's footnote, a refused renewal's ``stop_reason``, is the worker's to apply:
+``tasks_app.worker.loop.refusal_stop_reason``.)"""
 from dataclasses import dataclass
 
 from tasks_app.models import TaskState
@@ -8,9 +11,6 @@ RELEASE = "release"  # certain the process never started: full release
 RUNTIME = "runtime"  # charge runtime_s (capped at the reservation), release the rest
 KEEP = "keep"  # stays unknown: reservation kept
 
-REFUSAL_STOP_REASON = {"cancelled": "cancel", "max_runtime": "max_runtime"}
-
-
 @dataclass(frozen=True)
 class Verdict:
     """``state`` is a final TaskState, or None when the facts leave the task ``unknown``."""
@@ -19,11 +19,6 @@ class Verdict:
     budget: str
     row: int
     reason: str
-
-
-def stop_reason_for_refusal(refusal: str) -> str:
-    """J6 footnote: the worker's ``stop_reason`` for a refused renewal reason (L5)."""
-    return REFUSAL_STOP_REASON.get(refusal, "renewal_refused")
 
 
 def judge(facts: dict, *, leased: bool) -> Verdict:
