@@ -27,12 +27,6 @@ from tests.conftest import machine_api, owner_api
 from tests.factories import grant_lease, submit
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    """Owners are created per test; the default PBKDF2 costs ~0.5 s each on this machine."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 sqlite_only = pytest.mark.skipif(
     settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3", reason="the SQLite variant"

@@ -10,19 +10,7 @@ from tasks_app.services.sweeps import expire_leases
 from tests.conftest import machine_api, owner_api
 from tests.factories import final_facts, grant_lease, operation_id, receipt, submit
 
-T0 = "2026-03-01T00:00:00Z"
 RUNNING = {"pid": 7, "pgid": 7, "process_start_time": 1.0}
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def pinned(time_machine):
-    time_machine.move_to(T0, tick=False)
-    return time_machine
 
 
 def cancel(owner, task_id):

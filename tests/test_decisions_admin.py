@@ -16,19 +16,7 @@ from tests.factories import final_facts, grant_lease, receipt, submit
 
 pytestmark = pytest.mark.django_db
 
-T0 = "2026-03-01T00:00:00Z"
 CHANGELIST = "/admin/tasks_app/task/"
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def pinned(time_machine):
-    time_machine.move_to(T0, tick=False)
-    return time_machine
 
 
 @pytest.fixture

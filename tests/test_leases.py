@@ -16,19 +16,6 @@ from tests.factories import final_facts, grant_lease, operation_id, receipt, sub
 
 pytestmark = pytest.mark.django_db
 
-T0 = "2026-03-01T00:00:00Z"
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def pinned(time_machine):
-    time_machine.move_to(T0, tick=False)
-    return time_machine
-
 
 def new_task(owner, machine, folder, **extra) -> str:
     resp = submit(owner, machine, folder, **extra)

@@ -27,13 +27,6 @@ sqlite_only = pytest.mark.skipif(
 )
 
 
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    """Owners are created per test; the default PBKDF2 costs ~0.5 s each on this machine."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 def race(n: int, work, *, prepare=None) -> list:
     """Run ``work(i)`` in ``n`` threads released together; returns the results in order.
 

@@ -11,19 +11,12 @@ from tests.factories import final_facts, grant_lease, operation_id, receipt, sub
 
 pytestmark = pytest.mark.django_db
 
-T0 = "2026-03-01T00:00:00Z"
 RUNNING = {"pid": 7, "pgid": 7, "process_start_time": 1.0}
 
 
 @pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture(autouse=True)
-def pinned(time_machine):
-    time_machine.move_to(T0, tick=False)
-    return time_machine
+def _pinned(pinned):
+    return pinned
 
 
 def running_task(owner, machine, folder) -> str:

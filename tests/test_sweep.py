@@ -23,10 +23,10 @@ from config import clock
 from sessions_app.broadcast import owner_group
 from tasks_app.models import Budget, Lease, OutboxMessage, Task, TaskEvent
 from tasks_app.services.sweeps import expire_leases, expire_start_windows, sweep_once
+from tests.conftest import PINNED_AT as T0
 from tests.factories import final_facts, grant_lease, receipt, submit
 from tests.live import live_daphne  # noqa: F401  (fixture)
 
-T0 = "2026-03-01T00:00:00Z"
 RUNNING = {"pid": 7, "pgid": 7, "process_start_time": 1.0}
 SENT: list[tuple[str, dict]] = []
 
@@ -37,17 +37,6 @@ class RecordingLayer(InMemoryChannelLayer):
     async def group_send(self, group, message):
         SENT.append((group, message))
         await super().group_send(group, message)
-
-
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def pinned(time_machine):
-    time_machine.move_to(T0, tick=False)
-    return time_machine
 
 
 @pytest.fixture
