@@ -185,3 +185,13 @@ def test_k1_pairing_code_single_use_and_guessing_braked_per_client(owner):
     assert paired.status_code == 201 and paired.json()["generation"] == 1
     reused = anonymous.post("/api/worker/pair/", {"code": code}, format="json", REMOTE_ADDR="10.0.0.7")
     assert reused.status_code == 400 and reused.json()["error"] == "pairing_code_invalid"
+
+
+def test_k1_owner_rotates_api_token_and_the_old_one_stops_working(owner):
+    old = owner_api(owner)
+    rotated = old.post("/api/token/rotate/")
+    assert rotated.status_code == 201
+    assert old.get("/api/budget/").status_code == 401
+    new = APIClient()
+    new.credentials(HTTP_AUTHORIZATION=f"Token {rotated.json()['token']}")
+    assert new.get("/api/budget/").status_code == 200

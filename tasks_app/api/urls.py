@@ -7,6 +7,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/", v.TaskDetail.as_view()),
     path("tasks/<uuid:task_id>/cancel/", v.TaskCancel.as_view()),
     path("budget/", v.BudgetView.as_view()),
+    path("token/rotate/", v.OwnerTokenRotate.as_view()),
     path("machines/", v.MachineList.as_view()),
     path("machines/pairing-codes/", v.PairingCodeCreate.as_view()),
     path("machines/<uuid:machine_id>/unpair/", v.MachineUnpair.as_view()),

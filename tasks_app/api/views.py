@@ -1,9 +1,11 @@
 """Task API views: parse, authorise, call one service, render (SPEC H)."""
+from django.db import transaction
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
+from rest_framework.authtoken.models import Token
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -70,6 +72,18 @@ class TaskCancel(APIView):
         task = get_object_or_404(Task, pk=task_id, owner=request.user)
         task = cancel.task_cancel(task=task, actor=f"owner:{request.user.get_username()}", now=clock.now())
         return Response(s.serialize_task(task))
+
+
+class OwnerTokenRotate(APIView):
+    """``POST /api/token/rotate/``: replace the caller's API token (K1); the old one stops
+    working at once. Returns ``{"token"}``."""
+
+    @extend_schema(request=None, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request):
+        with transaction.atomic():
+            Token.objects.filter(user=request.user).delete()
+            token = Token.objects.create(user=request.user)
+        return Response({"token": token.key}, status=status.HTTP_201_CREATED)
 
 
 class BudgetView(APIView):
