@@ -110,6 +110,9 @@ if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
     if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL")
+    # Under ASGI each request runs in its own thread, so persistent connections do not
+    # apply; a psycopg pool saves the connection setup per request instead.
+    DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 2, "max_size": int(env_str("RUNSTEAD_DB_POOL_MAX", "40"))}}
     DATABASES["default"]["TEST"] = {"NAME": env_str("RUNSTEAD_TEST_DB_NAME")}
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
