@@ -87,6 +87,9 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "config.urls"
+# No silent slash redirects: a POST to /api/tasks (no slash) is a JSON 404, not a 500 in
+# DEBUG or a redirect that drops the body.
+APPEND_SLASH = False
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",

@@ -163,6 +163,10 @@ def test_k3_bad_input_answers_json_4xx_and_changes_nothing(owner, machine, machi
     grant_lease(machine, task_id)
     for facts in ({"pid": 10**30}, {"pid": 7, "process_start_time": "x"}, {"pid": -5}):
         assert receipt(machine, task_id, "running", facts).status_code == 400
+    assert receipt(machine, task_id, "starting", generation=10**30).status_code == 400
+    assert receipt(machine, task_id, "final", final_facts(exit_code=10**30)).status_code == 400
+    no_slash = client.post("/api/tasks", {}, format="json")
+    assert no_slash.status_code == 404 and no_slash.json()["error"] == "not_found"
     survivors = receipt(machine, task_id, "final", final_facts(survivors=["garbage"]))
     assert survivors.status_code == 400
     assert receipt(machine, task_id, "running", {"pid": 7}).json() == {"outcome": "applied"}

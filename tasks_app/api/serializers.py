@@ -7,6 +7,7 @@ from tasks_app.models import Grant, Machine, Task
 from tasks_app.services.acceptance import folder_problem
 
 PROMPT_MAX_BYTES = 64 * 1024
+INT32_MAX = 2**31 - 1  # what the database's integer columns hold
 RECEIPT_KINDS = ("starting", "running", "final", "unknown", "report")
 # J1: why the process ended, as the worker reports it.
 STOP_REASONS = ("exit", "cancel", "deadline", "renewal_refused", "max_runtime", "worker_shutdown", "worker_restart", "refused")
@@ -114,7 +115,7 @@ class LeaseRenewSerializer(StrictSerializer):
 
 class ReceiptSerializer(StrictSerializer):
     event_id = serializers.CharField(min_length=1, max_length=100)
-    generation = serializers.IntegerField(min_value=0)
+    generation = serializers.IntegerField(min_value=0, max_value=INT32_MAX)
     operation_id = serializers.UUIDField()
     kind = serializers.ChoiceField(RECEIPT_KINDS)
     slept_s = serializers.FloatField(required=False, allow_null=True, min_value=0)
@@ -143,11 +144,14 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-PID_MAX = 2**31 - 1
 
 
 def _is_pid(value) -> bool:
-    return _is_int(value) and 0 < value <= PID_MAX
+    return _is_int(value) and 0 < value <= INT32_MAX
+
+
+def _is_int32(value) -> bool:
+    return _is_int(value) and -INT32_MAX - 1 <= value <= INT32_MAX
 
 
 def _is_number(value) -> bool:
@@ -171,8 +175,8 @@ def _validate_final_facts(facts: dict) -> None:
     if not (isinstance(started, bool) or started == "unknown"):
         raise serializers.ValidationError({"facts": ["process_started must be true, false or \"unknown\""]})
     for name in ("exit_code", "signal"):
-        if facts.get(name) is not None and not _is_int(facts[name]):
-            raise serializers.ValidationError({"facts": [f"{name} must be an integer or null"]})
+        if facts.get(name) is not None and not _is_int32(facts[name]):
+            raise serializers.ValidationError({"facts": [f"{name} must be a 32-bit integer or null"]})
     runtime = facts.get("runtime_s")
     if runtime is not None and (isinstance(runtime, bool) or not isinstance(runtime, (int, float)) or runtime < 0):
         raise serializers.ValidationError({"facts": ["runtime_s must be a non-negative number"]})
