@@ -3,6 +3,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
+from rest_framework.generics import GenericAPIView
 from rest_framework.views import APIView
 
 from config import clock
@@ -26,15 +27,15 @@ def session_out(session: Session, now) -> dict:
     return s.SessionOut(session, context={"now": now}).data
 
 
-class SessionListView(APIView):
+class SessionListView(GenericAPIView):
+    pagination_class = SessionPagination
+    serializer_class = s.SessionCreateIn
+
     @extend_schema(responses=s.SessionOut(many=True))
     def get(self, request):
         now = clock.now()
-        paginator = SessionPagination()
-        page = paginator.paginate_queryset(
-            Session.objects.filter(owner=request.user).prefetch_related("markers"), request, view=self
-        )
-        return paginator.get_paginated_response(s.SessionOut(page, many=True, context={"now": now}).data)
+        page = self.paginate_queryset(Session.objects.filter(owner=request.user).prefetch_related("markers"))
+        return self.get_paginated_response(s.SessionOut(page, many=True, context={"now": now}).data)
 
     @extend_schema(request=s.SessionCreateIn, responses={201: s.SessionOut, 200: s.SessionOut})
     def post(self, request):

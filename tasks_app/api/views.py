@@ -214,7 +214,7 @@ class WorkerMessageAck(MachineView):
 class WorkerLeaseGrant(MachineView):
     """L1, L2."""
 
-    @extend_schema(request=s.LeaseGrantSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=s.LeaseGrantSerializer, responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT})
     def post(self, request):
         serializer = s.LeaseGrantSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
