@@ -10,6 +10,7 @@ from rest_framework.renderers import JSONRenderer
 
 from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Lease, Machine, Receipt, Task, TaskState
 from tasks_app.services.judging import RELEASE, judge
+from tasks_app.services.leases import OUTPUT_TAIL_MAX
 from tasks_app.services.locking import lock_budget, retry_on_deadlock
 from tasks_app.services.transitions import task_finalize, task_publish, task_record, task_transition
 
@@ -122,7 +123,7 @@ def _apply_final(task: Task, facts: dict, *, actor: str, now: datetime, via: str
         "stop_reason": facts.get("stop_reason") or "",
         "runtime_s": facts.get("runtime_s"),
         "survivors": survivors,
-        "output_tail": (facts.get("output_tail") or task.output_tail or "")[-4000:],
+        "output_tail": (facts.get("output_tail") or task.output_tail or "")[-OUTPUT_TAIL_MAX:],
         "facts": facts,
     }
     Lease.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, end_reason="final")
