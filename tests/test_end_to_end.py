@@ -14,15 +14,7 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.live import BASE_DIR, database_env, live_daphne  # noqa: F401
-
-SHORT_TIMINGS = {
-    "RUNSTEAD_LEASE_DURATION_S": "3",
-    "RUNSTEAD_LEASE_RENEW_S": "0.5",
-    "RUNSTEAD_LEASE_MARGIN_S": "0.5",
-    "RUNSTEAD_KILL_GRACE_S": "0.5",
-    "RUNSTEAD_SWEEP_INTERVAL_S": "0.2",
-    "RUNSTEAD_EMBEDDED_SWEEP": "1",
-}
+from tests.worker_harness import SHORT_TIMINGS
 
 
 def manage(*args, env=None, **kwargs):
