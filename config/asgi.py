@@ -10,7 +10,7 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 
 django_asgi_app = get_asgi_application()
 
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.routing import ProtocolTypeRouter  # noqa: E402
 from sessions_app.routing import websocket_application  # noqa: E402
 from config import server_hooks  # noqa: E402
 

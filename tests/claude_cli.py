@@ -54,7 +54,7 @@ def claude_bin() -> str:
     pytest.skip(message)
 
 
-def claude_env(*, home: Path, api: "FakeModelAPI", extra: dict | None = None) -> dict:
+def claude_env(*, home: Path, api: FakeModelAPI, extra: dict | None = None) -> dict:
     """Environment for running the real CLI offline against ``api`` with ``home`` as
     ``$HOME`` (created; its ``.claude.json`` skips the first-run screens). Returns a new
     dict based on ``os.environ`` without any RunStead or Anthropic secrets."""
@@ -194,7 +194,7 @@ class FakeModelAPI:
             return 200, _message([{"type": "text", "text": "Running it."}, block], "tool_use", n)
         return 200, _message([{"type": "text", "text": f"ok: {text.strip()[:40]}"}], "end_turn", n)
 
-    def start(self) -> "FakeModelAPI":
+    def start(self) -> FakeModelAPI:
         self._thread.start()
         return self
 

@@ -6,7 +6,7 @@ keeps every ``group_send`` it carries, so a test reads exactly which events reac
 owner's group, in order, after commit.
 """
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import pytest
 from channels.layers import InMemoryChannelLayer, channel_layers
@@ -59,7 +59,7 @@ def board_events(settings):
     channel_layers.backends.clear()
 
 
-T0 = datetime(2026, 3, 2, 9, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
 
 class Board:
@@ -135,7 +135,7 @@ def new_id():
 def make_task(owner, machine, grant, session_id, state="accepted", **extra):
     from tasks_app.models import Operation, Task
 
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     task = Task.objects.create(
         owner=owner, machine=machine, grant=grant, session_id=session_id, folder=grant.path, agent="claude",
         prompt="p", state=state, created_at=now, updated_at=now, **extra,
@@ -151,6 +151,6 @@ def set_task_state(task, state, capture):
     with capture(execute=True):
         with transaction.atomic():
             Task.objects.filter(pk=task.pk).update(state=state)
-            services.session_refresh_status(session_id=task.session_id, now=datetime.now(timezone.utc))
+            services.session_refresh_status(session_id=task.session_id, now=datetime.now(UTC))
 
 

@@ -4,7 +4,7 @@ The races (A4 under real concurrency, P1, P2) are in tests/test_races.py.
 """
 import json
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 
 import httpx
 import pytest
@@ -27,7 +27,7 @@ from tests.conftest import machine_api, owner_api
 from tests.factories import grant_lease, submit
 
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 sqlite_only = pytest.mark.skipif(
     settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3", reason="the SQLite variant"
 )

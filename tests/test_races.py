@@ -9,7 +9,7 @@ The PostgreSQL tests are the proof; the SQLite ones check that ``BEGIN IMMEDIATE
 import random
 import threading
 import uuid
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import pytest
 from django.conf import settings
@@ -21,7 +21,7 @@ from tests.conftest import owner_api
 from tests.factories import submit
 
 JOIN_TIMEOUT_S = 60
-T_HEARD = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T_HEARD = datetime(2026, 1, 1, tzinfo=UTC)
 sqlite_only = pytest.mark.skipif(
     settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3", reason="the SQLite variant (BEGIN IMMEDIATE)"
 )

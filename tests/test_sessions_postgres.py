@@ -46,7 +46,7 @@ class GroupReader:
             while True:
                 try:
                     message = await asyncio.wait_for(self.layer.receive(self.channel), quiet_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     return events
                 events.append(message["event"])
 

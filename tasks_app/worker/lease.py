@@ -31,7 +31,7 @@ class SentAt:
     wall: float
 
     @classmethod
-    def now(cls, clock: Clock) -> "SentAt":
+    def now(cls, clock: Clock) -> SentAt:
         return cls(monotonic=clock.monotonic(), wall=clock.wall())
 
     def elapsed(self, clock: Clock) -> float:
@@ -50,7 +50,7 @@ class LeaseTerms:
     kill_grace_s: float
 
     @classmethod
-    def from_reply(cls, reply: dict) -> "LeaseTerms":
+    def from_reply(cls, reply: dict) -> LeaseTerms:
         return cls(
             lease_id=str(reply["lease_id"]),
             duration_s=float(reply["duration_s"]),

@@ -21,7 +21,6 @@ import logging
 import os
 import shutil
 import signal
-import sqlite3
 import threading
 import time
 import uuid
