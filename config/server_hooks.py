@@ -4,6 +4,8 @@
 - start: the periodic sweep (L6, J5, S7, A7) as a task on the server's event loop, when
   ``RUNSTEAD_EMBEDDED_SWEEP`` is on (the default). Several processes sweeping at once is
   safe (O2); with it off, run ``manage.py sweep``.
+- start: the notification delivery loop (N3) the same way, when
+  ``RUNSTEAD_EMBEDDED_NOTIFY`` is on (the default); with it off, run ``manage.py notify``.
 - stop: waiting worker long-polls return at once, so the server exits without waiting
   up to 25 s for their threads.
 """
@@ -28,4 +30,9 @@ def install() -> None:
     if settings.RUNSTEAD_EMBEDDED_SWEEP:
         interval_s = settings.RUNSTEAD_SWEEP_INTERVAL_S
         reactor.callWhenRunning(lambda: asyncio.ensure_future(sweep_loop(interval_s)))
+    if settings.RUNSTEAD_EMBEDDED_NOTIFY:
+        from sessions_app.notifications.delivery import notify_loop
+
+        notify_interval_s = settings.RUNSTEAD_NOTIFY_INTERVAL_S
+        reactor.callWhenRunning(lambda: asyncio.ensure_future(notify_loop(notify_interval_s)))
     reactor.addSystemEventTrigger("before", "shutdown", server_stopping.set)

@@ -72,6 +72,7 @@ INSTALLED_APPS = [
     "channels",
     "tasks_app",
     "sessions_app",
+    "sessions_app.notifications",
 ]
 
 MIDDLEWARE = [
@@ -195,6 +196,11 @@ RUNSTEAD_MACHINE_OFFLINE_S = env_seconds("RUNSTEAD_MACHINE_OFFLINE_S", 90)
 RUNSTEAD_PAIRING_CODE_TTL_S = env_seconds("RUNSTEAD_PAIRING_CODE_TTL_S", 600)
 # In-process sweep thread inside each daphne process (see tasks_app/apps.py); "0" turns it off.
 RUNSTEAD_EMBEDDED_SWEEP = env_str("RUNSTEAD_EMBEDDED_SWEEP", "1") != "0"
+# N3: the notification delivery loop inside daphne (off: run `manage.py notify`), its poll interval,
+# and the VAPID "sub" claim push services may use to reach the operator.
+RUNSTEAD_EMBEDDED_NOTIFY = env_str("RUNSTEAD_EMBEDDED_NOTIFY", "1") != "0"
+RUNSTEAD_NOTIFY_INTERVAL_S = env_seconds("RUNSTEAD_NOTIFY_INTERVAL_S", 1)
+RUNSTEAD_VAPID_SUBJECT = env_str("RUNSTEAD_VAPID_SUBJECT", "mailto:runstead@localhost")
 
 if RUNSTEAD_LEASE_DURATION_S < 2 * RUNSTEAD_LEASE_RENEW_S + RUNSTEAD_LEASE_MARGIN_S + RUNSTEAD_KILL_GRACE_S:
     # L4: a lease must survive one lost renewal plus margin and kill grace.

@@ -10,5 +10,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/", include("tasks_app.api.urls")),
     path("api/", include("sessions_app.api.urls")),
+    path("api/", include("sessions_app.notifications.urls")),
     path("", include("sessions_app.urls")),
 ]

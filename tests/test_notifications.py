@@ -1,0 +1,368 @@
+"""Notifications (SPEC N1-N3, H): settings, push subscriptions, the outbox written in the
+transaction of the change, and delivery by the notify loop to real local HTTP servers
+(a webhook receiver, a Web Push endpoint that checks the VAPID JWT and decrypts the
+payload with keys made here)."""
+import base64
+import importlib.util
+import hashlib
+import hmac
+import json
+import os
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+
+from sessions_app.notifications import delivery, services
+from sessions_app.notifications.models import Delivery, Notification, PushSubscription, VapidKey
+from tests.conftest import owner_api
+from tests.http_receiver import Receiver
+from tests.sessions_events import T0, at, board, board_events, new_id  # noqa: F401
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ALL_ON = {"session_idle": True, "attention": True, "unknown": True, "task_succeeded": True, "task_failed": True}
+
+
+def b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def unb64url(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+@pytest.fixture
+def receiver():
+    made = []
+
+    def make(answers=(200,)):
+        r = Receiver(answers)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.close()
+
+
+def put_settings(client, **changes):
+    body = {"kinds": dict(ALL_ON), "webhook_url": None, "board": True, "push": True, **changes}
+    return client.put("/api/notifications/settings/", body, format="json")
+
+
+def turn(board, sid, name="t1"):
+    board.marker(sid, name, "running")
+    board.marker(sid, name, "ended")
+
+
+# --- settings (N1, H) ------------------------------------------------------------------------
+
+
+def test_n1_settings_default_shape(owner_client):
+    response = owner_client.get("/api/notifications/settings/")
+    assert response.status_code == 200
+    assert response.json() == {"kinds": ALL_ON, "webhook_url": None, "board": True, "push": True}
+
+
+def test_n2_new_webhook_url_answers_secret_once(owner_client):
+    first = put_settings(owner_client, webhook_url="https://ntfy.example/topic")
+    assert first.status_code == 200, first.content
+    secret = first.json()["webhook_secret"]
+    assert len(secret) == 64
+    again = put_settings(owner_client, webhook_url="https://ntfy.example/topic", board=False)
+    assert again.status_code == 200
+    assert "webhook_secret" not in again.json()
+    assert owner_client.get("/api/notifications/settings/").json() == {
+        "kinds": ALL_ON, "webhook_url": "https://ntfy.example/topic", "board": False, "push": True}
+    changed = put_settings(owner_client, webhook_url="https://ntfy.example/other")
+    assert changed.json()["webhook_secret"] != secret
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"kinds": ALL_ON, "webhook_url": None, "board": True, "push": True, "extra": 1}, "extra"),
+    ({"kinds": ALL_ON, "webhook_url": None, "board": "yes", "push": True}, "board"),
+    ({"kinds": {**ALL_ON, "session_idle": 1}, "webhook_url": None, "board": True, "push": True}, "kinds"),
+    ({"kinds": {**ALL_ON, "other": True}, "webhook_url": None, "board": True, "push": True}, "kinds"),
+    ({"kinds": ALL_ON, "webhook_url": "file:///etc/passwd", "board": True, "push": True}, "webhook_url"),
+    ({"kinds": ALL_ON, "board": True, "push": True}, "webhook_url"),
+])
+def test_k3_settings_refuse_bad_input(owner_client, body, field):
+    response = owner_client.put("/api/notifications/settings/", body, format="json")
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid"
+    assert field in response.json()["fields"]
+    assert owner_client.get("/api/notifications/settings/").json()["board"] is True  # nothing changed
+
+
+def test_k2_settings_are_per_owner(owner_client, other_owner):
+    put_settings(owner_client, webhook_url="https://a.example/hook", push=False)
+    assert owner_api(other_owner).get("/api/notifications/settings/").json() == {
+        "kinds": ALL_ON, "webhook_url": None, "board": True, "push": True}
+
+
+# --- push subscriptions (N2, K2) ----------------------------------------------------------------
+
+
+def browser_keys():
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private = ec.generate_private_key(ec.SECP256R1())
+    public = private.public_key().public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+    auth = os.urandom(16)
+    return private, {"p256dh": b64url(public), "auth": b64url(auth)}, auth
+
+
+def subscribe(client, endpoint, keys):
+    return client.post("/api/push/subscriptions/", {"endpoint": endpoint, "expirationTime": None, "keys": keys}, format="json")
+
+
+def test_n2_subscription_create_is_idempotent_per_endpoint(owner_client):
+    _, keys, _ = browser_keys()
+    first = subscribe(owner_client, "https://push.example/abc", keys)
+    assert first.status_code == 201, first.content
+    second = subscribe(owner_client, "https://push.example/abc", keys)
+    assert second.status_code == 200
+    assert second.json()["id"] == first.json()["id"]
+    assert PushSubscription.objects.count() == 1
+
+
+def test_k3_subscription_refuses_bad_keys_and_unknown_fields(owner_client):
+    _, keys, _ = browser_keys()
+    bad = subscribe(owner_client, "https://push.example/abc", {**keys, "auth": b64url(b"short")})
+    assert (bad.status_code, bad.json()["error"]) == (400, "invalid_keys")
+    extra = owner_client.post("/api/push/subscriptions/", {"endpoint": "https://push.example/abc", "keys": {**keys, "x": "1"}}, format="json")
+    assert extra.status_code == 400 and "keys" in extra.json()["fields"]
+    assert PushSubscription.objects.count() == 0
+
+
+def test_k2_another_owners_subscription_is_404(owner_client, other_owner):
+    _, keys, _ = browser_keys()
+    sub_id = subscribe(owner_client, "https://push.example/abc", keys).json()["id"]
+    response = owner_api(other_owner).delete(f"/api/push/subscriptions/{sub_id}/")
+    assert (response.status_code, response.json()["error"]) == (404, "not_found")
+    assert PushSubscription.objects.filter(pk=sub_id).exists()
+    assert owner_client.delete(f"/api/push/subscriptions/{sub_id}/").status_code == 204
+    assert not PushSubscription.objects.filter(pk=sub_id).exists()
+
+
+def test_n2_vapid_key_created_once_per_deployment(owner_client):
+    first = owner_client.get("/api/push/vapid-public-key/").json()["public_key"]
+    second = owner_client.get("/api/push/vapid-public-key/").json()["public_key"]
+    assert first == second == VapidKey.objects.get().public_key
+    assert len(unb64url(first)) == 65
+
+
+# --- the outbox (N1, N3) ---------------------------------------------------------------------------
+
+
+def test_n1_true_idle_writes_one_notification_and_board_event(board, board_events, owner, at):
+    sid = new_id()
+    turn(board, sid)
+    (note,) = Notification.objects.all()
+    assert (note.kind, note.owner_id, note.payload["session_id"]) == ("session_idle", owner.pk, sid)
+    events = [e for e in board_events.of(owner) if e["type"] == "notification"]
+    assert [e["notification"]["id"] for e in events] == [str(note.id)]
+
+
+def test_n1_no_notification_at_a_wake_blip(board, board_events, owner, at):
+    """S3: turn ends while a held job runs; the job finishes with wakes; the wake turn
+    runs and ends: one idle, one notification, at the very end."""
+    sid = new_id()
+    board.marker(sid, "turn-1", "running")
+    board.job(sid, "bg", "held")
+    board.marker(sid, "turn-1", "ended")
+    at(60)
+    board.finish(sid, "bg", wakes=True)
+    at(61)
+    board.marker(sid, "turn-2", "running")
+    assert Notification.objects.count() == 0
+    at(90)
+    board.marker(sid, "turn-2", "ended")
+    assert Notification.objects.filter(kind="session_idle").count() == 1
+
+
+def test_n3_rolled_back_change_writes_no_notification(owner, at):
+    from sessions_app.models import Session
+
+    session = Session.objects.create(owner=owner, title="s", status="busy", status_since=T0, created_at=T0)
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            assert services.notify_session_idle(Session(pk=session.pk, owner=owner, version=2), now=T0) is not None
+            raise RuntimeError("the change fails")
+    assert Notification.objects.count() == 0
+
+
+def test_n1_kind_turned_off_writes_nothing(board, owner_client, at):
+    put_settings(owner_client, kinds={**ALL_ON, "session_idle": False})
+    turn(board, new_id())
+    assert Notification.objects.count() == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tasks_app.signals") is None, reason="runs once issue 10's task_changed seam is on main")
+def test_n1_task_end_and_unknown_are_announced(owner, machine, grant, at, django_capture_on_commit_callbacks):
+    from tasks_app.services.transitions import task_transition
+    from tests.sessions_events import make_task
+
+    task = make_task(owner, machine, grant, None, state="running")
+    with transaction.atomic():
+        task = task_transition(task, from_states={"running"}, to="unknown", reason="lease expired", actor="sweep", now=T0)
+    with transaction.atomic():
+        task_transition(task, from_states={"unknown"}, to="succeeded", reason="report", actor="worker", now=T0)
+    kinds = sorted(Notification.objects.values_list("kind", "payload__state"))
+    assert kinds == [("task_succeeded", "succeeded"), ("unknown", "unknown")]
+
+
+def test_k2_notification_reaches_only_its_owners_board_group(board, board_events, owner, other_owner, at):
+    turn(board, new_id())
+    assert any(e["type"] == "notification" for e in board_events.of(owner))
+    assert board_events.of(other_owner) == []
+
+
+# --- webhook delivery (N2, N3, R4) ---------------------------------------------------------------------
+
+
+def test_n2_webhook_gets_one_signed_post_per_event(board, owner_client, owner, receiver, at):
+    hook = receiver([200])
+    secret = put_settings(owner_client, webhook_url=hook.url + "/hook").json()["webhook_secret"]
+    sid = new_id()
+    turn(board, sid, "t1")
+    at(10)
+    turn(board, sid, "t2")
+    assert delivery.notify_step() == 2
+    assert delivery.notify_step() == 0
+    at(3600)
+    assert delivery.notify_step() == 0  # sent ones never go again
+    requests = hook.wait_for(2)
+    assert len(requests) == 2
+    ids = set()
+    for request in requests:
+        body = request["body"]
+        expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+        assert request["headers"]["x-runstead-signature"] == expected
+        assert request["headers"]["x-runstead-event"] == "session_idle"
+        payload = json.loads(body)
+        assert request["headers"]["x-runstead-delivery"] == payload["id"]
+        assert payload["session_id"] == sid
+        ids.add(payload["id"])
+    assert ids == {str(n) for n in Notification.objects.values_list("id", flat=True)}
+
+
+def test_r4_webhook_500_is_retried_with_backoff_then_sent_once(board, owner_client, receiver, at):
+    hook = receiver([500, 200])
+    put_settings(owner_client, webhook_url=hook.url + "/hook")
+    turn(board, new_id())
+    assert delivery.notify_step() == 1
+    row = Delivery.objects.get()
+    assert (row.status, row.attempts) == ("pending", 1)
+    assert T0 + timedelta(seconds=0.5) <= row.next_attempt_at <= T0 + timedelta(seconds=1)  # R4, first backoff
+    assert delivery.notify_step() == 0  # not due yet
+    at(2)
+    assert delivery.notify_step() == 1
+    first, second = hook.wait_for(2)
+    assert first["headers"]["x-runstead-delivery"] == second["headers"]["x-runstead-delivery"]
+    row.refresh_from_db()
+    assert (row.status, row.attempts) == ("sent", 2)
+    at(500)
+    assert delivery.notify_step() == 0
+    assert len(hook.requests) == 2
+
+
+def test_r4_backoff_is_capped_at_60_s():
+    assert all(delivery.backoff_s(n) <= 60 for n in range(1, 40))
+    assert delivery.backoff_s(30) >= 30
+
+
+def test_n3_undelivered_dropped_after_24_h(board, owner_client, receiver, at):
+    hook = receiver([503])
+    put_settings(owner_client, webhook_url=hook.url + "/hook")
+    turn(board, new_id())
+    assert delivery.notify_step() == 1
+    at(24 * 3600 + 1)
+    assert delivery.notify_step() == 0
+    row = Delivery.objects.get()
+    assert row.status == "dropped" and "24 h" in row.last_error
+    assert len(hook.requests) == 1
+
+
+def test_n3_webhook_4xx_is_final(board, owner_client, receiver, at):
+    hook = receiver([404])
+    put_settings(owner_client, webhook_url=hook.url + "/hook")
+    turn(board, new_id())
+    assert delivery.notify_step() == 1
+    at(120)
+    assert delivery.notify_step() == 0
+    assert Delivery.objects.get().status == "dropped"
+
+
+# --- Web Push (N2) ----------------------------------------------------------------------------------------
+
+
+def verify_vapid(header: str, endpoint_origin: str):
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+
+    scheme, _, params = header.partition(" ")
+    assert scheme == "vapid"
+    fields = dict(part.split("=", 1) for part in params.split(","))
+    public = unb64url(fields["k"])
+    assert fields["k"] == VapidKey.objects.get().public_key
+    head, claims, signature = fields["t"].split(".")
+    assert json.loads(unb64url(head)) == {"typ": "JWT", "alg": "ES256"}
+    raw = unb64url(signature)
+    assert len(raw) == 64
+    key = ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), public)
+    der = encode_dss_signature(int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:], "big"))
+    key.verify(der, f"{head}.{claims}".encode(), ec.ECDSA(hashes.SHA256()))  # raises when invalid
+    body = json.loads(unb64url(claims))
+    assert body["aud"] == endpoint_origin
+    assert body["sub"] == "mailto:runstead@localhost"
+    assert body["exp"] > T0.timestamp()
+    return body
+
+
+def test_n2_web_push_carries_valid_vapid_jwt_and_decryptable_payload(board, owner_client, owner, receiver, at):
+    import http_ece
+
+    push = receiver([201])
+    private, keys, auth = browser_keys()
+    assert subscribe(owner_client, push.url + "/push/sub-1", keys).status_code == 201
+    sid = new_id()
+    turn(board, sid)
+    assert delivery.notify_step() == 1
+    (request,) = push.wait_for(1)
+    assert request["path"] == "/push/sub-1"
+    assert request["headers"]["content-encoding"] == "aes128gcm"
+    assert int(request["headers"]["ttl"]) == 86400
+    verify_vapid(request["headers"]["authorization"], push.url)
+    payload = json.loads(http_ece.decrypt(request["body"], private_key=private, auth_secret=auth, version="aes128gcm"))
+    note = Notification.objects.get()
+    assert payload["id"] == str(note.id)
+    assert (payload["kind"], payload["session_id"], payload["url"]) == ("session_idle", sid, "/")
+    assert Delivery.objects.get().status == "sent"
+
+
+def test_n3_push_answered_410_removes_the_subscription(board, owner_client, receiver, at):
+    push = receiver([410])
+    _, keys, _ = browser_keys()
+    subscribe(owner_client, push.url + "/push/gone", keys)
+    turn(board, new_id())
+    assert delivery.notify_step() == 1
+    push.wait_for(1)
+    assert PushSubscription.objects.count() == 0
+    at(120)
+    turn(board, new_id(), "t2")
+    assert Delivery.objects.filter(status="pending").count() == 0  # nothing goes to it again
+    assert delivery.notify_step() == 0
+
+
+def test_n2_push_off_writes_no_push_delivery(board, owner_client, receiver, at):
+    push = receiver([201])
+    _, keys, _ = browser_keys()
+    subscribe(owner_client, push.url + "/push/x", keys)
+    put_settings(owner_client, push=False)
+    turn(board, new_id())
+    assert Notification.objects.count() == 1
+    assert Delivery.objects.count() == 0

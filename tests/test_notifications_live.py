@@ -1,0 +1,46 @@
+"""Notifications through a real daphne (N3): the embedded notify loop delivers after
+commit, and a webhook that never answers does not delay the request that caused the
+event."""
+import time
+import uuid
+
+import httpx
+import pytest
+
+from tests.http_receiver import Receiver
+from tests.live import live_daphne  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ALL_ON = {"session_idle": True, "attention": True, "unknown": True, "task_succeeded": True, "task_failed": True}
+
+
+def test_n3_hanging_webhook_does_not_delay_the_request_and_embedded_loop_sends(live_daphne, owner):
+    hook = Receiver(["hang", 200])
+    try:
+        url = live_daphne(RUNSTEAD_EMBEDDED_NOTIFY="1", RUNSTEAD_NOTIFY_INTERVAL_S="0.2")
+        with httpx.Client(base_url=url, headers={"Authorization": f"Token {owner.auth_token.key}"}, timeout=10) as api:
+            put = api.put("/api/notifications/settings/", json={
+                "kinds": ALL_ON, "webhook_url": hook.url + "/hook", "board": True, "push": True})
+            assert put.status_code == 200, put.text
+            sid = str(uuid.uuid4())
+            marker = {"turn_id": "t1", "device_id": "d1", "state": "running"}
+            assert api.put(f"/api/sessions/{sid}/marker/", json=marker).status_code == 200
+            started = time.monotonic()
+            ended = api.put(f"/api/sessions/{sid}/marker/", json={**marker, "state": "ended"})
+            first_request_s = time.monotonic() - started
+            assert ended.status_code == 200 and ended.json()["outcome"] == "applied"
+            (held,) = hook.wait_for(1)  # the loop sent it after commit, and the hook hangs...
+            assert held["headers"]["x-runstead-event"] == "session_idle"
+            # ...while the next request that causes an event still answers at once.
+            assert api.put(f"/api/sessions/{sid}/marker/", json={**marker, "turn_id": "t2"}).status_code == 200
+            started = time.monotonic()
+            again = api.put(f"/api/sessions/{sid}/marker/", json={**marker, "turn_id": "t2", "state": "ended"})
+            second_request_s = time.monotonic() - started
+            assert again.status_code == 200
+            requests = hook.wait_for(2)
+            assert requests[1]["headers"]["x-runstead-delivery"] != requests[0]["headers"]["x-runstead-delivery"]
+        assert first_request_s < 1.0, first_request_s
+        assert second_request_s < 1.0, second_request_s
+    finally:
+        hook.close()
