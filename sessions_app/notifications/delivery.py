@@ -279,7 +279,7 @@ async def notify_loop(interval_s: float) -> None:
                 continue
             try:
                 await asyncio.wait_for(wake.wait(), timeout=interval_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             wake.clear()
     finally:

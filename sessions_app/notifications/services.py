@@ -15,7 +15,6 @@ import threading
 import uuid
 from datetime import datetime
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from config.errors import ApplicationError
