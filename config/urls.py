@@ -3,6 +3,8 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 
+from sessions_app.notifications import pwa
+
 urlpatterns = [
     path("admin", RedirectView.as_view(url="/admin/")),
     path("admin/", admin.site.urls),
@@ -11,5 +13,7 @@ urlpatterns = [
     path("api/", include("tasks_app.api.urls")),
     path("api/", include("sessions_app.api.urls")),
     path("api/", include("sessions_app.notifications.urls")),
+    path("sw.js", pwa.service_worker, name="service-worker"),
+    path("manifest.webmanifest", pwa.manifest, name="manifest"),
     path("", include("sessions_app.urls")),
 ]

@@ -302,6 +302,8 @@
       try { ev = JSON.parse(e.data); } catch (err) { return; }
       applyEvent(ev);
       render();
+      // Other modules (notify.js, machines.js) listen; they never change the board's state.
+      document.dispatchEvent(new CustomEvent("runstead:event", { detail: ev }));
     };
     sock.onclose = function () {
       if (ws !== sock) return;
