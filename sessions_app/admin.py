@@ -1,48 +1,54 @@
-"""Admin views of sessions, markers and jobs (read-mostly: state changes go through the API)."""
+"""Admin views of sessions, markers and jobs (SPEC U5): markers, jobs and ended turns are
+history, shown and never edited or deleted here; a session's title is its only editable
+field. State changes go through the API."""
 from django.contrib import admin
 
+from config.admin_history import HistoryAdmin, HistoryInline, OwnerScopedAdmin
 from sessions_app.models import EndedTurn, Job, Marker, Session
 
 
-class MarkerInline(admin.TabularInline):
+class MarkerInline(HistoryInline):
     model = Marker
-    extra = 0
-    can_delete = False
-    readonly_fields = [f.name for f in Marker._meta.fields]
 
 
-class JobInline(admin.TabularInline):
+class JobInline(HistoryInline):
     model = Job
-    extra = 0
-    can_delete = False
-    readonly_fields = [f.name for f in Job._meta.fields]
 
 
 @admin.register(Session)
-class SessionAdmin(admin.ModelAdmin):
+class SessionAdmin(OwnerScopedAdmin):
+    """A session's status follows its markers and tasks (S1); only the title is editable.
+    Sessions are not added or deleted here (deleting one would delete its markers, M1)."""
+
     list_display = ["id", "title", "owner", "status", "status_since", "created_at"]
     list_filter = ["status"]
     search_fields = ["id", "title"]
     readonly_fields = ["id", "owner", "status", "status_since", "created_at", "version"]
     inlines = [MarkerInline, JobInline]
 
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
 
 @admin.register(Marker)
-class MarkerAdmin(admin.ModelAdmin):
+class MarkerAdmin(HistoryAdmin):
+    owner_lookup = "session__owner"
     list_display = ["session", "device_id", "device_name", "turn_id", "state", "started_at", "expires_at"]
     list_filter = ["state"]
     search_fields = ["device_id", "turn_id", "session__id"]
-    readonly_fields = [f.name for f in Marker._meta.fields]
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(HistoryAdmin):
+    owner_lookup = "session__owner"
     list_display = ["session", "job_id", "mode", "created_at", "finished_at", "wakes", "consumed_at", "cancelled_at"]
     list_filter = ["mode"]
-    readonly_fields = [f.name for f in Job._meta.fields]
 
 
 @admin.register(EndedTurn)
-class EndedTurnAdmin(admin.ModelAdmin):
+class EndedTurnAdmin(HistoryAdmin):
+    owner_lookup = "session__owner"
     list_display = ["session", "turn_id", "device_id", "ended_at"]
-    readonly_fields = [f.name for f in EndedTurn._meta.fields]
