@@ -53,7 +53,12 @@ ROWS = [
     ("row4_ended_outside_lease_is_failed_lease_lost", dict(ended_within_lease=False), "failed_lease_lost", 100.0),
     ("row5_deadline", dict(stop_reason="deadline", exit_code=None, signal=9), "failed_lease_lost", 100.0),
     ("row5_renewal_refused", dict(stop_reason="renewal_refused", exit_code=None, signal=15), "failed_lease_lost", 100.0),
+    ("row5a_exit_zero_agent_is_error_failed",
+     dict(agent_result={"is_error": True, "subtype": "error_during_execution", "summary": "API Error: 500"}),
+     "failed", 100.0),
     ("row6_exit_zero_succeeded", dict(), "succeeded", 100.0),
+    ("row6_exit_zero_agent_success_succeeded",
+     dict(agent_result={"is_error": False, "subtype": "success", "summary": "done"}), "succeeded", 100.0),
     ("row7_nonzero_exit_failed", dict(exit_code=2), "failed", 100.0),
     ("row7_signal_failed", dict(exit_code=None, signal=9), "failed", 100.0),
     ("row8_max_runtime", dict(stop_reason="max_runtime", exit_code=None, signal=15), "failed", 100.0),
@@ -86,6 +91,8 @@ def test_j6_each_row_from_running_and_unknown_with_budget(
     assert "J6 row" in last.reason
     if name.startswith("row8"):
         assert overrides["stop_reason"] in task.state_reason  # "reason shown"
+    if name.startswith("row5a"):
+        assert "agent reported error_during_execution" in task.state_reason  # G3: the agent's subtype
     # The folder is free again: a new exclusive task on it is accepted (A8).
     assert submit(owner, machine, grant_root).status_code == 201
 
@@ -215,7 +222,16 @@ def test_j1_final_facts_are_kept_as_evidence(owner, machine, grant, grant_root, 
         (final_facts(stop_reason="cancel", ended_within_lease=False), True, 3, "cancelled"),
         (final_facts(stop_reason="deadline", ended_within_lease=False), True, 4, "failed_lease_lost"),
         (final_facts(stop_reason="renewal_refused"), True, 5, "failed_lease_lost"),
+        (final_facts(agent_result={"is_error": True, "subtype": "api_error", "summary": ""}), True, "5a", "failed"),
+        (final_facts(agent_result=None), True, 6, "succeeded"),
+        (final_facts(agent_result={"is_error": False, "subtype": "success", "summary": ""}), True, 6, "succeeded"),
         (final_facts(), True, 6, "succeeded"),
+        # 5a is about exit 0 only: a failing exit is row 7, a cancel row 3, a lost lease row 4/5.
+        (final_facts(exit_code=2, agent_result={"is_error": True, "subtype": "x", "summary": ""}), True, 7, "failed"),
+        (final_facts(stop_reason="cancel", agent_result={"is_error": True, "subtype": "x", "summary": ""}), True, 3,
+         "cancelled"),
+        (final_facts(stop_reason="deadline", agent_result={"is_error": True, "subtype": "x", "summary": ""}), True, 5,
+         "failed_lease_lost"),
         (final_facts(exit_code=0, signal=15), True, 7, "failed"),
         (final_facts(stop_reason="worker_restart"), True, 8, "failed"),
     ],
@@ -223,6 +239,12 @@ def test_j1_final_facts_are_kept_as_evidence(owner, machine, grant, grant_root, 
 def test_j6_judge_first_matching_row_wins(facts, leased, row, state):
     verdict = judge(facts, leased=leased)
     assert (verdict.row, verdict.state) == (row, state)
+
+
+def test_g3_j6_row5a_reason_names_the_agent_subtype():
+    verdict = judge(final_facts(agent_result={"is_error": True, "subtype": "error_max_turns", "summary": "x"}),
+                    leased=True)
+    assert (verdict.state, verdict.row, verdict.reason) == ("failed", "5a", "agent reported error_max_turns")
 
 
 def test_j6_refused_renewal_maps_to_stop_reason():

@@ -17,14 +17,15 @@ class Verdict:
 
     state: str | None
     budget: str
-    row: int
+    row: int | str  # J6 row number; "5a" for the agent's own verdict (G3)
     reason: str
 
 
 def judge(facts: dict, *, leased: bool) -> Verdict:
     """Apply the J6 table (first matching row wins) to a final receipt's ``facts``
     (J1 shape: process_started true/false/"unknown", exit_code, signal,
-    ended_within_lease, stop_reason, runtime_s). ``leased`` says whether the operation ever
+    ended_within_lease, stop_reason, runtime_s; agent_result ``{is_error, subtype,
+    summary}`` or None, G3). ``leased`` says whether the operation ever
     got a lease."""
     started = facts.get("process_started")
     stop = facts.get("stop_reason")
@@ -40,6 +41,11 @@ def judge(facts: dict, *, leased: bool) -> Verdict:
         return Verdict(TaskState.FAILED_LEASE_LOST, RUNTIME, 4, "ended after its lease was lost")
     if stop in ("deadline", "renewal_refused"):
         return Verdict(TaskState.FAILED_LEASE_LOST, RUNTIME, 5, f"stopped: {stop}")
+    agent_result = facts.get("agent_result")
+    if stop == "exit" and exit_code == 0 and signal is None and isinstance(agent_result, dict) \
+            and agent_result.get("is_error") is True:
+        # G3: some agent CLIs exit 0 after an API error; the agent's own verdict stands.
+        return Verdict(TaskState.FAILED, RUNTIME, "5a", f"agent reported {agent_result.get('subtype') or 'error'}")
     if stop == "exit" and exit_code == 0 and signal is None:
         return Verdict(TaskState.SUCCEEDED, RUNTIME, 6, "exit 0")
     if stop == "exit":

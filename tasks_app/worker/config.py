@@ -7,17 +7,28 @@ TOML file::
     prevent_idle_sleep = true   # W7 (macOS only)
 
     [profiles.claude]
-    argv = ["claude", "-p", "{prompt}"]   # "{prompt}" -> the prompt as ONE argument
+    preset = "claude"                      # G1: argv, parser, resume from tasks_app.worker.presets
+    extra_args = ["--permission-mode", "acceptEdits"]
+    binary = "/opt/homebrew/bin/claude"    # optional; default: looked up on PATH at start
+
+    [profiles.script]
+    argv = ["/usr/bin/python3", "job.py", "{prompt}"]   # "{prompt}" -> the prompt as ONE argument
     prompt_via = "arg"                     # or "stdin"
     env = {FOO = "bar"}
 
-A task's ``agent`` names a profile; nothing else ever runs (W4).
+A profile with a ``preset`` takes that preset's keys; every key the profile sets wins
+(``argv``, ``env``, ``binary``, ``extra_args``, ``prompt_via``, ``parser``). A task's
+``agent`` names a profile; nothing else ever runs (W4).
 """
 from __future__ import annotations
 
 import os
+import shutil
 import tomllib
 from dataclasses import dataclass, field
+
+from .parsers import PARSERS
+from .presets import PRESETS, PROMPT_VIA, expand
 
 DEFAULT_MAX_CONCURRENT = 4
 
@@ -26,29 +37,61 @@ class ConfigError(Exception):
     pass
 
 
+PROFILE_KEYS = {"preset", "argv", "env", "binary", "extra_args", "prompt_via", "parser"}
+
+
 @dataclass(frozen=True)
 class Profile:
+    """One ``[profiles.NAME]`` table, resolved against its preset (G1).
+
+    ``argv`` is a template (``tasks_app.worker.presets``); ``binary`` is a name looked up
+    on PATH when a task starts, or an absolute path; ``resume`` the preset's resume
+    elements (None: the profile refuses follow-ups with ``resume_unsupported``, G6).
+    ``from_preset`` says whether ``argv`` is the preset's own (placeholders inside
+    elements allowed) or the profile's (whole elements only, O4).
+    """
+
     name: str
     argv: tuple[str, ...]
     prompt_via: str = "arg"
     env: dict = field(default_factory=dict)
+    preset: str | None = None
+    binary: str | None = None
+    extra_args: tuple[str, ...] = ()
+    parser: str = "text"
+    resume: tuple[str, ...] | None = None
+    from_preset: bool = False
 
-    def command(self, *, prompt: str, folder: str) -> list[str]:
-        """The argv to execute: ``{prompt}`` / ``{folder}`` elements replaced whole.
+    @property
+    def executable(self) -> str:
+        """The configured executable: ``binary`` where argv has a ``{binary}`` element,
+        else the argv's first element."""
+        if "{binary}" in self.argv:
+            return self.binary or "{binary}"
+        return self.argv[0]
 
-        No shell ever sees it (K4). With ``prompt_via = "stdin"`` a ``{prompt}`` element is
-        dropped and the prompt goes on stdin instead.
-        """
-        out = []
-        for element in self.argv:
-            if element == "{prompt}":
-                if self.prompt_via == "arg":
-                    out.append(prompt)
-            elif element == "{folder}":
-                out.append(folder)
-            else:
-                out.append(element)
-        return out
+    def find_binary(self, path: str | None) -> str | None:
+        """G1: the executable's absolute path on ``path`` (a PATH string), or None."""
+        exe = self.executable
+        if os.sep in exe:
+            return exe if os.path.isfile(exe) and os.access(exe, os.X_OK) else None
+        return shutil.which(exe, path=path)
+
+    def command(self, *, prompt: str, folder: str, agent_session_id: str | None = None,
+                binary: str | None = None) -> list[str]:
+        """The argv to execute (W4, K4): no shell ever sees it; the prompt is one element
+        (or, with ``prompt_via = "stdin"``, on stdin). ``binary`` (a resolved path) replaces
+        the ``{binary}`` element. Raises ``presets.ResumeUnsupported`` for a follow-up on a
+        profile that cannot resume (G6)."""
+        return expand(self.argv, binary=binary or self.executable, prompt=prompt, folder=folder,
+                      prompt_via=self.prompt_via, extra_args=self.extra_args, resume=self.resume,
+                      agent_session_id=agent_session_id, inline=self.from_preset)
+
+    def describe(self) -> dict:
+        """The resolved profile for ``worker --check`` (placeholders left visible)."""
+        return {"name": self.name, "preset": self.preset, "parser": self.parser, "prompt_via": self.prompt_via,
+                "argv": list(self.argv), "binary": self.executable, "extra_args": list(self.extra_args),
+                "resume": list(self.resume) if self.resume is not None else None, "env": sorted(self.env)}
 
 
 @dataclass(frozen=True)
@@ -77,21 +120,68 @@ def parse_config(data: dict) -> WorkerConfig:
     for name, spec in raw_profiles.items():
         if not isinstance(spec, dict):
             raise ConfigError(f"profiles.{name} must be a table")
-        argv = spec.get("argv")
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise ConfigError(f"profiles.{name}.argv must be a non-empty list of strings")
-        prompt_via = spec.get("prompt_via", "arg")
-        if prompt_via not in ("arg", "stdin"):
-            raise ConfigError(f"profiles.{name}.prompt_via must be 'arg' or 'stdin'")
-        env = spec.get("env", {})
-        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise ConfigError(f"profiles.{name}.env must map strings to strings")
-        profiles[name] = Profile(name=name, argv=tuple(argv), prompt_via=prompt_via, env=dict(env))
+        profiles[name] = parse_profile(name, spec)
     return WorkerConfig(
         allowed_roots=tuple(os.path.realpath(r) for r in roots),
         profiles=profiles,
         max_concurrent=max_concurrent,
         prevent_idle_sleep=prevent,
+    )
+
+
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(a, str) for a in value)
+
+
+def parse_profile(name: str, spec: dict) -> Profile:
+    """One profile table -> ``Profile`` (G1: the profile's keys win over its preset's).
+    Raises ``ConfigError`` naming the key."""
+    unknown = sorted(set(spec) - PROFILE_KEYS)
+    if unknown:
+        raise ConfigError(f"profiles.{name}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(PROFILE_KEYS))})")
+    preset_name = spec.get("preset")
+    preset = None
+    if preset_name is not None:
+        preset = PRESETS.get(preset_name) if isinstance(preset_name, str) else None
+        if preset is None:
+            raise ConfigError(f"profiles.{name}.preset must be one of {', '.join(PRESETS)}")
+    argv = spec.get("argv")
+    if argv is not None and (not _strings(argv) or not argv):
+        raise ConfigError(f"profiles.{name}.argv must be a non-empty list of strings")
+    if argv is None and preset is None:
+        raise ConfigError(f"profiles.{name} needs argv = [...] or preset = \"{'|'.join(PRESETS)}\"")
+    binary = spec.get("binary")
+    if binary is not None and (not isinstance(binary, str) or not binary or
+                               (os.sep in binary and not os.path.isabs(binary))):
+        raise ConfigError(f"profiles.{name}.binary must be a command name or an absolute path")
+    extra_args = spec.get("extra_args", [])
+    if not _strings(extra_args):
+        raise ConfigError(f"profiles.{name}.extra_args must be a list of strings")
+    default_via = preset.prompt_via if preset else "arg"
+    prompt_via = spec.get("prompt_via", default_via)
+    if prompt_via not in PROMPT_VIA:
+        raise ConfigError(f"profiles.{name}.prompt_via must be 'arg' or 'stdin'")
+    if preset is not None and prompt_via == "stdin" and not preset.stdin_ok and argv is None:
+        raise ConfigError(f"profiles.{name}: {preset.name} takes the prompt as an argument (prompt_via = \"arg\")")
+    env = spec.get("env", {})
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ConfigError(f"profiles.{name}.env must map strings to strings")
+    parser = spec.get("parser", preset.parser if preset else "text")
+    if parser not in PARSERS:
+        raise ConfigError(f"profiles.{name}.parser must be one of {', '.join(PARSERS)}")
+    if argv is not None and "{binary}" not in argv and binary is not None:
+        raise ConfigError(f"profiles.{name}: with binary set, argv must contain the element \"{{binary}}\"")
+    return Profile(
+        name=name,
+        argv=tuple(argv) if argv is not None else preset.argv,
+        prompt_via=prompt_via,
+        env={**(preset.env if preset else {}), **env},
+        preset=preset.name if preset else None,
+        binary=binary or (preset.name if preset else None),
+        extra_args=tuple(extra_args),
+        parser=parser,
+        resume=preset.resume if preset else None,
+        from_preset=argv is None,
     )
 
 

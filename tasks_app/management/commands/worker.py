@@ -1,5 +1,8 @@
 """``python manage.py worker --server URL [--state-dir DIR] [--config FILE] [--once]`` (SPEC O4).
 
+``--check`` (G1) prints every profile as resolved (argv template, parser, binary found
+on PATH or not, resume support) and exits 1 when one is broken; it needs no pairing.
+
 A thin wrapper: everything lives in ``tasks_app.worker`` (no Django ORM there).
 Environment for tests and tuning: ``RUNSTEAD_WORKER_POLL_S`` (long-poll wait, <= 25,
 default 25), ``RUNSTEAD_WORKER_BACKOFF_BASE_S`` (first retry delay, default 1; the cap is
@@ -32,6 +35,8 @@ class Command(BaseCommand):
         parser.add_argument("--state-dir", default="~/.runstead", help="token + local database (default ~/.runstead)")
         parser.add_argument("--config", default=None, help="TOML config (default: STATE_DIR/config.toml if present)")
         parser.add_argument("--once", action="store_true", help="pull once, run what came, report, exit")
+        parser.add_argument("--check", action="store_true",
+                            help="print the resolved profiles and exit (non-zero if one is broken)")
 
     def handle(self, *args, **options):
         from tasks_app.worker.config import ConfigError, load_config
@@ -45,7 +50,16 @@ class Command(BaseCommand):
         try:
             config = load_config(config_path)
         except ConfigError as exc:
+            if options["check"]:
+                self.stdout.write(f"config {config_path}: BROKEN: {exc}\n")
+                sys.exit(1)
             raise CommandError(str(exc))
+        if options["check"]:
+            from tasks_app.worker.check import check_profiles
+
+            report, ok = check_profiles(config, path=os.environ.get("PATH"))
+            self.stdout.write(f"config {config_path or '(none)'}\n{report}")
+            sys.exit(0 if ok else 1)
         worker_options = WorkerOptions(
             server=options["server"] or "",
             poll_wait_s=min(25.0, _env_float("RUNSTEAD_WORKER_POLL_S", 25.0)),
