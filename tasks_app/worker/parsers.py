@@ -241,7 +241,9 @@ class ClaudeParser(TextParser):
         if kind == "system":
             return True
         if kind == "assistant":
-            message = _dict(event.get("message"))
+            message = event.get("message")
+            if not isinstance(message, dict):
+                return False
             message_id = message.get("id")
             new_message = message_id is None or message_id != self._message_id
             if new_message:

@@ -78,6 +78,11 @@ class Command(BaseCommand):
             "max_concurrent = 2\n\n"
             "[profiles.demo]\n"
             f"argv = [{json.dumps(sys.executable)}, {json.dumps(str(settings.BASE_DIR / 'scripts' / 'demo_agent.py'))}, \"{{prompt}}\"]\n"
+            "\n"
+            "# G1: Claude Code's preset, run by a stand-in that speaks its stream-json (no account needed)\n"
+            "[profiles.fake-claude]\n"
+            'preset = "claude"\n'
+            f"binary = {json.dumps(str(settings.BASE_DIR / 'scripts' / 'fake_claude.py'))}\n"
         )
         token, _ = Token.objects.get_or_create(user=user)
         self.stdout.write(
