@@ -40,6 +40,7 @@
     beeps: 0, // of which played aloud (not muted)
   };
   window.runsteadBoard = board;
+  board.hydrate = function () { return hydrate(); }; // other panels re-read after their own writes
 
   // ---------------------------------------------------------------- helpers
   function $(id) { return document.getElementById(id); }
@@ -496,6 +497,7 @@
     var machines = Array.from(board.machines.values()).sort(function (a, b) { return String(a.name).localeCompare(String(b.name)); });
     replaceList("machine-list", machines.map(function (m) { return renderMachine(m, nowMs); }), "machine-empty");
     renderFormOptions(machines);
+    document.dispatchEvent(new CustomEvent("runstead:render")); // machines.js re-renders its panel
   }
 
   // ---------------------------------------------------------------- B8 task form

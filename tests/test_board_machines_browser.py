@@ -1,0 +1,95 @@
+"""Machines on the board in a real browser (B10): pair a machine by running the command
+the board shows, grant and revoke a folder, with confirmations. Headless Debian Chromium
+against a real daphne (tests/live.py)."""
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.live import BASE_DIR, live_daphne  # noqa: F401  (fixture)
+from tests.test_board_browser import chromium, new_page, wait_live  # noqa: F401  (fixtures)
+from tests.test_board_notify_browser import shot
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def run_shown_command(command: str, state_dir: Path) -> subprocess.CompletedProcess:
+    """The board's command as a person would paste it, with this test's interpreter for
+    ``python`` and a private state directory instead of ``~/.runstead``."""
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "manage.py", "pair_worker"], argv
+    return subprocess.run([sys.executable, *argv[1:], "--state-dir", str(state_dir)], cwd=BASE_DIR,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_b10_pair_a_machine_from_the_board_and_it_appears_live(live_daphne, new_page, owner, tmp_path):
+    from playwright.sync_api import expect
+
+    from tasks_app.models import Machine
+
+    url = live_daphne()
+    page = new_page(url, owner, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    dialogs = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.accept()))
+    page.goto(url + "/")
+    wait_live(page)
+    page.fill("#pair-form [name=name]", "work-mac")
+    page.click("#pair-form button[type=submit]")
+    expect(page.locator("#pairing")).to_be_visible()
+    expect(page.locator("#pair-expiry")).to_contain_text("expires in 9:5")  # 10 min (K1), counting down
+    assert dialogs and "pairing code" in dialogs[0]
+    command = page.locator("#pair-command").text_content()
+    code = page.locator("#pair-code").text_content()
+    assert command == f"python manage.py pair_worker --server {url} --code {code} --name work-mac"
+    shot(page, "machines-pairing-phone.png")
+
+    result = run_shown_command(command, tmp_path / "state")
+    assert result.returncode == 0, result.stderr
+
+    machine = Machine.objects.get(owner=owner, name="work-mac")
+    expect(page.locator("#pair-result")).to_have_text("Paired: work-mac is connected.")
+    expect(page.locator(f"#machine-list li[data-machine-id='{machine.id}']")).to_contain_text("work-mac")
+    expect(page.locator(f"#manage-list li[data-manage-machine='{machine.id}']")).to_be_visible()
+    assert (tmp_path / "state" / "token").exists() or any((tmp_path / "state").iterdir())
+
+
+def test_b10_grant_and_revoke_a_folder_with_confirmations(live_daphne, new_page, owner, machine, tmp_path):
+    from playwright.sync_api import expect
+
+    from tasks_app.models import Grant
+
+    folder = tmp_path / "projects"
+    folder.mkdir()
+    url = live_daphne()
+    page = new_page(url, owner)
+    answers = iter([False, True, True])  # the first confirmation is declined: nothing happens
+    dialogs = []
+
+    def on_dialog(d):
+        dialogs.append(d.message)
+        d.accept() if next(answers) else d.dismiss()
+
+    page.on("dialog", on_dialog)
+    page.goto(url + "/")
+    wait_live(page)
+    row = page.locator(f"#manage-list li[data-manage-machine='{machine.id}']")
+    row.locator("input[name=path]").fill(str(folder))
+    row.locator(".grant-form button").click()
+    expect(page.locator("#manage-status")).to_have_text("")
+    assert Grant.objects.count() == 0
+    row.locator(".grant-form button").click()
+    expect(page.locator("#manage-status")).to_have_text(f"Granted {folder} to laptop.")
+    grant_row = row.locator(f"li[data-grant-path='{folder}']")
+    expect(grant_row).to_be_visible()
+    grant = Grant.objects.get(machine=machine, path=str(folder), revoked_at__isnull=True)
+    # The task form now offers the granted folder for this machine.
+    expect(page.locator(f"#folder-options option[value='{folder}']")).to_have_count(1)
+    shot(page, "machines-grant-desktop.png")
+    grant_row.locator("button[data-action=revoke]").click()
+    expect(grant_row).to_have_count(0)
+    grant.refresh_from_db()
+    assert grant.revoked_at is not None
+    assert [d.split("?")[0] for d in dialogs] == [f"Let laptop run agents in {folder} and below"] * 2 + [
+        f"Revoke laptop's access to {folder}"]
