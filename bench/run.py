@@ -1,0 +1,556 @@
+#!/usr/bin/env python
+"""RunStead's benchmark (SPEC D, issue 14): one command, a table on stdout, JSON on disk.
+
+Needs PostgreSQL and Redis (``DATABASE_URL``, ``REDIS_URL``): it creates a scratch
+database ``bench_<pid>`` on that server (dropped afterwards) and uses its own channel
+prefix on that Redis. Sections (``--sections``, comma separated; all by default):
+
+- ``idle``: N simulated workers (``--workers``, default 10,100,1000) long-polling
+  ``GET /api/worker/messages/?wait=25`` on ONE daphne process, from one asyncio client
+  process over raw sockets. Over a quiet window: service CPU (% of one core, psutil on the
+  daphne pid), database transactions/s (``pg_stat_database.xact_commit`` delta of the
+  scratch database), service threads. Then tasks submitted meanwhile: acceptance latency
+  (POST -> 201) and delivery latency (POST sent -> the simulated worker's pull answers
+  with it).
+- ``http``: acceptance (new keys), replay (the same keys again, A2) and a bare
+  authenticated read (``GET /api/budget/``: token auth + one read) in each serving shape
+  (``daphne``: one daphne process; ``gunicorn``: 2 workers x 4 threads, the production
+  shape of ``/api/``), at 1, 8 and 32 connections.
+- ``board``: 1, 100, 500 board WebSockets of one owner; a marker write that makes a new
+  session busy -> ``session.status`` on every socket.
+- ``worker``: a real paired ``manage.py worker`` at rest: CPU seconds per minute, RSS.
+
+Usage (after README's set-up)::
+
+    DATABASE_URL=postgresql://runstead:runstead@127.0.0.1:5432/runstead \\
+    REDIS_URL=redis://127.0.0.1:6390/0 .venv/bin/python bench/run.py --label after
+
+The client runs on the same machine and takes CPU from the server; the JSON records the
+machine's load average at the start so runs on a busy machine can be told apart.
+"""
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+READY_TIMEOUT_S = 30.0
+WAIT_S = 25
+DELIVERY_TIMEOUT_S = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))] * 1000, 1)
+
+
+def lat(values: list[float]) -> dict:
+    return {"n": len(values), "p50_ms": pct(values, 0.5), "p99_ms": pct(values, 0.99), "max_ms": pct(values, 1.0)}
+
+
+# --- servers ----------------------------------------------------------------------------
+
+
+class Server:
+    """One service process in a given shape (``daphne`` or ``gunicorn``)."""
+
+    def __init__(self, shape: str, env: dict):
+        self.shape = shape
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix=f"bench-{shape}-", suffix=".log", delete=False)
+        if shape == "daphne":
+            argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"]
+        else:
+            argv = [sys.executable, "-m", "gunicorn", "-w", "2", "--threads", "4", "-b", f"127.0.0.1:{self.port}",
+                    "--log-level", "warning", "config.wsgi:application"]
+        self.process = subprocess.Popen(
+            argv, cwd=BASE_DIR, stdout=self.log, stderr=subprocess.STDOUT,
+            env={**os.environ, **env, "RUNSTEAD_EMBEDDED_SWEEP": "0", "RUNSTEAD_LOG_LEVEL": "WARNING"},
+        )
+        import httpx
+
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                httpx.get(self.url + "/accounts/login/", timeout=1.0)
+                return
+            except httpx.HTTPError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    raise RuntimeError(f"{shape} did not start; see {self.log.name}")
+                time.sleep(0.1)
+
+    def processes(self):
+        import psutil
+
+        top = psutil.Process(self.process.pid)
+        return [top, *top.children(recursive=True)]
+
+    def cpu_s(self) -> float:
+        return sum(p.cpu_times().user + p.cpu_times().system for p in self.processes())
+
+    def threads(self) -> int:
+        return sum(p.num_threads() for p in self.processes())
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+# --- a minimal HTTP/1.1 client over asyncio streams (cheap enough for 1,000 workers) ----
+
+
+class Conn:
+    def __init__(self, port: int):
+        self.port = port
+        self.reader = self.writer = None
+
+    async def request(self, method: str, path: str, headers: dict, body: bytes = b"", timeout: float = 60.0):
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        self.writer.write(head.encode() + body)
+        try:
+            return await asyncio.wait_for(self._response(), timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    async def _response(self):
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("closed")
+        status = int(status_line.split()[1])
+        length, chunked, close = None, False, False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            name, value = name.strip().lower(), value.strip()
+            if name == "content-length":
+                length = int(value)
+            elif name == "transfer-encoding" and "chunked" in value.lower():
+                chunked = True
+            elif name == "connection" and value.lower() == "close":
+                close = True
+        if chunked:
+            body = b""
+            while True:
+                size = int((await self.reader.readline()).strip(), 16)
+                if size == 0:
+                    await self.reader.readline()
+                    break
+                body += await self.reader.readexactly(size)
+                await self.reader.readline()
+        elif length is not None:
+            body = await self.reader.readexactly(length)
+        else:
+            body = await self.reader.read()
+            close = True
+        if close:
+            self.close()
+        return status, body
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+# --- fixtures in the scratch database -------------------------------------------------
+
+
+def setup_data(n_machines: int) -> dict:
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from rest_framework.authtoken.models import Token
+
+    from tasks_app.auth import token_digest
+    from tasks_app.models import Budget, Grant, Machine
+
+    user = get_user_model().objects.create_user(f"bench-{uuid.uuid4().hex[:8]}")
+    Budget.objects.update_or_create(owner=user, defaults={"limit_s": 1e12})
+    token = Token.objects.create(user=user).key
+    tokens = [f"bench-machine-{i}-{uuid.uuid4().hex}" for i in range(n_machines)]
+    machines = Machine.objects.bulk_create(
+        [Machine(owner=user, name=f"m{i}", generation=1, token_hash=token_digest(t), paired=True) for i, t in enumerate(tokens)]
+    )
+    Grant.objects.bulk_create([Grant(owner=user, machine=m, path="/bench") for m in machines])
+    connection.close()
+    return {"user": user, "token": token, "machines": [str(m.id) for m in machines], "machine_tokens": tokens}
+
+
+def xact_commit(dbname: str) -> int:
+    import psycopg
+
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        return conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [dbname]).fetchone()[0]
+
+
+# --- sections -------------------------------------------------------------------------
+
+
+def section_idle(counts: list[int], env: dict, dbname: str, window_s: float, tasks: int) -> list[dict]:
+    rows = []
+    data = setup_data(max(counts))
+    for n in counts:
+        server = Server("daphne", env)
+        try:
+            rows.append(asyncio.run(_idle(server, data, n, dbname, window_s, tasks)))
+        finally:
+            server.stop()
+        print(f"  idle {n}: {rows[-1]}", file=sys.stderr)
+    return rows
+
+
+async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float, tasks: int) -> dict:
+    delivered: dict[str, float] = {}
+    errors = {"pull": 0}
+    stop = asyncio.Event()
+
+    async def worker(i: int):
+        conn = Conn(server.port)
+        headers = {"Authorization": f"Machine {data['machine_tokens'][i]}"}
+        while not stop.is_set():
+            try:
+                status, body = await conn.request("GET", f"/api/worker/messages/?wait={WAIT_S}", headers, timeout=WAIT_S + 15)
+            except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError):
+                errors["pull"] += 1
+                await asyncio.sleep(0.5)
+                continue
+            if status != 200:
+                errors["pull"] += 1
+                await asyncio.sleep(0.5)
+                continue
+            now = time.perf_counter()
+            for message in json.loads(body)["messages"]:
+                task_id = message["payload"].get("task_id")
+                if task_id:
+                    delivered.setdefault(task_id, now)
+                try:
+                    await conn.request("POST", f"/api/worker/messages/{message['id']}/ack/", headers, timeout=30)
+                except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                    errors["pull"] += 1
+        conn.close()
+
+    workers = []
+    for i in range(n):  # ramp up over about two seconds
+        workers.append(asyncio.create_task(worker(i)))
+        if i % 50 == 49:
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(5.0)
+    cpu0, x0, t0 = server.cpu_s(), xact_commit(dbname), time.perf_counter()
+    threads_max = server.threads()
+    while time.perf_counter() - t0 < window_s:
+        await asyncio.sleep(1.0)
+        threads_max = max(threads_max, server.threads())
+    elapsed = time.perf_counter() - t0
+    cpu1, x1 = server.cpu_s(), xact_commit(dbname)
+
+    accept, delivery, submitted, accept_errors = [], [], {}, 0
+    owner = Conn(server.port)
+    owner_headers = {"Authorization": f"Token {data['token']}", "Content-Type": "application/json"}
+    for k in range(tasks):
+        machine = data["machines"][random.randrange(n)]
+        body = json.dumps({"machine": machine, "folder": f"/bench/idle-{uuid.uuid4().hex}", "agent": "bench",
+                           "prompt": "p", "max_runtime_s": 1}).encode()
+        sent = time.perf_counter()
+        try:
+            status, answer = await owner.request(
+                "POST", "/api/tasks/", {**owner_headers, "Idempotency-Key": uuid.uuid4().hex}, body, timeout=DELIVERY_TIMEOUT_S
+            )
+        except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            accept_errors += 1
+            continue
+        if status != 201:
+            accept_errors += 1
+            continue
+        accept.append(time.perf_counter() - sent)
+        submitted[json.loads(answer)["id"]] = sent
+        await asyncio.sleep(0.5)
+    deadline = time.perf_counter() + DELIVERY_TIMEOUT_S
+    while time.perf_counter() < deadline and not all(t in delivered for t in submitted):
+        await asyncio.sleep(0.05)
+    delivery = [delivered[t] - sent for t, sent in submitted.items() if t in delivered]
+    stop.set()
+    for task in workers:
+        task.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    owner.close()
+    return {
+        "workers": n,
+        "cpu_pct": round(100 * (cpu1 - cpu0) / elapsed, 1),
+        "db_xact_per_s": round((x1 - x0) / elapsed, 1),
+        "threads": threads_max,
+        "accept": {**lat(accept), "errors": accept_errors},
+        "delivery": {**lat(delivery), "undelivered": len(submitted) - len(delivery)},
+        "pull_errors": errors["pull"],
+    }
+
+
+def section_http(shapes: list[str], env: dict, duration_s: float, conns: list[int]) -> list[dict]:
+    data = setup_data(1)
+    rows = []
+    for shape in shapes:
+        try:
+            server = Server(shape, env)
+        except RuntimeError as exc:
+            print(f"  {shape}: {exc}", file=sys.stderr)
+            continue
+        try:
+            for c in conns:
+                keys = []
+                for what in ("bare", "accept", "replay"):
+                    row = asyncio.run(_http(server, data, what, c, duration_s, keys))
+                    rows.append({"shape": shape, "what": what, "connections": c, **row})
+                    print(f"  http {shape} {what} x{c}: {row}", file=sys.stderr)
+        finally:
+            server.stop()
+    return rows
+
+
+async def _http(server: Server, data: dict, what: str, c: int, duration_s: float, keys: list) -> dict:
+    headers = {"Authorization": f"Token {data['token']}", "Content-Type": "application/json"}
+    latencies, statuses = [], {}
+    end = time.perf_counter() + duration_s
+    replay = list(keys)
+
+    async def client(idx: int):
+        conn = Conn(server.port)
+        j = idx
+        while time.perf_counter() < end:
+            if what == "bare":
+                args = ("GET", "/api/budget/", headers, b"")
+            else:
+                if what == "accept":
+                    key = uuid.uuid4().hex
+                    keys.append(key)
+                else:
+                    if not replay:
+                        return
+                    key = replay[j % len(replay)]
+                    j += c
+                body = json.dumps({"machine": data["machines"][0], "folder": f"/bench/{key}", "agent": "bench",
+                                   "prompt": "p", "max_runtime_s": 1}).encode()
+                args = ("POST", "/api/tasks/", {**headers, "Idempotency-Key": key}, body)
+            t0 = time.perf_counter()
+            try:
+                status, _ = await conn.request(*args, timeout=60)
+            except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                status = "error"
+            latencies.append(time.perf_counter() - t0)
+            statuses[status] = statuses.get(status, 0) + 1
+        conn.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(c)))
+    elapsed = time.perf_counter() - t0
+    return {"req_per_s": round(len(latencies) / elapsed, 1), **lat(latencies), "statuses": {str(k): v for k, v in statuses.items()}}
+
+
+def section_board(counts: list[int], env: dict, rounds: int) -> list[dict]:
+    data = setup_data(0)
+    server = Server("daphne", env)
+    rows = []
+    try:
+        for n in counts:
+            rows.append(asyncio.run(_board(server, data, n, rounds)))
+            print(f"  board {n}: {rows[-1]}", file=sys.stderr)
+    finally:
+        server.stop()
+    return rows
+
+
+async def _board(server: Server, data: dict, n: int, rounds: int) -> dict:
+    import websockets
+
+    headers = {"Authorization": f"Token {data['token']}"}
+    sockets = []
+    failed = 0
+    for _ in range(n):
+        try:
+            sockets.append(await websockets.connect(f"ws://127.0.0.1:{server.port}/ws/board/", additional_headers=headers,
+                                                    open_timeout=30, max_queue=None))
+        except Exception:
+            failed += 1
+    owner = Conn(server.port)
+    latencies, missing = [], 0
+    for _ in range(rounds):
+        session_id = str(uuid.uuid4())
+        body = json.dumps({"turn_id": uuid.uuid4().hex, "device_id": "bench", "state": "running"}).encode()
+
+        async def first_status(ws, sent_box):
+            while True:
+                event = json.loads(await ws.recv())
+                if event.get("type") == "session.status" and event.get("session_id") == session_id:
+                    return time.perf_counter()
+
+        box = [0.0]
+        waiters = [asyncio.create_task(first_status(ws, box)) for ws in sockets]
+        sent = time.perf_counter()
+        status, _ = await owner.request("PUT", f"/api/sessions/{session_id}/marker/",
+                                        {**headers, "Content-Type": "application/json"}, body, timeout=30)
+        done, pending = await asyncio.wait(waiters, timeout=10)
+        for task in pending:
+            task.cancel()
+            missing += 1
+        latencies += [t.result() - sent for t in done if not t.exception()]
+    for ws in sockets:
+        await ws.close()
+    owner.close()
+    return {"sockets": n, "connect_failed": failed, "rounds": rounds, **lat(latencies), "missing": missing}
+
+
+def section_worker(env: dict, seconds: float) -> dict:
+    import httpx
+    import psutil
+
+    data = setup_data(0)
+    server = Server("daphne", env)
+    state = tempfile.mkdtemp(prefix="bench-worker-")
+    try:
+        code = httpx.post(server.url + "/api/machines/pairing-codes/", json={"name": "rest"},
+                          headers={"Authorization": f"Token {data['token']}"}).json()["code"]
+        subprocess.run([sys.executable, "manage.py", "pair_worker", "--server", server.url, "--code", code,
+                        "--state-dir", state + "/s"], cwd=BASE_DIR, env={**os.environ, **env}, check=True, capture_output=True)
+        config = Path(state) / "worker.toml"
+        config.write_text(f'allowed_roots = ["{state}"]\n[profiles.demo]\nargv = ["true"]\n')
+        worker = subprocess.Popen([sys.executable, "manage.py", "worker", "--server", server.url, "--state-dir", state + "/s",
+                                   "--config", str(config)], cwd=BASE_DIR, env={**os.environ, **env},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(5)
+            proc = psutil.Process(worker.pid)
+            c0 = proc.cpu_times()
+            time.sleep(seconds)
+            c1 = proc.cpu_times()
+            cpu = (c1.user + c1.system) - (c0.user + c0.system)
+            return {"cpu_s_per_min": round(cpu * 60 / seconds, 3), "rss_mb": round(proc.memory_info().rss / 2**20, 1),
+                    "threads": proc.num_threads(), "seconds": seconds}
+        finally:
+            worker.terminate()
+            worker.wait(30)
+    finally:
+        server.stop()
+
+
+# --- the table ------------------------------------------------------------------------
+
+
+def table(report: dict) -> str:
+    out = [f"RunStead bench '{report['label']}' at {report['started']} (load average {report['loadavg']}, "
+           f"{report['cpus']} CPUs, git {report['git']})"]
+    if report.get("idle"):
+        out.append("\nidle workers, one daphne | CPU % core | DB xact/s | threads | accept p50/p99 ms | delivered p50/p99 ms (undelivered) | pull errors")
+        for r in report["idle"]:
+            a, d = r["accept"], r["delivery"]
+            out.append(f"  {r['workers']:>5} | {r['cpu_pct']:>6} | {r['db_xact_per_s']:>7} | {r['threads']:>5} | "
+                       f"{a['p50_ms']}/{a['p99_ms']} ({a['errors']} err) | {d['p50_ms']}/{d['p99_ms']} ({d['undelivered']}) | {r['pull_errors']}")
+    if report.get("http"):
+        out.append("\nHTTP shape | what | conns | req/s | p50 ms | p99 ms | statuses")
+        for r in report["http"]:
+            out.append(f"  {r['shape']:<8} | {r['what']:<6} | {r['connections']:>3} | {r['req_per_s']:>7} | {r['p50_ms']} | {r['p99_ms']} | {r['statuses']}")
+    if report.get("board"):
+        out.append("\nboard sockets | push p50 ms | p99 ms | max ms | missing | connect failed")
+        for r in report["board"]:
+            out.append(f"  {r['sockets']:>4} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | {r['missing']} | {r['connect_failed']}")
+    if report.get("worker"):
+        w = report["worker"]
+        out.append(f"\nworker at rest: {w['cpu_s_per_min']} CPU s/min, RSS {w['rss_mb']} MB, {w['threads']} threads")
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--label", default="run")
+    parser.add_argument("--sections", default="idle,http,board,worker")
+    parser.add_argument("--workers", default="10,100,1000")
+    parser.add_argument("--sockets", default="1,100,500")
+    parser.add_argument("--shapes", default="daphne,gunicorn")
+    parser.add_argument("--connections", default="1,8,32")
+    parser.add_argument("--window", type=float, default=15.0, help="idle measurement window, seconds")
+    parser.add_argument("--tasks", type=int, default=10, help="tasks submitted per idle step")
+    parser.add_argument("--http-seconds", type=float, default=4.0)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--worker-seconds", type=float, default=30.0)
+    parser.add_argument("--out", help="JSON path (default bench/results/LABEL.json)")
+    args = parser.parse_args()
+    if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
+        parser.error("set DATABASE_URL (PostgreSQL) and REDIS_URL")
+    os.chdir(BASE_DIR)
+    sys.path.insert(0, str(BASE_DIR))
+
+    import psycopg
+
+    dbname = f"bench_{os.getpid()}"
+    admin_url = os.environ["DATABASE_URL"]
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {dbname}")
+    parts = urlsplit(admin_url)
+    env = {"DATABASE_URL": urlunsplit(parts._replace(path="/" + dbname)),
+           "RUNSTEAD_CHANNEL_PREFIX": f"bench{os.getpid()}", "DJANGO_SETTINGS_MODULE": "config.settings"}
+    os.environ.update(env)
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BASE_DIR, capture_output=True, text=True).stdout.strip()
+    report = {"label": args.label, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "git": git}
+    sections = args.sections.split(",")
+    try:
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        from django.db import connection
+
+        connection.close()
+        if "http" in sections:
+            report["http"] = section_http(args.shapes.split(","), env, args.http_seconds, [int(x) for x in args.connections.split(",")])
+        if "board" in sections:
+            report["board"] = section_board([int(x) for x in args.sockets.split(",")], env, args.rounds)
+        if "worker" in sections:
+            report["worker"] = section_worker(env, args.worker_seconds)
+        if "idle" in sections:
+            report["idle"] = section_idle([int(x) for x in args.workers.split(",")], env, dbname, args.window, args.tasks)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
+        report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+        out = Path(args.out or BASE_DIR / "bench" / "results" / f"{args.label}.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2))
+        print(table(report))
+        print(f"\nJSON: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
