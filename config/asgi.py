@@ -14,6 +14,9 @@ from channels.routing import ProtocolTypeRouter  # noqa: E402
 from sessions_app.routing import websocket_application  # noqa: E402
 from config import server_hooks  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_application})
+from tasks_app import longpoll  # noqa: E402
+
+# The worker long-poll bypasses Django's handler so it waits without a thread (D1, D2).
+application = ProtocolTypeRouter({"http": longpoll.route(django_asgi_app), "websocket": websocket_application})
 
 server_hooks.install()

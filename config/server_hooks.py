@@ -35,4 +35,7 @@ def install() -> None:
 
         notify_interval_s = settings.RUNSTEAD_NOTIFY_INTERVAL_S
         reactor.callWhenRunning(lambda: asyncio.ensure_future(notify_loop(notify_interval_s)))
+    from tasks_app.longpoll import stop_all
+
     reactor.addSystemEventTrigger("before", "shutdown", server_stopping.set)
+    reactor.addSystemEventTrigger("before", "shutdown", stop_all)

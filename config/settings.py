@@ -192,6 +192,8 @@ RUNSTEAD_IDEMPOTENCY_RETENTION_S = env_seconds("RUNSTEAD_IDEMPOTENCY_RETENTION_S
 RUNSTEAD_MESSAGE_VISIBILITY_S = env_seconds("RUNSTEAD_MESSAGE_VISIBILITY_S", 60)
 RUNSTEAD_DEFAULT_BUDGET_S = env_seconds("RUNSTEAD_DEFAULT_BUDGET_S", 36000)
 RUNSTEAD_SWEEP_INTERVAL_S = env_seconds("RUNSTEAD_SWEEP_INTERVAL_S", 1)
+# D1: one query per process every this many seconds for all waiting long-polls.
+RUNSTEAD_LONGPOLL_RECHECK_S = env_seconds("RUNSTEAD_LONGPOLL_RECHECK_S", 5)
 RUNSTEAD_MACHINE_OFFLINE_S = env_seconds("RUNSTEAD_MACHINE_OFFLINE_S", 90)
 RUNSTEAD_PAIRING_CODE_TTL_S = env_seconds("RUNSTEAD_PAIRING_CODE_TTL_S", 600)
 # In-process sweep thread inside each daphne process (see tasks_app/apps.py); "0" turns it off.

@@ -1,6 +1,6 @@
 """Task API views: parse, authorise, call one service, render (SPEC H)."""
 from django.db import transaction
-from django.http import HttpResponse
+from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -184,8 +184,29 @@ class WorkerPair(APIView):
         )
 
 
+class PendingPull(HttpResponse):
+    """What ``WorkerMessages`` answers to ``tasks_app.longpoll`` when the pull has to wait:
+    the machine and the seconds left; never sent to a client."""
+
+    def __init__(self, *, machine_id: str, wait_s: float):
+        super().__init__(status=204)
+        self.machine_id = machine_id
+        self.wait_s = wait_s
+
+
+def messages_body(pulled) -> dict:
+    """The long-poll's answer ``{"messages": [{"id", "kind", "operation_id", "payload"}]}`` (H)."""
+    return {"messages": [{"id": str(m.id), "kind": m.kind, "operation_id": str(m.operation_id), "payload": m.payload} for m in pulled]}
+
+
+def messages_response(pulled) -> JsonResponse:
+    """``messages_body`` as a response, for ``tasks_app.longpoll``."""
+    return JsonResponse(messages_body(pulled))
+
+
 class WorkerMessages(MachineView):
-    """Long-poll the outbox (W2)."""
+    """Long-poll the outbox (W2, D1). Under daphne, ``tasks_app.longpoll`` runs this view
+    for the checks and the first take, then waits without a thread; elsewhere it waits here."""
 
     @extend_schema(
         parameters=[OpenApiParameter("wait", float, description="seconds to wait, at most 25")],
@@ -198,10 +219,15 @@ class WorkerMessages(MachineView):
             wait = -1
         if not 0 <= wait <= messages.MAX_WAIT_S:
             return Response({"error": "invalid_wait", "detail": "wait must be 0..25 seconds"}, status=400)
-        pulled = messages.messages_pull(machine=request_machine(request), wait_s=wait)
-        return Response(
-            {"messages": [{"id": str(m.id), "kind": m.kind, "operation_id": str(m.operation_id), "payload": m.payload} for m in pulled]}
-        )
+        machine = request_machine(request)
+        if getattr(request._request, "runstead_async_pull", False):
+            taken = messages.messages_take(machine_id=machine.pk, now=clock.now(), new_pull=True)
+            if not taken and wait > 0:
+                return PendingPull(machine_id=str(machine.pk), wait_s=wait)
+            response = Response(messages_body(taken))
+            response.runstead_machine, response.runstead_taken = machine.pk, [m.id for m in taken]
+            return response
+        return Response(messages_body(messages.messages_pull(machine=machine, wait_s=wait)))
 
 
 class WorkerMessageAck(MachineView):

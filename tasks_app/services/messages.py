@@ -1,4 +1,5 @@
-"""The worker's outbox pull and acknowledgement (SPEC W2, H)."""
+"""The worker's outbox pull and acknowledgement (SPEC W2, D1, H)."""
+import logging
 import threading
 import time
 from datetime import datetime, timedelta
@@ -16,39 +17,106 @@ MAX_WAIT_S = 25
 POLL_SLICE_S = 0.2
 BATCH = 20
 
+log = logging.getLogger("runstead.messages")
+
 
 # Set when the server begins to stop (config/server_hooks.py): waiting pulls return.
 server_stopping = threading.Event()
 
 
 def messages_pull(*, machine: Machine, wait_s: float) -> list[OutboxMessage]:
-    """Long-poll for up to ``wait_s`` seconds (<= 25) for the machine's visible,
-    unacknowledged messages, holding no transaction while waiting; returns early (empty)
-    when the server stops. Each returned message becomes invisible for
-    RUNSTEAD_MESSAGE_VISIBILITY_S seconds and is delivered again if not acknowledged by
-    then (W2)."""
+    """Long-poll in the calling thread (WSGI, the test client) for up to ``wait_s``
+    seconds (<= 25): first the machine's delivered but unacknowledged messages (a new pull
+    means the previous connection is gone, D1), then visible ones, polling every
+    POLL_SLICE_S without holding a transaction; returns early (empty) when the server
+    stops. Under daphne, ``tasks_app.longpoll`` waits without a thread instead. Each
+    returned message becomes invisible for RUNSTEAD_MESSAGE_VISIBILITY_S seconds and is
+    delivered again if not acknowledged by then (W2)."""
     deadline = time.monotonic() + max(0.0, min(wait_s, MAX_WAIT_S))
+    new_pull = True
     while True:
-        claimed = _claim(machine, now=clock.now())
+        claimed = messages_take(machine_id=machine.pk, now=clock.now(), new_pull=new_pull)
+        new_pull = False
         if claimed or time.monotonic() >= deadline or server_stopping.wait(POLL_SLICE_S):
             return claimed
 
 
-def _claim(machine: Machine, *, now: datetime) -> list[OutboxMessage]:
+def messages_take(*, machine_id, now: datetime, new_pull: bool) -> list[OutboxMessage]:
+    """Take up to BATCH of the machine's unacknowledged messages, oldest first: the
+    visible ones, and with ``new_pull`` also those delivered to an earlier pull and not
+    acknowledged (one poller per machine: that pull's connection is gone, D1). Each taken
+    message is hidden for RUNSTEAD_MESSAGE_VISIBILITY_S seconds (W2). Compare-and-set per
+    message, so two concurrent pulls never both take one delivery."""
     visible_until = now + timedelta(seconds=settings.RUNSTEAD_MESSAGE_VISIBILITY_S)
-    candidates = list(
-        OutboxMessage.objects.filter(machine=machine, acked_at__isnull=True, visible_at__lte=now).values_list(
-            "id", "visible_at"
-        )[:BATCH]
-    )
+    pending = OutboxMessage.objects.filter(machine_id=machine_id, acked_at__isnull=True)
+    if not new_pull:
+        pending = pending.filter(visible_at__lte=now)
+    candidates = list(pending.order_by("created_at", "id").values_list("id", "visible_at")[:BATCH])
+    if not candidates:
+        return []
     claimed = []
-    for message_id, seen_visible_at in candidates:
-        # Compare-and-set, so two concurrent pulls never both take one delivery.
-        if OutboxMessage.objects.filter(pk=message_id, visible_at=seen_visible_at, acked_at__isnull=True).update(
-            visible_at=visible_until, deliveries=F("deliveries") + 1
-        ):
-            claimed.append(message_id)
+    with transaction.atomic():
+        for message_id, seen_visible_at in candidates:
+            if OutboxMessage.objects.filter(pk=message_id, visible_at=seen_visible_at, acked_at__isnull=True).update(
+                visible_at=visible_until, deliveries=F("deliveries") + 1
+            ):
+                claimed.append(message_id)
     return list(OutboxMessage.objects.filter(pk__in=claimed).order_by("created_at", "id"))
+
+
+def messages_release(*, machine_id, message_ids, now: datetime | None = None) -> int:
+    """Make messages that a pull took but could not hand over (its client disconnected)
+    visible again at once, and wake the machine's pulls (D1). Returns how many."""
+    now = now or clock.now()
+    released = OutboxMessage.objects.filter(machine_id=machine_id, pk__in=list(message_ids), acked_at__isnull=True).update(
+        visible_at=now
+    )
+    if released:
+        machine_notify(machine_id)
+    return released
+
+
+def machines_with_visible_messages(machine_ids) -> set[str]:
+    """Of ``machine_ids``, those with a visible unacknowledged message now: the long-poll's
+    one safety re-check for all waiting pulls of a process (D1). One query per 500 ids."""
+    now = clock.now()
+    ids = list(machine_ids)
+    found = set()
+    for start in range(0, len(ids), 500):
+        found.update(
+            str(m)
+            for m in OutboxMessage.objects.filter(
+                machine_id__in=ids[start : start + 500], acked_at__isnull=True, visible_at__lte=now
+            ).values_list("machine_id", flat=True).distinct()
+        )
+    return found
+
+
+def machine_notify(machine_id) -> None:
+    """Wake the machine's waiting pulls: those of this process directly, those of other
+    processes through the channel layer group ``machine.<id>`` (Redis). Best effort: a
+    layer failure is logged and the long-poll's safety re-check delivers instead (D1);
+    nothing that calls this depends on Redis being up."""
+    from tasks_app import longpoll
+
+    longpoll.wake_local(machine_id)
+    if not longpoll.Waiters._layer_remote():
+        return
+    from asgiref.sync import async_to_sync
+    from channels.layers import get_channel_layer
+
+    try:
+        async_to_sync(get_channel_layer().group_send)(
+            longpoll.machine_group(machine_id), {"type": "machine.wake", "machine_id": str(machine_id)}
+        )
+    except Exception as exc:
+        log.warning("machine wake-up over the channel layer failed (%s); the re-check delivers", exc)
+
+
+def machine_notify_after_commit(machine_id) -> None:
+    """``machine_notify`` once the current transaction commits (D1: the message is
+    visible to the pull it wakes)."""
+    transaction.on_commit(lambda: machine_notify(machine_id), robust=True)
 
 
 def message_ack(*, machine: Machine, message_id, now: datetime) -> None:

@@ -130,9 +130,13 @@ def message_send(task: Task, *, kind: str, now: datetime, **extra) -> OutboxMess
             session_id=str(task.session_id) if task.session_id else None,
             deep_research=task.deep_research,
         )
-    return OutboxMessage.objects.create(
+    from tasks_app.services.messages import machine_notify_after_commit  # messages imports this module
+
+    message = OutboxMessage.objects.create(
         machine_id=task.machine_id, operation=operation, kind=kind, payload=payload, created_at=now, visible_at=now
     )
+    machine_notify_after_commit(task.machine_id)  # D1: wake the machine's waiting pull
+    return message
 
 
 def start_window_deadline(now: datetime) -> datetime:
