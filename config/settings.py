@@ -141,7 +141,7 @@ REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "config.channel_layer.RetryingRedisChannelLayer",
             "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("RUNSTEAD_CHANNEL_PREFIX", "runstead")},
         }
     }

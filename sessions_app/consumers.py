@@ -6,11 +6,22 @@ put an Authorization header on a WebSocket, so a token connection skips the orig
 without opening a cross-site hole. Anonymous connections are refused (the handshake gets
 HTTP 403). The consumer never reads or decides anything: it forwards ``board.event``
 messages sent by ``sessions_app.broadcast.broadcast`` as JSON text.
+
+The channel layer (Redis in production) may fail: a handshake then never answers 500. The
+socket opens and closes at once with LAYER_DOWN_CLOSE_CODE, which the page shows as
+"live updates paused" while it hydrates over HTTP (B4) and retries. The layer retries a
+call that fails on a connection left over from before a Redis restart
+(``config/channel_layer.py``), so the first handshake after recovery works (D, B2).
 """
+import asyncio
 import json
+import logging
 
 from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
+from channels.layers import get_channel_layer
+from channels.utils import await_many_dispatch
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.contrib.auth.models import AnonymousUser
@@ -18,25 +29,81 @@ from django.contrib.auth.models import AnonymousUser
 from sessions_app.broadcast import owner_group
 
 TOKEN_KEYWORD = "Token"
+# Close code of a socket that the service cannot feed because its channel layer is down.
+LAYER_DOWN_CLOSE_CODE = 4503
+
+log = logging.getLogger("runstead.board")
+
+
 
 
 class BoardConsumer(AsyncWebsocketConsumer):
     """One owner's live board feed. Client messages are ignored."""
 
     group = None
+    layer_down = False
+    opened = False
+    closed = False
+
+    async def __call__(self, scope, receive, send):
+        """channels' ``AsyncConsumer.__call__``, with a channel-layer receive whose failure
+        becomes a ``board.layer_down`` message instead of an exception that kills the
+        socket (a 500 during the handshake)."""
+        self.scope = scope
+        self.channel_layer = get_channel_layer(self.channel_layer_alias)
+        self.channel_name = await self.channel_layer.new_channel()
+        self.channel_receive = self._layer_receive
+        self.base_send = send
+        try:
+            await await_many_dispatch([receive, self.channel_receive], self.dispatch)
+        except StopConsumer:
+            pass
+
+    async def _layer_receive(self):
+        if self.layer_down:
+            await asyncio.Event().wait()  # nothing more from a failed layer; the client reconnects
+        try:
+            return await self.channel_layer.receive(self.channel_name)
+        except Exception as exc:
+            self.layer_down = True
+            log.warning("board: channel layer receive failed: %s", exc)
+            return {"type": "board.layer_down"}
 
     async def connect(self):
+        if self.closed:
+            return
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
             await self.close()  # before accept: the handshake is refused with 403
             return
-        self.group = owner_group(user.pk)
-        await self.channel_layer.group_add(self.group, self.channel_name)
+        group = owner_group(user.pk)
+        try:
+            await self.channel_layer.group_add(group, self.channel_name)
+        except Exception as exc:
+            log.warning("board: channel layer group_add failed: %s", exc)
+            await self.board_layer_down({})
+            return
+        self.group = group
         await self.accept()
+        self.opened = True
+
+    async def board_layer_down(self, message):
+        """The layer failed: open (if not yet) and close with LAYER_DOWN_CLOSE_CODE, so
+        the page hydrates over HTTP, shows the outage and retries."""
+        if self.closed:
+            return
+        if not self.opened:
+            await self.accept()
+            self.opened = True
+        self.closed = True
+        await self.close(code=LAYER_DOWN_CLOSE_CODE)
 
     async def disconnect(self, code):
         if self.group is not None:
-            await self.channel_layer.group_discard(self.group, self.channel_name)
+            try:
+                await self.channel_layer.group_discard(self.group, self.channel_name)
+            except Exception as exc:
+                log.warning("board: channel layer group_discard failed: %s", exc)
 
     async def receive(self, text_data=None, bytes_data=None):
         """The board is one-way; whatever a client sends is dropped."""

@@ -277,6 +277,7 @@
   var ws = null;
   var backoff = BACKOFF_MIN_MS;
   var reconnectTimer = null;
+  var LAYER_DOWN_CLOSE_CODE = 4503; // sessions_app/consumers.py
 
   function setConn(state, text) {
     var c = $("conn");
@@ -306,10 +307,16 @@
       // Other modules (notify.js, machines.js) listen; they never change the board's state.
       document.dispatchEvent(new CustomEvent("runstead:event", { detail: ev }));
     };
-    sock.onclose = function () {
+    sock.onclose = function (e) {
       if (ws !== sock) return;
       ws = null;
-      setConn("offline", "reconnecting…");
+      if (e && e.code === LAYER_DOWN_CLOSE_CODE) {
+        // The service is up but its push (channel layer) is not: show it, keep the page current over HTTP.
+        setConn("degraded", "live updates paused (server push down), retrying…");
+        hydrate();
+      } else {
+        setConn("offline", "reconnecting…");
+      }
       var delay = backoff * (0.5 + Math.random() * 0.5); // jitter
       backoff = Math.min(BACKOFF_MAX_MS, backoff * 2);
       reconnectTimer = setTimeout(connect, delay);
