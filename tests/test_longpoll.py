@@ -241,14 +241,18 @@ def test_d2_waiting_pulls_hold_no_thread_and_no_database_connection(live_daphne,
 
 
 def test_d3_daphne_exits_within_seconds_of_sigterm_with_waiting_pulls_and_open_sockets(owner, make_machine, transactional_db):
+    import contextlib
+
     import websockets.sync.client as ws_client
 
     server = DaphneServer({"RUNSTEAD_EMBEDDED_SWEEP": "0"})
     try:
         machines = [make_machine(owner, name=f"m{i}") for i in range(10)]
         pulls = [Background(_pull, server.url, m.test_token) for m in machines]
-        sockets = [ws_client.connect(server.url.replace("http", "ws") + "/ws/board/",
-                                     additional_headers={"Authorization": f"Token {owner.auth_token.key}"}) for _ in range(5)]
+        sockets = contextlib.ExitStack()
+        for _ in range(5):
+            sockets.enter_context(ws_client.connect(server.url.replace("http", "ws") + "/ws/board/",
+                                                    additional_headers={"Authorization": f"Token {owner.auth_token.key}"}))
         _wait_waiting(server.process.pid, server.port, 15)
         started = time.monotonic()
         server.process.terminate()
@@ -257,8 +261,7 @@ def test_d3_daphne_exits_within_seconds_of_sigterm_with_waiting_pulls_and_open_s
         assert took < 5, f"daphne needed {took:.1f} s to stop"
         for p in pulls:
             p.done.wait(5)
-        for s in sockets:
-            s.close()
+        sockets.close()
     finally:
         server.stop()
 
