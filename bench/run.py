@@ -34,7 +34,6 @@ import json
 import os
 import random
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -239,7 +238,7 @@ async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float
         while not stop.is_set():
             try:
                 status, body = await conn.request("GET", f"/api/worker/messages/?wait={WAIT_S}", headers, timeout=WAIT_S + 15)
-            except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError, IndexError):
+            except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
                 errors["pull"] += 1
                 await asyncio.sleep(0.5)
                 continue
@@ -254,7 +253,7 @@ async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float
                     delivered.setdefault(task_id, now)
                 try:
                     await conn.request("POST", f"/api/worker/messages/{message['id']}/ack/", headers, timeout=30)
-                except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError):
                     errors["pull"] += 1
         conn.close()
 
@@ -284,7 +283,7 @@ async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float
             status, answer = await owner.request(
                 "POST", "/api/tasks/", {**owner_headers, "Idempotency-Key": uuid.uuid4().hex}, body, timeout=DELIVERY_TIMEOUT_S
             )
-        except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+        except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError):
             accept_errors += 1
             continue
         if status != 201:
@@ -361,7 +360,7 @@ async def _http(server: Server, data: dict, what: str, c: int, duration_s: float
             t0 = time.perf_counter()
             try:
                 status, _ = await conn.request(*args, timeout=60)
-            except (OSError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError):
                 status = "error"
             latencies.append(time.perf_counter() - t0)
             statuses[status] = statuses.get(status, 0) + 1

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 import uuid
