@@ -13,11 +13,24 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
+from sessions_app.hooks import store
 from sessions_app.models import EndedTurn, Marker, Session
+from tests.hooks_support import stop_sender
 from tests.live import start_daphne
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BASE_DIR = Path(settings.BASE_DIR)
+
+
+@pytest.fixture(autouse=True)
+def hook_dir(tmp_path, monkeypatch):
+    """The wrapper's outbox (shared with the hooks, SPEC I1) in a folder of this test;
+    the sender it started is stopped afterwards."""
+    path = tmp_path / "hooks"
+    monkeypatch.setenv("RUNSTEAD_HOOK_DIR", str(path))
+    monkeypatch.setenv("RUNSTEAD_HOOK_SENDER_IDLE_S", "1")
+    yield path
+    stop_sender(path)
 
 
 def wrapper(url, token, session_id, *command, options=(), **popen):
@@ -150,14 +163,44 @@ def test_m5_wrapper_sweeps_its_device_at_start(server, owner):
     assert Session.objects.get(pk=sid).status == "idle"
 
 
-def test_m8_wrapper_runs_the_command_even_when_the_service_is_down(tmp_path):
+def test_m8_wrapper_runs_the_command_even_when_the_service_is_down(tmp_path, hook_dir):
     sid = uuid.uuid4()
     out_file = tmp_path / "out"
     proc = wrapper(
         "http://127.0.0.1:9", "t", sid, sys.executable, "-c", f"open({str(out_file)!r}, 'w').write('ran')",
-        options=["--ended-retry", "1"],
+        options=["--start-wait", "0.5", "--ended-wait", "0.5"],
     )
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0
     assert out_file.read_text() == "ran"
-    assert "could not publish" in err
+    assert "could not publish the running turn yet" in err and "could not publish the end of the turn yet" in err
+    # I1, R4: the three writes stay queued, in order, for the sender to deliver later.
+    with store.Outbox(hook_dir) as outbox:
+        rows = outbox.rows()
+    assert [(r.method, r.body and r.body["state"]) for r in rows] == [("POST", None), ("PUT", "running"),
+                                                                       ("PUT", "ended")]
+    assert {r.server for r in rows} == {"http://127.0.0.1:9"}
+
+
+def test_i1_wrapper_writes_queued_while_the_service_was_down_arrive_in_order_once_it_is_back(
+    server, tmp_path, hook_dir
+):
+    url, token = server
+    sid = uuid.uuid4()
+    # Queue a whole turn against the live service while the sender cannot run (the lock
+    # is held here), then let a sender deliver it.
+    from sessions_app.hooks.sender import try_lock
+
+    lock = try_lock(store.ensure_state_dir(hook_dir))
+    proc = wrapper(url, token, sid, sys.executable, "-c", "pass", options=["--start-wait", "0.2", "--ended-wait", "0.2"])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "queued" in err
+    assert not Marker.objects.filter(session_id=sid).exists()
+    os.close(lock)
+    from sessions_app.hooks.sender import ensure_sender
+
+    ensure_sender(hook_dir)
+    wait_for(lambda: Marker.objects.filter(session_id=sid, state="ended").exists())
+    marker = Marker.objects.get(session_id=sid)
+    assert marker.version == 2  # running then ended, in order, once each
+    assert Session.objects.get(pk=sid).status == "idle"

@@ -13,9 +13,14 @@ markers) it
    SIGTERM / SIGHUP, and exits with the command's status (128 + signal number when it
    died from a signal).
 
-Markers are display-only (M8): when the service cannot be reached the command still
-runs, with a warning on stderr. Server and token may come from ``RUNSTEAD_SERVER`` and
-``RUNSTEAD_TOKEN``. Uses no database.
+Markers are display-only (M8): the writes go through the hook outbox (SPEC I1; the same
+durable queue and detached sender as ``python -m sessions_app.hooks``), so when the
+service cannot be reached the command still runs, with a warning on stderr, and the
+writes are delivered in order once it is back (R4). Before the command starts the
+wrapper waits up to ``--start-wait`` seconds for the sweep and ``running`` to arrive;
+before it exits, up to ``--ended-wait`` seconds for ``ended``. Server and token may come
+from ``RUNSTEAD_SERVER`` and ``RUNSTEAD_TOKEN``; the outbox lives in ``--state-dir``
+(``RUNSTEAD_HOOK_DIR``, default ``~/.runstead/hooks``).
 """
 import argparse
 import os
@@ -25,45 +30,60 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 from urllib.parse import quote
 
-import httpx
 from django.core.management.base import BaseCommand, CommandError
 
-HTTP_TIMEOUT_S = 5.0
-ENDED_BUDGET_S = 15.0
-RETRY_BACKOFF_S = 0.5
+from sessions_app.hooks import sender, store
+
+START_WAIT_S = 2.0
+ENDED_WAIT_S = 15.0
+FLUSH_POLL_S = 0.02
 KILL_GRACE_S = 10.0
 POLL_S = 0.1
 FORWARDED = (signal.SIGTERM, signal.SIGHUP)
 
 
 class TurnClient:
-    """The three calls a turn makes (M5 sweep, M1 running / ended), over httpx."""
+    """The three writes a turn makes (M5 sweep, M1 running / ended), queued in the hook
+    outbox with this wrapper's own server and token, and delivered by the sender."""
 
-    def __init__(self, server: str, token: str, session_id: uuid.UUID, device_id: str, timeout_s: float):
-        self.http = httpx.Client(
-            base_url=server.rstrip("/"), headers={"Authorization": f"Token {token}"}, timeout=timeout_s
-        )
+    def __init__(self, server: str, token: str, session_id: uuid.UUID, device_id: str, state_dir: Path):
+        self.server, self.token = server.rstrip("/"), token
         self.session_id = session_id
         self.device_id = device_id
+        self.state_dir = store.ensure_state_dir(state_dir)
+        self.outbox = store.Outbox(self.state_dir)
 
-    def sweep(self) -> dict:
-        response = self.http.post(f"/api/devices/{quote(self.device_id, safe=':')}/sweep/")
-        response.raise_for_status()
-        return response.json()
+    def _queue(self, writes: list[dict]) -> list[int]:
+        seqs = self.outbox.enqueue(writes, server=self.server, token=self.token)
+        sender.ensure_sender(self.state_dir)
+        return seqs
 
-    def marker(self, *, turn_id: str, state: str, device_name: str, deep_research: bool) -> dict:
+    def sweep(self) -> list[int]:
+        return self._queue([{"method": "POST", "path": f"/api/devices/{quote(self.device_id, safe=':')}/sweep/",
+                             "body": None}])
+
+    def marker(self, *, turn_id: str, state: str, device_name: str, deep_research: bool) -> list[int]:
         body = {
             "turn_id": turn_id, "device_id": self.device_id, "device_name": device_name, "state": state,
             "deep_research": deep_research,
         }
-        response = self.http.put(f"/api/sessions/{self.session_id}/marker/", json=body)
-        response.raise_for_status()
-        return response.json()
+        return self._queue([{"method": "PUT", "path": f"/api/sessions/{self.session_id}/marker/", "body": body}])
+
+    def flush(self, seqs: list[int], timeout_s: float) -> bool:
+        """Waits up to ``timeout_s`` seconds until the sender has delivered ``seqs``."""
+        deadline = time.monotonic() + timeout_s
+        while self.outbox.pending(seqs):
+            if time.monotonic() >= deadline:
+                return False
+            sender.ensure_sender(self.state_dir)
+            time.sleep(FLUSH_POLL_S)
+        return True
 
     def close(self):
-        self.http.close()
+        self.outbox.close()
 
 
 class Command(BaseCommand):
@@ -78,7 +98,15 @@ class Command(BaseCommand):
         parser.add_argument("--device-name", default=socket.gethostname(), help="shown on the board (hostname)")
         parser.add_argument("--deep-research", action="store_true", help="60-minute expiry class (M2)")
         parser.add_argument(
-            "--ended-retry", type=float, default=ENDED_BUDGET_S, help="seconds to keep retrying `ended`"
+            "--start-wait", type=float, default=START_WAIT_S,
+            help="seconds to wait for `running` to be delivered before the command starts",
+        )
+        parser.add_argument(
+            "--ended-wait", "--ended-retry", dest="ended_wait", type=float, default=ENDED_WAIT_S,
+            help="seconds to wait for `ended` to be delivered before exiting (it stays queued)",
+        )
+        parser.add_argument(
+            "--state-dir", type=Path, default=None, help="hook state dir with the outbox (RUNSTEAD_HOOK_DIR)"
         )
         parser.add_argument("--kill-grace", type=float, default=KILL_GRACE_S, help="seconds before SIGKILL")
         parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- the agent command and its arguments")
@@ -93,11 +121,13 @@ class Command(BaseCommand):
             raise CommandError("--server and --token (or RUNSTEAD_SERVER and RUNSTEAD_TOKEN) are required")
         session_id = options["session"]
         device_id = f"{socket.gethostname()}:{session_id}"
-        client = TurnClient(options["server"], options["token"], session_id, device_id, HTTP_TIMEOUT_S)
+        state_dir = options["state_dir"] or store.default_state_dir()
+        client = TurnClient(options["server"], options["token"], session_id, device_id, state_dir)
         try:
             return_code = run_turn(
                 client, argv, device_name=options["device_name"], deep_research=options["deep_research"],
-                kill_grace_s=options["kill_grace"], ended_retry_s=options["ended_retry"], warn=self.warn,
+                kill_grace_s=options["kill_grace"], start_wait_s=options["start_wait"],
+                ended_wait_s=options["ended_wait"], warn=self.warn,
             )
         finally:
             client.close()
@@ -109,7 +139,7 @@ class Command(BaseCommand):
 
 
 def run_turn(client: TurnClient, argv: list[str], *, device_name: str, deep_research: bool, kill_grace_s: float,
-             ended_retry_s: float, warn) -> int:
+             start_wait_s: float, ended_wait_s: float, warn) -> int:
     """Sweep, ``running``, run ``argv``, ``ended``. Returns the exit status for the shell."""
     received: list[int] = []
     child: subprocess.Popen | None = None
@@ -124,14 +154,10 @@ def run_turn(client: TurnClient, argv: list[str], *, device_name: str, deep_rese
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, *FORWARDED)}
     turn_id = str(uuid.uuid4())
     try:
-        try:
-            client.sweep()
-        except httpx.HTTPError as error:
-            warn(f"startup sweep failed: {error}")
-        try:
-            client.marker(turn_id=turn_id, state="running", device_name=device_name, deep_research=deep_research)
-        except httpx.HTTPError as error:
-            warn(f"could not publish the running turn: {error}")
+        seqs = client.sweep()
+        seqs += client.marker(turn_id=turn_id, state="running", device_name=device_name, deep_research=deep_research)
+        if not client.flush(seqs, start_wait_s):
+            warn("could not publish the running turn yet (queued; it is sent when the service answers)")
         if received:
             return 128 + received[0]
         try:
@@ -141,9 +167,9 @@ def run_turn(client: TurnClient, argv: list[str], *, device_name: str, deep_rese
             return 127
         return_code = wait_child(child, received, kill_grace_s)
     finally:
-        write_ended(
-            client, turn_id, device_name=device_name, deep_research=deep_research, budget_s=ended_retry_s, warn=warn
-        )
+        seqs = client.marker(turn_id=turn_id, state="ended", device_name=device_name, deep_research=deep_research)
+        if not client.flush(seqs, ended_wait_s):
+            warn("could not publish the end of the turn yet (queued; it is sent when the service answers)")
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 128 - return_code if return_code < 0 else return_code
@@ -164,28 +190,3 @@ def wait_child(child: subprocess.Popen, received: list[int], kill_grace_s: float
         if deadline is not None and time.monotonic() >= deadline and escalation:
             child.send_signal(escalation.pop(0))
             deadline = time.monotonic() + kill_grace_s
-
-
-def write_ended(
-    client: TurnClient, turn_id: str, *, device_name: str, deep_research: bool, budget_s: float, warn
-) -> None:
-    """``ended`` for this turn (M1, M6), retried for at most ``budget_s`` seconds: a lost
-    ``ended`` leaves the turn RUNNING on other devices until its expiry (M3)."""
-    deadline = time.monotonic() + budget_s
-    delay = RETRY_BACKOFF_S
-    while True:
-        try:
-            client.marker(turn_id=turn_id, state="ended", device_name=device_name, deep_research=deep_research)
-            return
-        except httpx.HTTPStatusError as error:
-            if error.response.status_code < 500:
-                warn(f"could not publish the end of the turn: {error}")
-                return
-            last = error
-        except httpx.HTTPError as error:
-            last = error
-        if time.monotonic() + delay >= deadline:
-            warn(f"could not publish the end of the turn: {last}")
-            return
-        time.sleep(delay)
-        delay *= 2

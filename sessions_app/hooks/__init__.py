@@ -1,0 +1,18 @@
+"""Agent CLI hooks (SPEC I): ``python -m sessions_app.hooks AGENT``.
+
+This package imports no Django and nothing that imports Django, so a hook starts in a
+few tens of milliseconds (I1). Modules:
+
+- ``store``: the hook state directory (mode 0700), its config file (server URL and owner
+  token, mode 0600) and the durable outbox (SQLite with W1's settings), which also keeps
+  each agent session's local state (open turn, known background jobs, attention).
+- ``mapping``: one pure function per CLI from a hook payload and the session's local
+  state to the writes it implies (I2-I4).
+- ``sender``: the detached process that delivers queued writes in order (R4).
+- ``install``: merging RunStead's entries into each CLI's user config (I5).
+"""
+import uuid
+
+# I2: RunStead session id = uuid5(RUNSTEAD_NAMESPACE, "<agent>:<agent session id>").
+RUNSTEAD_NAMESPACE = uuid.UUID("80bf71b1-6975-58ca-9896-94d5739ee39a")
+AGENTS = ("claude", "codex", "gemini", "opencode")

@@ -1,0 +1,398 @@
+"""From one agent CLI hook payload to the RunStead writes it implies (SPEC I2-I4, I6).
+
+Pure functions, no I/O and no Django: ``identify`` names the agent session a payload
+belongs to, ``handle`` turns the payload plus that session's local state (kept by the
+hook between calls, see ``store.Outbox.session_state``) into an ordered list of writes
+``{"method", "path", "body"}`` for the sender, updating the state in place.
+
+Local state per agent session: ``created`` (the session create was queued), ``titled``
+(the first prompt set the title), ``turn`` (the open turn's id, kept until its ``ended``
+is queued, I2), ``jobs`` (background job ids known to the service as held, I3),
+``attention`` (a permission prompt was reported, I6), ``ended`` (the last turn ids
+whose ``ended`` was queued, so a Codex ``notify`` after its ``Stop`` hook adds nothing).
+"""
+import re
+import uuid
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from sessions_app.hooks import AGENTS, RUNSTEAD_NAMESPACE
+
+TITLE_MAX = 80  # I3: the title from the first prompt
+MESSAGE_MAX = 500  # attention message shown on the board
+ENDED_KEEP = 20
+SAFE_ID = re.compile(r"^[^/\s]{1,100}$")
+# Claude Code background task statuses that mean "no longer running" (finished ones
+# usually drop out of the list; a listed finished one counts as gone).
+FINISHED_STATUSES = {"completed", "failed", "killed", "stopped", "cancelled", "canceled", "done", "error"}
+WAKE_PROMPT_PREFIX = "<task-notification>"
+
+
+class BadInput(Exception):
+    """A payload the hook cannot use: logged as one line, nothing queued (I1)."""
+
+
+@dataclass(frozen=True)
+class Event:
+    agent: str
+    agent_session_id: str
+    name: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.agent}:{self.agent_session_id}"
+
+
+def session_uuid(agent: str, agent_session_id: str) -> uuid.UUID:
+    """I2: ``uuid5(RUNSTEAD_NAMESPACE, "<agent>:<agent session id>")``."""
+    return uuid.uuid5(RUNSTEAD_NAMESPACE, f"{agent}:{agent_session_id}")
+
+
+def device_id(hostname: str, agent: str, agent_session_id: str) -> str:
+    """I2, M5: ``<hostname>:<agent>:<agent session id>``, one per app instance (whitespace
+    and slashes, which the API refuses in a device id, become ``-``)."""
+    return re.sub(r"[/\s]", "-", f"{hostname}:{agent}:{agent_session_id}")[:200]
+
+
+def turn_token(value) -> str | None:
+    """An agent's own turn id (Claude ``prompt_id``, Codex ``turn-id``) as a marker
+    ``turn_id``: kept when the API accepts it, else a stable uuid5 of it."""
+    if not isinstance(value, str) or not value:
+        return None
+    return value if SAFE_ID.match(value) else str(uuid.uuid5(RUNSTEAD_NAMESPACE, value))
+
+
+def job_token(value) -> str | None:
+    if not isinstance(value, (str, int)) or value == "":
+        return None
+    value = str(value)
+    return value if re.match(r"^[^/\s]{1,200}$", value) else str(uuid.uuid5(RUNSTEAD_NAMESPACE, value))
+
+
+def _text(payload: dict, name: str) -> str:
+    value = payload.get(name)
+    return value if isinstance(value, str) else ""
+
+
+def identify(agent: str, payload) -> Event:
+    """The agent session and event name of a payload. Raises BadInput for an unknown
+    agent, a payload that is not a JSON object, or one without a session id or event."""
+    if agent not in AGENTS:
+        raise BadInput(f"unknown agent {agent!r}")
+    if not isinstance(payload, dict):
+        raise BadInput("payload is not a JSON object")
+    if agent == "codex" and "hook_event_name" not in payload:
+        name, session = payload.get("type"), payload.get("thread-id")
+    elif agent == "opencode":
+        name = payload.get("type")
+        props = payload.get("properties") if isinstance(payload.get("properties"), dict) else {}
+        info = props.get("info") if isinstance(props.get("info"), dict) else {}
+        session = props.get("sessionID") or info.get("id")
+    else:
+        name, session = payload.get("hook_event_name"), payload.get("session_id")
+    if not isinstance(name, str) or not name:
+        raise BadInput("payload names no event")
+    if not isinstance(session, str) or not session:
+        raise BadInput(f"{name}: payload carries no session id")
+    if name not in HANDLERS[agent]:
+        raise BadInput(f"unknown event {name!r}")
+    return Event(agent, session, name)
+
+
+class Writes:
+    """Builds the writes of one hook call for one session."""
+
+    def __init__(self, event: Event, state: dict, hostname: str):
+        self.event = event
+        self.state = state
+        self.hostname = hostname
+        self.session_id = str(session_uuid(event.agent, event.agent_session_id))
+        self.device_id = device_id(hostname, event.agent, event.agent_session_id)
+        self.items: list[dict] = []
+
+    def add(self, method: str, path: str, body: dict | None) -> None:
+        self.items.append({"method": method, "path": path, "body": body})
+
+    def ensure_session(self, *, cwd: str, title: str = "") -> None:
+        """``POST /api/sessions/`` once per session (idempotent on ``id`` on the service)."""
+        if self.state.get("created"):
+            return
+        folder_name = cwd.rstrip("/").rsplit("/", 1)[-1] if cwd else ""
+        self.add("POST", "/api/sessions/", {
+            "id": self.session_id, "title": (title or folder_name)[:TITLE_MAX], "agent": self.event.agent,
+            "cwd": cwd,
+        })
+        self.state["created"] = True
+        if title:
+            self.state["titled"] = True
+
+    def sweep(self) -> None:
+        """M5: close every running marker of this app instance (a crash left them open)."""
+        self.add("POST", f"/api/devices/{quote(self.device_id, safe=':')}/sweep/", None)
+        self.state.pop("turn", None)
+
+    def title_from_prompt(self, prompt: str) -> None:
+        if self.state.get("titled"):
+            return
+        title = " ".join(prompt.split())[:TITLE_MAX]
+        if not title or prompt.startswith(WAKE_PROMPT_PREFIX):
+            return
+        self.add("PATCH", f"/api/sessions/{self.session_id}/", {"title": title})
+        self.state["titled"] = True
+
+    def marker(self, turn_id: str, state: str) -> None:
+        self.add("PUT", f"/api/sessions/{self.session_id}/marker/", {
+            "turn_id": turn_id, "device_id": self.device_id, "device_name": self.hostname, "state": state,
+        })
+
+    def running(self, turn_id: str | None = None) -> str:
+        """M1: ``running`` for a new turn (the agent's own id, or a fresh uuid4, I2)."""
+        turn_id = turn_id or str(uuid.uuid4())
+        self.marker(turn_id, "running")
+        self.state["turn"] = turn_id
+        return turn_id
+
+    def ended(self, turn_id: str | None = None) -> None:
+        """M1: ``ended`` for the open turn (or ``turn_id``); nothing when no turn is open."""
+        turn_id = turn_id or self.state.get("turn")
+        if not turn_id or turn_id in self.state.get("ended", []):
+            return
+        self.marker(turn_id, "ended")
+        if self.state.get("turn") == turn_id:
+            self.state.pop("turn", None)
+        self.state["ended"] = (self.state.get("ended", []) + [turn_id])[-ENDED_KEEP:]
+
+    def job_start(self, job_id: str) -> None:
+        self.add("POST", f"/api/sessions/{self.session_id}/jobs/", {"job_id": job_id, "mode": "held"})
+        self.state["jobs"] = sorted(set(self.state.get("jobs", [])) | {job_id})
+
+    def job_finish(self, job_id: str) -> None:
+        self.add("POST", f"/api/sessions/{self.session_id}/jobs/{quote(job_id, safe='')}/finish/", {"wakes": False})
+        self.state["jobs"] = sorted(set(self.state.get("jobs", [])) - {job_id})
+
+    def finish_all_jobs(self) -> None:
+        for job_id in list(self.state.get("jobs", [])):
+            self.job_finish(job_id)
+
+    def attention(self, message: str) -> None:
+        """I6: the session needs its owner (a permission prompt)."""
+        self.add("PATCH", f"/api/sessions/{self.session_id}/", {
+            "attention": "permission", "attention_message": message[:MESSAGE_MAX],
+        })
+        self.state["attention"] = True
+
+    def clear_attention(self) -> None:
+        if self.state.pop("attention", None):
+            self.add("PATCH", f"/api/sessions/{self.session_id}/", {"attention": ""})
+
+
+# --- Claude Code (I3), also Codex hooks (I4) --------------------------------------------
+
+
+def claude_session_start(w: Writes, p: dict) -> None:
+    w.ensure_session(cwd=_text(p, "cwd"))
+    # `clear` and `compact` can come mid-turn: no sweep then (I3).
+    if p.get("source") in ("startup", "resume"):
+        w.sweep()
+
+
+def claude_prompt(w: Writes, p: dict) -> None:
+    w.ensure_session(cwd=_text(p, "cwd"))
+    w.clear_attention()
+    w.running(turn_token(p.get("prompt_id")) or turn_token(p.get("turn_id")))
+    w.title_from_prompt(_text(p, "prompt"))
+
+
+def reconcile_background_tasks(w: Writes, tasks) -> None:
+    """I3, S3: a running task not yet known -> a held job; a known job no longer listed
+    as running -> finished with ``wakes: false`` (the turn that just ended was the short
+    turn its completion started)."""
+    if not isinstance(tasks, list):
+        return  # an older CLI that does not report background work: leave jobs alone
+    running = []
+    for task in tasks:
+        if not isinstance(task, dict):
+            continue
+        status = task.get("status")
+        if isinstance(status, str) and status.lower() in FINISHED_STATUSES:
+            continue
+        job_id = job_token(task.get("id"))
+        if job_id and job_id not in running:
+            running.append(job_id)
+    known = set(w.state.get("jobs", []))
+    for job_id in running:
+        if job_id not in known:
+            w.job_start(job_id)
+    for job_id in sorted(known - set(running)):
+        w.job_finish(job_id)
+
+
+def claude_stop(w: Writes, p: dict) -> None:
+    w.ensure_session(cwd=_text(p, "cwd"))
+    w.clear_attention()
+    # Jobs first, then `ended`, so the session never drops to idle in between (S3).
+    reconcile_background_tasks(w, p.get("background_tasks"))
+    w.ended()
+
+
+def claude_notification(w: Writes, p: dict) -> None:
+    if p.get("notification_type") != "permission_prompt":
+        return
+    w.ensure_session(cwd=_text(p, "cwd"))
+    w.attention(_text(p, "message") or "permission needed")
+
+
+def claude_session_end(w: Writes, p: dict) -> None:
+    w.ensure_session(cwd=_text(p, "cwd"))
+    w.clear_attention()
+    w.ended()
+    w.finish_all_jobs()
+
+
+# --- Codex notify (I4) ------------------------------------------------------------------
+
+
+def codex_notify(w: Writes, p: dict) -> None:
+    """``agent-turn-complete``: ``ended`` for its ``turn-id``, preceded by ``running`` when
+    that turn was never started (no trusted hooks)."""
+    messages = p.get("input-messages")
+    first = messages[0] if isinstance(messages, list) and messages and isinstance(messages[0], str) else ""
+    w.ensure_session(cwd=_text(p, "cwd"), title=" ".join(first.split())[:TITLE_MAX])
+    turn_id = turn_token(p.get("turn-id"))
+    if turn_id is None:
+        w.ended()
+        return
+    if turn_id in w.state.get("ended", []):
+        return
+    if w.state.get("turn") != turn_id:
+        w.running(turn_id)
+    w.ended(turn_id)
+
+
+def codex_stop(w: Writes, p: dict) -> None:
+    w.ensure_session(cwd=_text(p, "cwd"))
+    w.ended()
+
+
+# --- Gemini CLI (I4) --------------------------------------------------------------------
+
+
+def gemini_before_agent(w: Writes, p: dict) -> None:
+    w.ensure_session(cwd=_text(p, "cwd"))
+    w.clear_attention()
+    w.running()
+    w.title_from_prompt(_text(p, "prompt"))
+
+
+def gemini_after_agent(w: Writes, p: dict) -> None:
+    w.ensure_session(cwd=_text(p, "cwd"))
+    w.clear_attention()
+    w.ended()
+
+
+def gemini_notification(w: Writes, p: dict) -> None:
+    if p.get("notification_type") != "ToolPermission":
+        return
+    w.ensure_session(cwd=_text(p, "cwd"))
+    w.attention(_text(p, "message") or "permission needed")
+
+
+# --- opencode (I4; events forwarded by integrations/opencode/runstead.js) ----------------
+
+
+def _props(p: dict) -> dict:
+    return p.get("properties") if isinstance(p.get("properties"), dict) else {}
+
+
+def _opencode_cwd(p: dict) -> str:
+    info = _props(p).get("info") if isinstance(_props(p).get("info"), dict) else {}
+    for value in (info.get("directory"), p.get("directory")):
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def opencode_created(w: Writes, p: dict) -> None:
+    w.ensure_session(cwd=_opencode_cwd(p))
+
+
+def opencode_busy(w: Writes, p: dict) -> None:
+    w.ensure_session(cwd=_opencode_cwd(p))
+    if not w.state.get("turn"):
+        w.running()
+
+
+def opencode_idle(w: Writes, p: dict) -> None:
+    w.ensure_session(cwd=_opencode_cwd(p))
+    w.clear_attention()
+    w.ended()
+
+
+def opencode_status(w: Writes, p: dict) -> None:
+    status = _props(p).get("status")
+    kind = status.get("type") if isinstance(status, dict) else status
+    if kind == "busy":
+        opencode_busy(w, p)
+    elif kind == "idle":
+        opencode_idle(w, p)
+    # `retry`: still the same busy turn, nothing to write.
+
+
+def opencode_permission(w: Writes, p: dict) -> None:
+    w.ensure_session(cwd=_opencode_cwd(p))
+    props = _props(p)
+    message = props.get("title") or props.get("permission") or props.get("type") or "permission needed"
+    w.attention(message if isinstance(message, str) else "permission needed")
+
+
+def opencode_permission_replied(w: Writes, p: dict) -> None:
+    w.clear_attention()
+
+
+def opencode_deleted(w: Writes, p: dict) -> None:
+    w.ended()
+    w.clear_attention()
+
+
+HANDLERS = {
+    "claude": {
+        "SessionStart": claude_session_start,
+        "UserPromptSubmit": claude_prompt,
+        "Stop": claude_stop,
+        "Notification": claude_notification,
+        "SessionEnd": claude_session_end,
+    },
+    "codex": {
+        "agent-turn-complete": codex_notify,
+        "SessionStart": claude_session_start,
+        "UserPromptSubmit": claude_prompt,
+        "Stop": codex_stop,
+    },
+    "gemini": {
+        "SessionStart": claude_session_start,
+        "BeforeAgent": gemini_before_agent,
+        "AfterAgent": gemini_after_agent,
+        "Notification": gemini_notification,
+        "SessionEnd": claude_session_end,
+    },
+    "opencode": {
+        "session.created": opencode_created,
+        "session.status": opencode_status,
+        "session.idle": opencode_idle,
+        "session.execution.started": opencode_busy,
+        "session.execution.succeeded": opencode_idle,
+        "session.execution.failed": opencode_idle,
+        "session.execution.interrupted": opencode_idle,
+        "permission.asked": opencode_permission,
+        "permission.updated": opencode_permission,
+        "permission.replied": opencode_permission_replied,
+        "session.deleted": opencode_deleted,
+    },
+}
+
+
+def handle(event: Event, payload: dict, state: dict, *, hostname: str) -> list[dict]:
+    """The writes one hook call implies, in delivery order; updates ``state`` in place."""
+    writes = Writes(event, state, hostname)
+    HANDLERS[event.agent][event.name](writes, payload)
+    return writes.items

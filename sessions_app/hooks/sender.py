@@ -1,0 +1,225 @@
+"""The detached sender: delivers the outbox's writes in order (SPEC I1, R3, R4).
+
+``python -m sessions_app.hooks.sender --state-dir DIR``. One sender per state directory
+(an ``flock`` on ``sender.lock``, which holds its pid); a second one exits at once. It
+sends the oldest write, deletes it once the service answered finally (2xx, or a 4xx
+other than 429: logged and dropped, never retried), and otherwise retries the same write
+(the writes are idempotent on the service) with exponential backoff and jitter capped at
+``RUNSTEAD_HOOK_BACKOFF_MAX_S`` (60 s), so later writes never overtake it. It exits once
+the outbox has been empty for ``RUNSTEAD_HOOK_SENDER_IDLE_S`` (30 s), or after failing
+for ``RUNSTEAD_HOOK_SENDER_GIVE_UP_S`` (24 h) with the writes kept for the next sender.
+
+``ensure_sender`` (called by the hook after it queued something) starts one, detached,
+when none runs. No Django here.
+"""
+import argparse
+import fcntl
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+from sessions_app.hooks import store
+
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 60.0  # R4
+IDLE_EXIT_S = 30.0
+GIVE_UP_S = 86400.0
+POLL_S = 0.05
+HTTP_TIMEOUT_S = 10.0
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def try_lock(state_dir: Path):
+    """An open lock file holding ``flock(LOCK_EX)``, or None when another process holds it."""
+    fd = os.open(state_dir / store.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def sender_running(state_dir: Path) -> bool:
+    fd = try_lock(state_dir)
+    if fd is None:
+        return True
+    os.close(fd)
+    return False
+
+
+def sender_pid(state_dir: Path) -> int | None:
+    """The pid the running sender wrote into its lock file (None when none runs)."""
+    if not sender_running(state_dir):
+        return None
+    try:
+        return int((state_dir / store.LOCK_NAME).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def ensure_sender(state_dir: Path) -> bool:
+    """Starts a detached sender for ``state_dir`` unless one runs (its own session, stdio
+    on /dev/null and its log file, so the agent CLI never waits for it). Returns whether
+    it started one. Two hooks racing may both start one; the lock lets one of them work."""
+    if sender_running(state_dir):
+        return False
+    argv = [sys.executable, "-m", "sessions_app.hooks.sender", "--state-dir", str(state_dir)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    log = str(state_dir / store.SENDER_LOG)
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 2, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+    ]
+    try:
+        os.posix_spawn(sys.executable, argv, env, file_actions=actions, setsid=True)
+    except (NotImplementedError, TypeError):  # a platform without setsid in posix_spawn
+        import subprocess
+
+        with open(log, "ab") as err:
+            subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                             start_new_session=True, close_fds=True)
+    return True
+
+
+class Sender:
+    """The delivery loop over one state directory. ``transport(method, url, headers,
+    body) -> status`` raises OSError-like errors on network failure (default: httpx)."""
+
+    def __init__(self, state_dir: Path, *, idle_exit_s: float | None = None, backoff_base_s: float | None = None,
+                 backoff_max_s: float | None = None, give_up_s: float | None = None, transport=None):
+        self.state_dir = Path(state_dir)
+        self.idle_exit_s = idle_exit_s if idle_exit_s is not None else _env_float(
+            "RUNSTEAD_HOOK_SENDER_IDLE_S", IDLE_EXIT_S)
+        self.backoff_base_s = backoff_base_s if backoff_base_s is not None else _env_float(
+            "RUNSTEAD_HOOK_BACKOFF_BASE_S", BACKOFF_BASE_S)
+        self.backoff_max_s = backoff_max_s if backoff_max_s is not None else _env_float(
+            "RUNSTEAD_HOOK_BACKOFF_MAX_S", BACKOFF_MAX_S)
+        self.give_up_s = give_up_s if give_up_s is not None else _env_float("RUNSTEAD_HOOK_SENDER_GIVE_UP_S", GIVE_UP_S)
+        self._transport = transport
+        self._http = None
+
+    def log(self, message: str) -> None:
+        store.log_line(self.state_dir, store.SENDER_LOG, f"sender[{os.getpid()}] {message}")
+
+    def transport(self, method: str, url: str, headers: dict, body) -> int:
+        if self._transport is not None:
+            return self._transport(method, url, headers, body)
+        import httpx
+
+        if self._http is None:
+            self._http = httpx.Client(timeout=HTTP_TIMEOUT_S)
+        try:
+            response = self._http.request(method, url, headers=headers, json=body)
+        except httpx.HTTPError as error:
+            raise ConnectionError(str(error)) from error
+        if response.status_code >= 400:
+            self.last_error_body = response.text[:300]
+        return response.status_code
+
+    def deliver(self, row: store.Row) -> str:
+        """One attempt: ``done``, ``dropped`` (a final refusal) or ``retry``."""
+        config = store.read_config(self.state_dir)
+        server = row.server or config.get("server")
+        token = row.token or config.get("token")
+        if not server or not token:
+            return "no_config"
+        headers = {"Authorization": f"Token {token}"}
+        try:
+            status = self.transport(row.method, server.rstrip("/") + row.path, headers, row.body)
+        except (ConnectionError, OSError) as error:
+            self.last_error = str(error)
+            return "retry"
+        if status < 300:
+            return "done"
+        if status == 429 or status >= 500:
+            self.last_error = f"HTTP {status}"
+            return "retry"
+        self.log(f"dropped {row.method} {row.path}: HTTP {status} {getattr(self, 'last_error_body', '')}")
+        return "dropped"
+
+    def run(self) -> int:
+        """Holds the lock and delivers until idle. Returns how many writes it delivered."""
+        lock = try_lock(self.state_dir)
+        if lock is None:
+            return 0
+        os.ftruncate(lock, 0)
+        os.write(lock, str(os.getpid()).encode())
+        outbox = store.Outbox(self.state_dir)
+        delivered = 0
+        try:
+            delay = self.backoff_base_s
+            idle_since = time.monotonic()
+            failing_since = None
+            while True:
+                row = outbox.head()
+                if row is None:
+                    if time.monotonic() - idle_since < self.idle_exit_s:
+                        time.sleep(POLL_S)
+                        continue
+                    # Release, then look once more: a hook that queued a write while we
+                    # held the lock saw a sender running and started none.
+                    os.close(lock)
+                    lock = None
+                    if outbox.head() is None:
+                        return delivered
+                    lock = try_lock(self.state_dir)
+                    if lock is None:
+                        return delivered
+                    os.ftruncate(lock, 0)
+                    os.write(lock, str(os.getpid()).encode())
+                    continue
+                outcome = self.deliver(row)
+                if outcome in ("done", "dropped"):
+                    outbox.delete(row.seq)
+                    delivered += outcome == "done"
+                    delay = self.backoff_base_s
+                    failing_since = None
+                    idle_since = time.monotonic()
+                    continue
+                if outcome == "no_config":
+                    self.log("no server or token configured (run manage.py install_hooks); writes kept")
+                    return delivered
+                outbox.count_attempt(row.seq)
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since >= self.give_up_s:
+                    self.log(f"giving up for now after {now - failing_since:.0f} s: {self.last_error}; writes kept")
+                    return delivered
+                if row.attempts == 0:
+                    self.log(f"{row.method} {row.path}: {self.last_error}; retrying")
+                time.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(delay * 2, self.backoff_max_s)
+        finally:
+            outbox.close()
+            if lock is not None:
+                os.close(lock)
+            if self._http is not None:
+                self._http.close()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description="Deliver queued RunStead hook writes (SPEC I1).")
+    parser.add_argument("--state-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    state_dir = store.ensure_state_dir(args.state_dir or store.default_state_dir())
+    try:
+        Sender(state_dir).run()
+    except Exception as error:  # noqa: BLE001 - a sender never dies noisily; the next hook restarts one
+        store.log_line(state_dir, store.SENDER_LOG, f"sender[{os.getpid()}] crashed: {error!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""``python manage.py install_hooks AGENT --server URL [--token T] [--config-dir DIR]
+[--state-dir DIR] [--uninstall]`` (SPEC I5). The work is in ``sessions_app.hooks.install``."""
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from sessions_app.hooks import AGENTS
+from sessions_app.hooks.install import InstallError, install
+
+
+class Command(BaseCommand):
+    help = "Install RunStead's hooks into an agent CLI's user config (SPEC I5)."
+    requires_system_checks = []
+    requires_migrations_checks = False
+
+    def add_arguments(self, parser):
+        parser.add_argument("agent", choices=AGENTS)
+        parser.add_argument("--server", help="RunStead service URL (required unless --uninstall)")
+        parser.add_argument("--token", help="owner API token (kept in the hook state dir, mode 0600)")
+        parser.add_argument("--config-dir", type=Path, help="the CLI's config folder (default: its usual one)")
+        parser.add_argument("--state-dir", type=Path, help="hook state folder (default ~/.runstead/hooks)")
+        parser.add_argument("--uninstall", action="store_true", help="remove only RunStead's entries")
+
+    def handle(self, *args, **options):
+        if not options["uninstall"] and not options["server"]:
+            raise CommandError("--server is required")
+        try:
+            report = install(
+                options["agent"], server=options["server"], token=options["token"],
+                config_dir=options["config_dir"], state_dir=options["state_dir"], uninstall=options["uninstall"],
+            )
+        except InstallError as error:
+            raise CommandError(str(error)) from None
+        for line in report.lines():
+            self.stdout.write(line)

@@ -1,0 +1,179 @@
+"""SPEC I5: ``manage.py install_hooks`` merges RunStead's entries into each CLI's user
+config, keeps the user's, backs up, is idempotent (byte-equal second run), uninstalls
+only its own entries, and leaves a malformed config untouched."""
+import json
+import stat
+import tomllib
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from sessions_app.hooks.install import InstallError, install
+
+USER_CLAUDE = {
+    "model": "opus",
+    "permissions": {"allow": ["Bash(npm test:*)"]},
+    "hooks": {
+        "Stop": [{"hooks": [{"type": "command", "command": "say done"}]}],
+        "PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "/usr/local/bin/guard"}]}],
+    },
+}
+
+
+@pytest.fixture
+def dirs(tmp_path):
+    return tmp_path / "cli", tmp_path / "state"
+
+
+def backups(folder):
+    return sorted(p.name for p in folder.glob("*.bak"))
+
+
+def test_i5_claude_merges_keeps_user_entries_backs_up_and_is_idempotent(dirs):
+    config_dir, state_dir = dirs
+    config_dir.mkdir()
+    settings = config_dir / "settings.json"
+    settings.write_text(json.dumps(USER_CLAUDE, indent=4))
+    original = settings.read_bytes()
+
+    report = install("claude", server="https://rs.example", token="tok-123", config_dir=config_dir,
+                     state_dir=state_dir)
+    data = json.loads(settings.read_text())
+    assert data["model"] == "opus" and data["permissions"] == USER_CLAUDE["permissions"]
+    assert data["hooks"]["PreToolUse"] == USER_CLAUDE["hooks"]["PreToolUse"]
+    assert data["hooks"]["Stop"][0] == USER_CLAUDE["hooks"]["Stop"][0]
+    ours = data["hooks"]["Stop"][1]["hooks"][0]
+    assert ours["type"] == "command" and "sessions_app.hooks claude" in ours["command"] and ours["timeout"] == 10
+    assert set(data["hooks"]) == {"PreToolUse", "Stop", "SessionStart", "UserPromptSubmit", "Notification",
+                                  "SessionEnd"}
+    assert data["hooks"]["Notification"][0]["matcher"] == "permission_prompt"
+    assert "tok-123" not in settings.read_text()
+    config = state_dir / "config.json"
+    assert json.loads(config.read_text()) == {"server": "https://rs.example", "token": "tok-123"}
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600 and stat.S_IMODE(state_dir.stat().st_mode) == 0o700
+    [backup] = backups(config_dir)
+    assert (config_dir / backup).read_bytes() == original
+    assert any("settings.json: updated" in line for line in report.lines())
+
+    after_first = settings.read_bytes()
+    second = install("claude", server="https://rs.example", config_dir=config_dir, state_dir=state_dir)
+    assert settings.read_bytes() == after_first
+    assert [c.action for c in second.changes] == ["unchanged", "unchanged"]
+    assert len(backups(config_dir)) == 1
+
+    install("claude", server="https://rs.example", config_dir=config_dir, state_dir=state_dir, uninstall=True)
+    assert json.loads(settings.read_text()) == USER_CLAUDE
+
+
+def test_i5_claude_on_a_missing_config_creates_it_and_uninstall_leaves_it_empty(dirs):
+    config_dir, state_dir = dirs
+    install("claude", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
+    assert set(json.loads((config_dir / "settings.json").read_text())["hooks"]) == {
+        "SessionStart", "UserPromptSubmit", "Stop", "Notification", "SessionEnd"}
+    install("claude", server="http://s", config_dir=config_dir, state_dir=state_dir, uninstall=True)
+    assert json.loads((config_dir / "settings.json").read_text()) == {}
+
+
+def test_i5_a_moved_checkout_replaces_the_old_command_in_place(dirs, monkeypatch):
+    config_dir, state_dir = dirs
+    install("claude", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
+    data = json.loads((config_dir / "settings.json").read_text())
+    data["hooks"]["Stop"][0]["hooks"][0]["command"] = "/old/python -m sessions_app.hooks claude"
+    (config_dir / "settings.json").write_text(json.dumps(data))
+    install("claude", server="http://s", config_dir=config_dir, state_dir=state_dir)
+    stop = json.loads((config_dir / "settings.json").read_text())["hooks"]["Stop"]
+    assert len(stop) == 1 and "/old/python" not in stop[0]["hooks"][0]["command"]
+
+
+@pytest.mark.parametrize("agent,name,content", [
+    ("claude", "settings.json", '{"hooks": {"Stop": [}'),
+    ("gemini", "settings.json", "[1, 2"),
+    ("codex", "config.toml", 'model = "gpt\n[broken'),
+    ("codex", "hooks.json", "{nope"),
+])
+def test_i5_malformed_config_is_left_untouched_with_a_clear_error(dirs, agent, name, content):
+    config_dir, state_dir = dirs
+    config_dir.mkdir()
+    (config_dir / name).write_text(content)
+    with pytest.raises(InstallError, match="left it untouched"):
+        install(agent, server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
+    assert (config_dir / name).read_text() == content
+    assert backups(config_dir) == []
+    assert sorted(p.name for p in config_dir.iterdir()) == [name]
+
+
+def test_i5_codex_notify_and_hooks_merged_second_run_byte_equal_uninstall_restores(dirs):
+    config_dir, state_dir = dirs
+    config_dir.mkdir()
+    user_toml = 'model = "o4-mini"\napproval_policy = "on-request"\n\n[mcp_servers.docs]\ncommand = "docs-mcp"\n'
+    (config_dir / "config.toml").write_text(user_toml)
+    user_hooks = {"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "notify-send done"}]}]}}
+    (config_dir / "hooks.json").write_text(json.dumps(user_hooks))
+    install("codex", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
+    parsed = tomllib.loads((config_dir / "config.toml").read_text())
+    assert parsed["model"] == "o4-mini" and parsed["mcp_servers"] == {"docs": {"command": "docs-mcp"}}
+    assert parsed["notify"][-3:] == ["-m", "sessions_app.hooks", "codex"]
+    hooks = json.loads((config_dir / "hooks.json").read_text())["hooks"]
+    assert hooks["Stop"][0] == user_hooks["hooks"]["Stop"][0] and set(hooks) == {"SessionStart", "UserPromptSubmit",
+                                                                                 "Stop"}
+    first = ((config_dir / "config.toml").read_bytes(), (config_dir / "hooks.json").read_bytes())
+    install("codex", server="http://s", config_dir=config_dir, state_dir=state_dir)
+    assert ((config_dir / "config.toml").read_bytes(), (config_dir / "hooks.json").read_bytes()) == first
+    install("codex", server="http://s", config_dir=config_dir, state_dir=state_dir, uninstall=True)
+    assert (config_dir / "config.toml").read_text() == user_toml
+    assert json.loads((config_dir / "hooks.json").read_text()) == user_hooks
+
+
+def test_i5_codex_with_the_users_own_notify_is_refused_untouched(dirs):
+    config_dir, state_dir = dirs
+    config_dir.mkdir()
+    (config_dir / "config.toml").write_text('notify = ["terminal-notifier"]\n')
+    with pytest.raises(InstallError, match="already sets notify"):
+        install("codex", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
+    assert (config_dir / "config.toml").read_text() == 'notify = ["terminal-notifier"]\n'
+
+
+def test_i5_gemini_hooks_use_milliseconds_and_keep_user_settings(dirs):
+    config_dir, state_dir = dirs
+    config_dir.mkdir()
+    (config_dir / "settings.json").write_text(json.dumps({"theme": "GitHub", "hooks": {"enabled": True}}))
+    install("gemini", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
+    data = json.loads((config_dir / "settings.json").read_text())
+    assert data["theme"] == "GitHub" and data["hooks"]["enabled"] is True
+    entry = data["hooks"]["BeforeAgent"][0]["hooks"][0]
+    assert entry["timeout"] == 10000 and entry["name"] == "runstead" and "sessions_app.hooks gemini" in entry["command"]
+    install("gemini", server="http://s", config_dir=config_dir, state_dir=state_dir, uninstall=True)
+    assert json.loads((config_dir / "settings.json").read_text()) == {"theme": "GitHub", "hooks": {"enabled": True}}
+
+
+def test_i5_opencode_plugin_file_carries_the_hook_command(dirs):
+    config_dir, state_dir = dirs
+    install("opencode", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
+    plugin = config_dir / "plugins" / "runstead.js"
+    text = plugin.read_text()
+    assert '"-m", "sessions_app.hooks", "opencode"]' in text and "export const RunStead" in text
+    assert f"RUNSTEAD_HOOK_DIR={state_dir}" in text
+    first = plugin.read_bytes()
+    install("opencode", server="http://s", config_dir=config_dir, state_dir=state_dir)
+    assert plugin.read_bytes() == first
+    install("opencode", server="http://s", config_dir=config_dir, state_dir=state_dir, uninstall=True)
+    assert not plugin.exists()
+
+
+def test_i5_install_without_any_token_is_refused(dirs):
+    config_dir, state_dir = dirs
+    with pytest.raises(InstallError, match="no owner token"):
+        install("claude", server="http://s", config_dir=config_dir, state_dir=state_dir)
+    assert not config_dir.exists()
+
+
+def test_i5_management_command_prints_changes_and_fails_clearly(dirs, capsys):
+    config_dir, state_dir = dirs
+    call_command("install_hooks", "claude", "--server", "http://s", "--token", "t", "--config-dir", str(config_dir),
+                 "--state-dir", str(state_dir))
+    out = capsys.readouterr().out
+    assert f"{config_dir / 'settings.json'}: created" in out and "config.json: updated" in out
+    (config_dir / "settings.json").write_text("{")
+    with pytest.raises(CommandError, match="not valid JSON"):
+        call_command("install_hooks", "claude", "--server", "http://s", "--config-dir", str(config_dir),
+                     "--state-dir", str(state_dir))
