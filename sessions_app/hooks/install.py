@@ -209,7 +209,10 @@ def _codex_toml(path: Path, argv: list[str], uninstall: bool) -> tuple:
         raise InstallError(f"{path} is not valid TOML ({error}); left it untouched: fix it and run again") from None
     line = "notify = " + json.dumps(argv)
     lines = text.splitlines(keepends=True)
-    ours = [i for i, l in enumerate(lines) if l.startswith("notify") and MARK in l or l.rstrip("\n") == CODEX_COMMENT]
+    ours = [
+        i for i, text_line in enumerate(lines)
+        if (text_line.startswith("notify") and MARK in text_line) or text_line.rstrip("\n") == CODEX_COMMENT
+    ]
     current = parsed.get("notify")
     if current is not None and not (isinstance(current, list) and any(MARK in str(a) for a in current)):
         if uninstall:
@@ -219,7 +222,7 @@ def _codex_toml(path: Path, argv: list[str], uninstall: bool) -> tuple:
             "will not replace yours. Remove it (or call it from a script that also runs "
             f"{shlex.join(argv)}) and run again. Left the file untouched."
         )
-    rest = [l for i, l in enumerate(lines) if i not in ours]
+    rest = [text_line for i, text_line in enumerate(lines) if i not in ours]
     if uninstall:
         new = "".join(rest).encode() if old is not None else None
         return path, old, new, "removed notify"
