@@ -531,13 +531,30 @@
       if (chosen && paired.some(function (m) { return m.id === chosen; })) select.value = chosen;
       select.dataset.signature = signature;
     }
-    var list = $("folder-options");
+    // B10: the chosen machine's reported profiles and its granted folders.
+    var machine = board.machines.get(select.value);
+    var profiles = (machine && machine.profiles) || [];
+    var agent = form.elements.agent;
+    var profileSig = select.value + "|" + profiles.map(function (p) { return p.name + ":" + (p.preset || ""); }).join("|");
+    if (agent.dataset.signature !== profileSig) {
+      var chosenProfile = agent.value;
+      agent.textContent = "";
+      profiles.forEach(function (p) {
+        agent.appendChild(el("option", { value: p.name, text: p.preset && p.preset !== p.name ? p.name + " (" + p.preset + ")" : p.name }));
+      });
+      if (profiles.some(function (p) { return p.name === chosenProfile; })) agent.value = chosenProfile;
+      agent.dataset.signature = profileSig;
+      $("profile-note").hidden = !select.value || profiles.length > 0;
+    }
+    var folder = form.elements.folder;
     var paths = board.grants.filter(function (g) { return g.machine === select.value; }).map(function (g) { return g.path; });
     var sig = select.value + "|" + paths.join("|");
-    if (list.dataset.signature !== sig) {
-      list.textContent = "";
-      paths.forEach(function (p) { list.appendChild(el("option", { value: p })); });
-      list.dataset.signature = sig;
+    if (folder.dataset.signature !== sig) {
+      var chosenFolder = folder.value;
+      folder.textContent = "";
+      paths.forEach(function (p) { folder.appendChild(el("option", { value: p, text: p })); });
+      if (paths.indexOf(chosenFolder) >= 0) folder.value = chosenFolder;
+      folder.dataset.signature = sig;
     }
   }
 
@@ -553,7 +570,7 @@
     var key = form.dataset.idempotencyKey;
     var body = {
       machine: form.elements.machine.value,
-      folder: form.elements.folder.value.trim(),
+      folder: form.elements.folder_other.value.trim() || form.elements.folder.value,
       agent: form.elements.agent.value.trim(),
       prompt: form.elements.prompt.value,
       deep_research: form.elements.deep_research.checked,

@@ -24,6 +24,9 @@ class Machine(models.Model):
     last_heard_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     version = models.PositiveBigIntegerField(default=1)
+    # B10: the profile names and presets the worker last reported (PUT /api/worker/profiles/).
+    profiles = models.JSONField(default=list, blank=True)
+    profiles_reported_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self):
         return f"{self.name} (gen {self.generation})"

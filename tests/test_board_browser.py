@@ -244,12 +244,15 @@ def test_b7_machine_goes_offline_on_the_page_timer_and_waiting_task_says_so(live
 def test_b8_double_click_and_resubmit_after_lost_response_create_one_task(live_daphne, new_page, owner, machine, grant):
     from tasks_app.models import Task
 
+    from tasks_app.models import Machine
+
+    Machine.objects.filter(pk=machine.pk).update(profiles=[{"name": "claude", "preset": "claude"}])  # B10
     url = live_daphne()
     page = new_page(url, owner)
     page.goto(url + "/")
     wait_live(page)
-    page.fill("#task-form [name=folder]", grant.path + "/a")
-    page.fill("#task-form [name=agent]", "claude")
+    page.fill("#task-form [name=folder_other]", grant.path + "/a")
+    page.select_option("#task-form [name=agent]", "claude")
     page.fill("#task-form [name=prompt]", "first")
     key = page.get_attribute("#task-form", "data-idempotency-key")
     assert key
@@ -275,7 +278,7 @@ def test_b8_double_click_and_resubmit_after_lost_response_create_one_task(live_d
 
     # After a success the form carries a new key: the next submit is a new task.
     assert page.get_attribute("#task-form", "data-idempotency-key") != key
-    page.fill("#task-form [name=folder]", grant.path + "/b")
+    page.fill("#task-form [name=folder_other]", grant.path + "/b")
     page.fill("#task-form [name=prompt]", "second")
     page.click("#task-form button[type=submit]")
     page.wait_for_function("document.querySelectorAll('#task-list li[data-task-id]').length === 2")

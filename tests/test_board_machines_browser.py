@@ -85,7 +85,7 @@ def test_b10_grant_and_revoke_a_folder_with_confirmations(live_daphne, new_page,
     expect(grant_row).to_be_visible()
     grant = Grant.objects.get(machine=machine, path=str(folder), revoked_at__isnull=True)
     # The task form now offers the granted folder for this machine.
-    expect(page.locator(f"#folder-options option[value='{folder}']")).to_have_count(1)
+    expect(page.locator(f"#task-form select[name=folder] option[value='{folder}']")).to_have_count(1)
     shot(page, "machines-grant-desktop.png")
     grant_row.locator("button[data-action=revoke]").click()
     expect(grant_row).to_have_count(0)
@@ -93,3 +93,31 @@ def test_b10_grant_and_revoke_a_folder_with_confirmations(live_daphne, new_page,
     assert grant.revoked_at is not None
     assert [d.split("?")[0] for d in dialogs] == [f"Let laptop run agents in {folder} and below"] * 2 + [
         f"Revoke laptop's access to {folder}"]
+
+
+def test_b10_submit_a_task_by_choosing_a_reported_profile(live_daphne, new_page, owner, machine, grant):
+    import httpx
+    from playwright.sync_api import expect
+
+    from tasks_app.models import Task
+
+    url = live_daphne()
+    page = new_page(url, owner)
+    page.goto(url + "/")
+    wait_live(page)
+    expect(page.locator("#profile-note")).to_be_visible()  # nothing reported yet
+    worker = httpx.Client(base_url=url, headers={"Authorization": f"Machine {machine.test_token}"}, timeout=10)
+    reported = worker.put("/api/worker/profiles/", json={"profiles": [
+        {"name": "claude", "preset": "claude"}, {"name": "fast", "preset": "codex"}]})
+    assert reported.status_code == 200, reported.text
+    agent = page.locator("#task-form select[name=agent]")
+    expect(agent.locator("option")).to_have_count(2)  # arrived live, by the machine event
+    expect(page.locator("#profile-note")).to_be_hidden()
+    agent.select_option("fast")
+    page.locator("#task-form select[name=folder]").select_option(grant.path)
+    page.fill("#task-form [name=prompt]", "by profile")
+    page.click("#task-form button[type=submit]")
+    page.wait_for_function("document.getElementById('form-status').textContent === 'Task accepted.'")
+    task = Task.objects.get(owner=owner)
+    assert (task.agent, task.folder, task.machine_id) == ("fast", grant.path, machine.id)
+    shot(page, "task-form-profiles-desktop.png")

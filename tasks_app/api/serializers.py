@@ -206,6 +206,7 @@ def serialize_machine(machine: Machine, *, now=None) -> dict:
         "paired": machine.paired,
         "last_heard_at": _iso(machine.last_heard_at),
         "offline": offline,
+        "profiles": machine.profiles,
         "version": machine.version,
     }
 

@@ -1,5 +1,6 @@
 from django.urls import path
 
+from tasks_app.api import profiles as p
 from tasks_app.api import views as v
 
 urlpatterns = [
@@ -19,4 +20,5 @@ urlpatterns = [
     path("worker/leases/", v.WorkerLeaseGrant.as_view()),
     path("worker/leases/<uuid:lease_id>/renew/", v.WorkerLeaseRenew.as_view()),
     path("worker/receipts/", v.WorkerReceipts.as_view()),
+    path("worker/profiles/", p.WorkerProfiles.as_view()),
 ]

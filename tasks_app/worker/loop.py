@@ -222,6 +222,11 @@ class Worker:
             "event_id": f"sweep:{uuid.uuid4()}", "kind": "sweep", "method": "POST",
             "path": f"/api/devices/{self.identity.machine_id}/sweep/", "body": {},
         }])
+        # B10: the board's task form offers this machine's profiles.
+        self.enqueue([{
+            "event_id": f"profiles:{uuid.uuid4()}", "kind": "profiles", "method": "PUT", "path": "/api/worker/profiles/",
+            "body": {"profiles": [{"name": name, "preset": p.preset} for name, p in sorted(self.config.profiles.items())]},
+        }])
         sender = threading.Thread(target=self.sender_loop, name="sender", daemon=True)
         sender.start()
         self.recover()
