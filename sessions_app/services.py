@@ -148,14 +148,15 @@ def _refresh_locked(session: Session, now: datetime) -> bool:
     if won != 1:
         return False
     session.status, session.status_since, session.version = new_status, now, session.version + 1
-    if new_status == SessionStatus.IDLE:
-        from sessions_app.notifications.services import notify_session_idle
-
-        notify_session_idle(session, now=now)  # N1: true idle, in the winning transaction
     broadcast(
         session.owner_id,
         {"type": "session.status", "session_id": str(session.pk), "status": new_status, "version": session.version},
     )
+    if new_status == SessionStatus.IDLE:
+        from sessions_app.notifications.services import notify_session_idle
+
+        # N1: true idle, in the winning transaction; its board event follows the status.
+        notify_session_idle(session, now=now)
     return True
 
 

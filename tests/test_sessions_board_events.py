@@ -48,9 +48,12 @@ async def test_k2_marker_and_status_events_reach_only_the_owners_board(owner, ot
     ]
     assert all(e["session_id"] == sid and e["server_time"] for e in first)
     await sync_to_async(put)("ended")
-    second = [json.loads(await mine.receive_from()) for _ in range(2)]
-    assert [(e["type"], e["version"]) for e in second] == [("marker", 2), ("session.status", first[1]["version"] + 1)]
+    second = [json.loads(await mine.receive_from()) for _ in range(3)]
+    assert [(e["type"], e["version"]) for e in second] == [
+        ("marker", 2), ("session.status", first[1]["version"] + 1), ("notification", 1),
+    ]
     assert second[1]["status"] == "idle"
+    assert second[2]["notification"]["kind"] == "session_idle"  # N1 on the open board, after the status
     assert await theirs.receive_nothing(timeout=0.3)
     assert await mine.receive_nothing(timeout=0.1)
     await mine.disconnect()
