@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""Hook latency (SPEC I1: under 300 ms median whatever the network does).
+
+Times ``python -m sessions_app.hooks claude`` end to end as an agent CLI runs it (a fresh
+interpreter, the payload on stdin, until the process has exited), over a realistic
+mix of Claude Code payloads (a turn: UserPromptSubmit, Stop; every 10th turn with a
+background task), in three conditions, each with a fresh hook state directory:
+
+- ``up``: ``--server URL --token T`` of a running RunStead (the sender delivers while
+  the hooks run);
+- ``down``: a closed port on this host (connection refused at once; the sender retries);
+- ``unreachable``: a non-routable address (10.255.255.1: connects hang until timeout).
+
+Prints median, p99 and max in milliseconds per condition. Usage::
+
+    .venv/bin/python bench/hook_latency.py --server http://127.0.0.1:8000 --token TOKEN [-n 200]
+
+Without ``--server`` only ``down`` and ``unreachable`` run. Senders it started are
+stopped at the end.
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sessions_app.hooks import sender, store  # noqa: E402
+
+FIXTURES = ROOT / "tests" / "fixtures" / "hooks" / "claude"
+
+
+def payloads(n: int):
+    prompt = json.loads((FIXTURES / "user_prompt_submit.json").read_text())
+    stop = json.loads((FIXTURES / "stop.json").read_text())
+    stop_bg = json.loads((FIXTURES / "stop_background_running.json").read_text())
+    session = str(uuid.uuid4())
+    for i in range(n):
+        if i % 2 == 0:
+            yield {**prompt, "session_id": session, "prompt_id": f"p{i}"}
+        else:
+            yield {**(stop_bg if i % 20 == 1 else stop), "session_id": session, "prompt_id": f"p{i - 1}"}
+
+
+def measure(server: str, token: str, n: int) -> list[float]:
+    with tempfile.TemporaryDirectory(prefix="hook-bench-") as tmp:
+        state_dir = Path(tmp) / "hooks"
+        store.write_config(state_dir, server=server, token=token)
+        env = {**os.environ, "RUNSTEAD_HOOK_DIR": str(state_dir), "PYTHONPATH": str(ROOT)}
+        argv = [sys.executable, "-m", "sessions_app.hooks", "claude"]
+        times = []
+        try:
+            for payload in payloads(n):
+                data = json.dumps(payload).encode()
+                start = time.perf_counter()
+                result = subprocess.run(argv, input=data, env=env, cwd="/", capture_output=True)
+                times.append((time.perf_counter() - start) * 1000)
+                assert result.returncode == 0 and result.stdout == b"", result
+        finally:
+            pid = sender.sender_pid(state_dir)
+            if pid:
+                os.kill(pid, signal.SIGTERM)
+        return times
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--server")
+    parser.add_argument("--token", default="bench")
+    parser.add_argument("-n", type=int, default=200)
+    args = parser.parse_args()
+    conditions = []
+    if args.server:
+        conditions.append(("up", args.server))
+    conditions += [("down", "http://127.0.0.1:9"), ("unreachable", "http://10.255.255.1:8000")]
+    print(f"{'condition':<12} {'n':>5} {'median ms':>10} {'p99 ms':>8} {'max ms':>8}")
+    for name, server in conditions:
+        times = sorted(measure(server, args.token, args.n))
+        p99 = times[min(len(times) - 1, int(round(0.99 * (len(times) - 1))))]
+        print(f"{name:<12} {len(times):>5} {statistics.median(times):>10.1f} {p99:>8.1f} {times[-1]:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
