@@ -16,6 +16,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config import clock
+from config.schema import errors
+from config.strict import NoQuery, valid_query
 from sessions_app.models import Marker, Session, SessionStatus
 from sessions_app.services import marker_is_running
 from tasks_app.api.serializers import serialize_machine, serialize_task
@@ -162,8 +164,9 @@ class BoardSnapshotView(APIView):
     """``GET /api/board/``: the requesting owner's snapshot (B4, K2). Owners only (token or
     browser session); machine tokens get 403."""
 
-    @extend_schema(responses=_SNAPSHOT_SHAPE, summary="The owner's board snapshot (B4)")
+    @extend_schema(responses={200: _SNAPSHOT_SHAPE, **errors()}, summary="The owner's board snapshot (B4)")
     def get(self, request):
+        valid_query(NoQuery, request)
         return Response(board_snapshot(owner=request.user, now=clock.now()))
 
 

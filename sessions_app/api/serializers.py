@@ -1,5 +1,8 @@
-"""Input and output shapes of the sessions API (SPEC H, M, S)."""
+"""Input and output shapes of the sessions API (SPEC H, M, S). Every input serializer is a
+``config.strict.StrictSerializer``: unknown fields and wrong JSON types answer 400 (K3)."""
 from rest_framework import serializers
+
+from config.strict import StrictSerializer
 
 from sessions_app.models import Job, JobMode, Marker, MarkerState, Session
 from sessions_app.services import job_counts, marker_is_running
@@ -9,16 +12,16 @@ DEVICE_ID_RE = r"^[^/\s]{1,200}$"
 TOKEN_RE = r"^[^/\s]{1,100}$"
 
 
-class SessionCreateIn(serializers.Serializer):
+class SessionCreateIn(StrictSerializer):
     id = serializers.UUIDField(required=False)
     title = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
 
 
-class SessionRenameIn(serializers.Serializer):
+class SessionRenameIn(StrictSerializer):
     title = serializers.CharField(max_length=300, allow_blank=True)
 
 
-class MarkerIn(serializers.Serializer):
+class MarkerIn(StrictSerializer):
     turn_id = serializers.RegexField(TOKEN_RE)
     device_id = serializers.RegexField(DEVICE_ID_RE)
     device_name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
@@ -26,11 +29,11 @@ class MarkerIn(serializers.Serializer):
     deep_research = serializers.BooleanField(required=False, default=False)
 
 
-class DeviceIn(serializers.Serializer):
+class DeviceIn(StrictSerializer):
     device_id = serializers.RegexField(DEVICE_ID_RE)
 
 
-class JobIn(serializers.Serializer):
+class JobIn(StrictSerializer):
     job_id = serializers.RegexField(r"^[^/\s]{1,200}$")
     mode = serializers.ChoiceField(choices=JobMode.choices, required=False, allow_null=True, default=None)
     auto_backgrounded = serializers.BooleanField(required=False, default=False)
@@ -41,7 +44,7 @@ class JobIn(serializers.Serializer):
         return data
 
 
-class JobFinishIn(serializers.Serializer):
+class JobFinishIn(StrictSerializer):
     wakes = serializers.BooleanField()
 
 

@@ -1,13 +1,15 @@
 """Sessions API (SPEC H): views parse and authorise, ``sessions_app.services`` decides."""
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.pagination import CursorPagination
 from rest_framework.response import Response
 from rest_framework.generics import GenericAPIView
 from rest_framework.views import APIView
 
 from config import clock
 from config.errors import ApplicationError
+from config.pagination import PageQuery
+from config.schema import errors
+from config.strict import EmptyBody, NoQuery, valid_body, valid_query
 from sessions_app import services
 from sessions_app.api import serializers as s
 from sessions_app.models import Session
@@ -19,25 +21,20 @@ def actor_of(request) -> str:
     return f"machine:{machine.pk}" if machine else f"owner:{request.user.username}"
 
 
-class SessionPagination(CursorPagination):
-    ordering = ("-created_at", "-id")
-
-
 def session_out(session: Session, now) -> dict:
     return s.SessionOut(session, context={"now": now}).data
 
 
 class SessionListView(GenericAPIView):
-    pagination_class = SessionPagination
     serializer_class = s.SessionCreateIn
 
-    @extend_schema(responses=s.SessionOut(many=True))
+    @extend_schema(parameters=[PageQuery], responses={200: s.SessionOut(many=True), **errors()})
     def get(self, request):
         now = clock.now()
         page = self.paginate_queryset(Session.objects.filter(owner=request.user).prefetch_related("markers"))
         return self.get_paginated_response(s.SessionOut(page, many=True, context={"now": now}).data)
 
-    @extend_schema(request=s.SessionCreateIn, responses={201: s.SessionOut, 200: s.SessionOut})
+    @extend_schema(request=s.SessionCreateIn, responses={201: s.SessionOut, 200: s.SessionOut, **errors()})
     def post(self, request):
         data = _valid(s.SessionCreateIn, request)
         now = clock.now()
@@ -54,19 +51,21 @@ class SessionDetailView(APIView):
             raise ApplicationError("not_found", "no such session", status_code=404)
         return session
 
-    @extend_schema(responses=s.SessionOut)
+    @extend_schema(responses={200: s.SessionOut, **errors()})
     def get(self, request, session_id):
+        valid_query(NoQuery, request)
         return Response(session_out(self._get(request, session_id), clock.now()))
 
-    @extend_schema(request=s.SessionRenameIn, responses=s.SessionOut)
+    @extend_schema(request=s.SessionRenameIn, responses={200: s.SessionOut, **errors()})
     def patch(self, request, session_id):
         data = _valid(s.SessionRenameIn, request)
         now = clock.now()
         services.session_rename(owner=request.user, session_id=session_id, title=data["title"], now=now)
         return Response(session_out(self._get(request, session_id), now))
 
-    @extend_schema(responses={204: None})
+    @extend_schema(request=EmptyBody, responses={204: None, **errors()})
     def delete(self, request, session_id):
+        _valid(EmptyBody, request)
         services.session_delete(owner=request.user, session_id=session_id, now=clock.now())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -74,7 +73,7 @@ class SessionDetailView(APIView):
 class MarkerView(APIView):
     permission_classes = [IsOwnerOrMachine]
 
-    @extend_schema(request=s.MarkerIn, responses=s.MarkerWriteOut)
+    @extend_schema(request=s.MarkerIn, responses={200: s.MarkerWriteOut, **errors()})
     def put(self, request, session_id):
         data = _valid(s.MarkerIn, request)
         now = clock.now()
@@ -93,8 +92,9 @@ class MarkerView(APIView):
 class DeviceSweepView(APIView):
     permission_classes = [IsOwnerOrMachine]
 
-    @extend_schema(request=None, responses=s.SweepOut)
+    @extend_schema(request=EmptyBody, responses={200: s.SweepOut, **errors()})
     def post(self, request, device_id):
+        _valid(EmptyBody, request)
         s.DeviceIn(data={"device_id": device_id}).is_valid(raise_exception=True)
         closed = services.device_sweep(
             owner=request.user, device_id=device_id, machine=request_machine(request), now=clock.now()
@@ -105,7 +105,7 @@ class DeviceSweepView(APIView):
 class JobListView(APIView):
     permission_classes = [IsOwnerOrMachine]
 
-    @extend_schema(request=s.JobIn, responses={201: s.JobOut, 200: s.JobOut})
+    @extend_schema(request=s.JobIn, responses={201: s.JobOut, 200: s.JobOut, **errors()})
     def post(self, request, session_id):
         data = _valid(s.JobIn, request)
         now = clock.now()
@@ -118,7 +118,7 @@ class JobListView(APIView):
 class JobFinishView(APIView):
     permission_classes = [IsOwnerOrMachine]
 
-    @extend_schema(request=s.JobFinishIn, responses=s.JobOut)
+    @extend_schema(request=s.JobFinishIn, responses={200: s.JobOut, **errors()})
     def post(self, request, session_id, job_id):
         data = _valid(s.JobFinishIn, request)
         now = clock.now()
@@ -127,8 +127,9 @@ class JobFinishView(APIView):
 
 
 class SessionStopView(APIView):
-    @extend_schema(request=None, responses=s.StopOut)
+    @extend_schema(request=EmptyBody, responses={200: s.StopOut, **errors()})
     def post(self, request, session_id):
+        _valid(EmptyBody, request)
         result = services.session_stop(
             owner=request.user, session_id=session_id, actor=actor_of(request), now=clock.now()
         )
@@ -144,14 +145,15 @@ class SessionStopView(APIView):
 
 
 class ActiveSessionsView(APIView):
-    @extend_schema(responses=s.ActiveOut)
+    @extend_schema(responses={200: s.ActiveOut, **errors()})
     def get(self, request):
+        valid_query(NoQuery, request)
         now = clock.now()
         sessions = services.sessions_active(owner=request.user, now=now)
         return Response(s.ActiveOut({"sessions": sessions, "server_time": now}).data)
 
 
 def _valid(serializer_class, request) -> dict:
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return serializer.validated_data
+    """The body validated by a strict serializer, after refusing any query parameter (K3)."""
+    valid_query(NoQuery, request)
+    return valid_body(serializer_class, request)

@@ -1,10 +1,14 @@
-"""Wire shapes of the task API (SPEC H): input validation and output rendering."""
+"""Wire shapes of the task API (SPEC H): input validation (every body and query string
+through ``config.strict``, K3) and output rendering."""
 from django.conf import settings
 from rest_framework import serializers
 
 from config import clock
-from tasks_app.models import Grant, Machine, Task
+from config.pagination import PageQuery
+from config.strict import QueryFloatField, StrictQuerySerializer, StrictSerializer
+from tasks_app.models import Grant, Machine, Task, TaskState
 from tasks_app.services.acceptance import folder_problem
+from tasks_app.services.messages import MAX_WAIT_S
 
 PROMPT_MAX_BYTES = 64 * 1024
 INT32_MAX = 2**31 - 1  # what the database's integer columns hold
@@ -18,47 +22,6 @@ def _valid_folder(value: str) -> str:
     if problem:
         raise serializers.ValidationError(problem)
     return value
-
-
-# JSON types each field kind accepts as sent: DRF would coerce 5 to "5" or "yes" to True.
-_JSON_TYPES = [
-    (serializers.BooleanField, (bool,)),
-    (serializers.IntegerField, (int,)),
-    (serializers.FloatField, (int, float)),
-    (serializers.DictField, (dict,)),
-    (serializers.CharField, (str,)),  # RegexField too
-    (serializers.UUIDField, (str,)),
-    (serializers.ChoiceField, (str,)),
-]
-
-
-def _json_type_problem(field, value) -> str | None:
-    if value is None:
-        return None  # allow_null decides
-    for kind, types in _JSON_TYPES:
-        if isinstance(field, kind):
-            if isinstance(value, bool) and bool not in types:
-                return f"expected {types[0].__name__}, got a boolean"
-            if not isinstance(value, types):
-                return f"expected {types[0].__name__}, got {type(value).__name__}"
-            return None
-    return None
-
-
-class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not know and values of the wrong JSON type (K3)."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, dict):
-            raise serializers.ValidationError({"non_field_errors": ["expected a JSON object"]})
-        errors = {name: ["unknown field"] for name in sorted(set(data) - set(self.fields))}
-        for name, field in self.fields.items():
-            problem = _json_type_problem(field, data.get(name))
-            if problem:
-                errors[name] = [problem]
-        if errors:
-            raise serializers.ValidationError(errors)
-        return super().to_internal_value(data)
 
 
 class TaskCreateSerializer(StrictSerializer):
@@ -103,6 +66,20 @@ class PairingCodeSerializer(StrictSerializer):
 class PairSerializer(StrictSerializer):
     code = serializers.CharField(max_length=64)
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+
+
+class TaskListQuery(PageQuery):
+    """``GET /api/tasks/`` filters (B11), besides ``cursor`` and ``limit``."""
+
+    state = serializers.ChoiceField(TaskState.choices, required=False)
+    machine = serializers.UUIDField(required=False)
+    session = serializers.UUIDField(required=False)
+
+
+class MessagesQuery(StrictQuerySerializer):
+    """``GET /api/worker/messages/?wait=S``: seconds to hold the poll open, 0-25 (W2)."""
+
+    wait = QueryFloatField(required=False, default=0, min_value=0, max_value=MAX_WAIT_S)
 
 
 class LeaseGrantSerializer(StrictSerializer):

@@ -2,7 +2,6 @@
 from django.db import transaction
 from django.http import HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.authtoken.models import Token
@@ -11,10 +10,20 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config import clock
+from config.schema import errors
+from config.pagination import PageQuery
+from config.strict import EmptyBody, NoQuery, valid_body, valid_query
+from tasks_app.api import outputs as o
 from tasks_app.api import serializers as s
 from tasks_app.auth import IsMachine, request_machine
 from tasks_app.models import Budget, Grant, Machine, Task
 from tasks_app.services import acceptance, cancel, leases, messages, pairing, receipts, revocation
+
+
+def _no_input(request) -> None:
+    """An action without input still refuses any query parameter or body field (K3)."""
+    valid_query(NoQuery, request)
+    valid_body(EmptyBody, request)
 
 
 def _json(status_code: int, body: str, **headers) -> HttpResponse:
@@ -28,15 +37,22 @@ class TaskListCreate(generics.GenericAPIView):
     """GET: the owner's tasks (paginated). POST: accept a task (A1-A8)."""
 
     serializer_class = s.TaskCreateSerializer
+    query_serializer_class = s.TaskListQuery
 
-    @extend_schema(operation_id="tasks_list", responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(operation_id="tasks_list", parameters=[s.TaskListQuery], responses={200: o.TaskOut(many=True), **errors()})
     def get(self, request):
-        page = self.paginate_queryset(Task.objects.filter(owner=request.user))
+        """B11: newest first, ties broken by id; filters by state, machine and session."""
+        params = valid_query(s.TaskListQuery, request)
+        tasks = Task.objects.filter(owner=request.user)
+        for name in ("state", "machine", "session"):
+            if name in params:
+                tasks = tasks.filter(**{name: params[name]})
+        page = self.paginate_queryset(tasks)
         return self.get_paginated_response([s.serialize_task(t) for t in page])
 
     @extend_schema(
         request=s.TaskCreateSerializer,
-        responses={201: OpenApiTypes.OBJECT},
+        responses={201: o.TaskOut, **errors(409, 413, 422)},
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key", str, OpenApiParameter.HEADER, required=True,
@@ -46,11 +62,11 @@ class TaskListCreate(generics.GenericAPIView):
         ],
     )
     def post(self, request):
+        valid_query(NoQuery, request)
         key = acceptance.parse_idempotency_key(request.headers.get("Idempotency-Key"))
-        serializer = s.TaskCreateSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        data = valid_body(s.TaskCreateSerializer, request)
         stored = acceptance.task_accept(
-            owner=request.user, key=key, raw_body=request.data, data=serializer.validated_data,
+            owner=request.user, key=key, raw_body=request.data, data=data,
             now=clock.now(), serialize=s.serialize_task,
         )
         headers = {"Idempotent-Replayed": "true"} if stored.replayed else {}
@@ -58,8 +74,9 @@ class TaskListCreate(generics.GenericAPIView):
 
 
 class TaskDetail(APIView):
-    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=None, responses={200: o.TaskDetailOut, **errors()})
     def get(self, request, task_id):
+        valid_query(NoQuery, request)
         task = get_object_or_404(Task, pk=task_id, owner=request.user)
         return Response(s.serialize_task_detail(task))
 
@@ -67,8 +84,9 @@ class TaskDetail(APIView):
 class TaskCancel(APIView):
     """J7."""
 
-    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=EmptyBody, responses={200: o.TaskOut, **errors(409)})
     def post(self, request, task_id):
+        _no_input(request)
         task = get_object_or_404(Task, pk=task_id, owner=request.user)
         task = cancel.task_cancel(task=task, actor=f"owner:{request.user.get_username()}", now=clock.now())
         return Response(s.serialize_task(task))
@@ -78,8 +96,9 @@ class OwnerTokenRotate(APIView):
     """``POST /api/token/rotate/``: replace the caller's API token (K1); the old one stops
     working at once. Returns ``{"token"}``."""
 
-    @extend_schema(request=None, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=EmptyBody, responses={201: o.TokenOut, **errors()})
     def post(self, request):
+        _no_input(request)
         with transaction.atomic():
             Token.objects.filter(user=request.user).delete()
             token = Token.objects.create(user=request.user)
@@ -87,14 +106,15 @@ class OwnerTokenRotate(APIView):
 
 
 class BudgetView(APIView):
-    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=None, responses={200: o.BudgetOut, **errors()})
     def get(self, request):
+        valid_query(NoQuery, request)
         budget = get_object_or_404(Budget, owner=request.user)
         return Response({"limit_s": budget.limit_s, "reserved_s": budget.reserved_s, "spent_s": budget.spent_s})
 
 
 class MachineList(generics.GenericAPIView):
-    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=None, parameters=[PageQuery], responses={200: o.MachineOut(many=True), **errors()})
     def get(self, request):
         now = clock.now()
         page = self.paginate_queryset(Machine.objects.filter(owner=request.user))
@@ -104,21 +124,21 @@ class MachineList(generics.GenericAPIView):
 class MachineUnpair(APIView):
     """P1, P3."""
 
-    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=EmptyBody, responses={200: o.MachineOut, **errors()})
     def post(self, request, machine_id):
+        _no_input(request)
         machine = get_object_or_404(Machine, pk=machine_id, owner=request.user)
         machine = revocation.machine_unpair(machine=machine, actor=f"owner:{request.user.get_username()}", now=clock.now())
         return Response(s.serialize_machine(machine))
 
 
 class PairingCodeCreate(APIView):
-    @extend_schema(request=s.PairingCodeSerializer, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=s.PairingCodeSerializer, responses={201: o.PairingCodeOut, **errors()})
     def post(self, request):
-        serializer = s.PairingCodeSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        valid_query(NoQuery, request)
+        data = valid_body(s.PairingCodeSerializer, request)
         code, row = pairing.pairing_code_create(
-            owner=request.user, name=serializer.validated_data.get("name", ""),
-            machine_id=serializer.validated_data.get("machine"), now=clock.now(),
+            owner=request.user, name=data.get("name", ""), machine_id=data.get("machine"), now=clock.now(),
         )
         return Response({"code": code, "expires_at": row.expires_at.isoformat()}, status=status.HTTP_201_CREATED)
 
@@ -126,25 +146,25 @@ class PairingCodeCreate(APIView):
 class GrantListCreate(generics.GenericAPIView):
     serializer_class = s.GrantCreateSerializer
 
-    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=None, parameters=[PageQuery], responses={200: o.GrantOut(many=True), **errors()})
     def get(self, request):
         page = self.paginate_queryset(Grant.objects.filter(owner=request.user))
         return self.get_paginated_response([s.serialize_grant(g) for g in page])
 
-    @extend_schema(request=s.GrantCreateSerializer, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=s.GrantCreateSerializer, responses={201: o.GrantOut, 200: o.GrantOut, **errors(409)})
     def post(self, request):
-        serializer = s.GrantCreateSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        valid_query(NoQuery, request)
+        data = valid_body(s.GrantCreateSerializer, request)
         grant, created = revocation.grant_create(
-            owner=request.user, machine_id=serializer.validated_data["machine"],
-            path=serializer.validated_data["path"], now=clock.now(),
+            owner=request.user, machine_id=data["machine"], path=data["path"], now=clock.now(),
         )
         return Response(s.serialize_grant(grant), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class GrantRevoke(APIView):
-    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=EmptyBody, responses={200: o.GrantOut, **errors()})
     def post(self, request, grant_id):
+        _no_input(request)
         grant = get_object_or_404(Grant, pk=grant_id, owner=request.user)
         grant = revocation.grant_revoke(grant=grant, actor=f"owner:{request.user.get_username()}", now=clock.now())
         return Response(s.serialize_grant(grant))
@@ -170,12 +190,12 @@ class WorkerPair(APIView):
     permission_classes = [AllowAny]
     authentication_classes = []
 
-    @extend_schema(request=s.PairSerializer, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=s.PairSerializer, responses={201: o.WorkerPairOut, **errors(429)})
     def post(self, request):
-        serializer = s.PairSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        valid_query(NoQuery, request)
+        data = valid_body(s.PairSerializer, request)
         machine, token = pairing.machine_pair(
-            code=serializer.validated_data["code"], name=serializer.validated_data.get("name", ""),
+            code=data["code"], name=data.get("name", ""),
             client=request.META.get("REMOTE_ADDR", "")[:64], now=clock.now(),
         )
         return Response(
@@ -208,17 +228,9 @@ class WorkerMessages(MachineView):
     """Long-poll the outbox (W2, D1). Under daphne, ``tasks_app.longpoll`` runs this view
     for the checks and the first take, then waits without a thread; elsewhere it waits here."""
 
-    @extend_schema(
-        parameters=[OpenApiParameter("wait", float, description="seconds to wait, at most 25")],
-        responses={200: OpenApiTypes.OBJECT},
-    )
+    @extend_schema(parameters=[s.MessagesQuery], responses={200: o.MessagesOut, **errors()})
     def get(self, request):
-        try:
-            wait = float(request.query_params.get("wait", 0))
-        except ValueError:
-            wait = -1
-        if not 0 <= wait <= messages.MAX_WAIT_S:
-            return Response({"error": "invalid_wait", "detail": "wait must be 0..25 seconds"}, status=400)
+        wait = valid_query(s.MessagesQuery, request)["wait"]
         machine = request_machine(request)
         if getattr(request._request, "runstead_async_pull", False):
             taken = messages.messages_take(machine_id=machine.pk, now=clock.now(), new_pull=True)
@@ -231,8 +243,9 @@ class WorkerMessages(MachineView):
 
 
 class WorkerMessageAck(MachineView):
-    @extend_schema(request=None, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=EmptyBody, responses={200: o.AckOut, **errors()})
     def post(self, request, message_id):
+        _no_input(request)
         messages.message_ack(machine=request_machine(request), message_id=message_id, now=clock.now())
         return Response({"acked": True})
 
@@ -240,12 +253,12 @@ class WorkerMessageAck(MachineView):
 class WorkerLeaseGrant(MachineView):
     """L1, L2."""
 
-    @extend_schema(request=s.LeaseGrantSerializer, responses={201: OpenApiTypes.OBJECT, 200: OpenApiTypes.OBJECT})
+    @extend_schema(request=s.LeaseGrantSerializer, responses={201: o.LeaseOut, 200: o.LeaseOut, **errors(409)})
     def post(self, request):
-        serializer = s.LeaseGrantSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        valid_query(NoQuery, request)
+        data = valid_body(s.LeaseGrantSerializer, request)
         lease, created = leases.lease_grant(
-            machine=request_machine(request), operation_id=serializer.validated_data["operation_id"], now=clock.now()
+            machine=request_machine(request), operation_id=data["operation_id"], now=clock.now()
         )
         return Response(leases.lease_body(lease), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
@@ -253,13 +266,12 @@ class WorkerLeaseGrant(MachineView):
 class WorkerLeaseRenew(MachineView):
     """L2, L5, L10."""
 
-    @extend_schema(request=s.LeaseRenewSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=s.LeaseRenewSerializer, responses={200: o.LeaseOut, **errors(409)})
     def post(self, request, lease_id):
-        serializer = s.LeaseRenewSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        valid_query(NoQuery, request)
+        data = valid_body(s.LeaseRenewSerializer, request)
         lease = leases.lease_renew(
-            machine=request_machine(request), lease_id=lease_id,
-            output_tail=serializer.validated_data.get("output_tail"), now=clock.now(),
+            machine=request_machine(request), lease_id=lease_id, output_tail=data.get("output_tail"), now=clock.now(),
         )
         return Response(leases.lease_body(lease))
 
@@ -267,9 +279,9 @@ class WorkerLeaseRenew(MachineView):
 class WorkerReceipts(MachineView):
     """R1-R3."""
 
-    @extend_schema(request=s.ReceiptSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=s.ReceiptSerializer, responses={200: o.ReceiptAnswerOut, **errors()})
     def post(self, request):
-        serializer = s.ReceiptSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        code, body = receipts.receipt_apply(machine=request_machine(request), receipt=serializer.validated_data, now=clock.now())
+        valid_query(NoQuery, request)
+        data = valid_body(s.ReceiptSerializer, request)
+        code, body = receipts.receipt_apply(machine=request_machine(request), receipt=data, now=clock.now())
         return _json(code, body)

@@ -1,0 +1,38 @@
+"""OpenAPI helpers shared by both apps (H): the one error shape and the error responses
+every operation declares, so a client generated from ``/api/schema/`` can read refusals."""
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import serializers
+
+
+class ErrorOut(serializers.Serializer):
+    """Every 4xx body: ``{"error": "<code>", "detail": "<human text>"}``; some codes add
+    fields (``fields`` on ``invalid``, ``task_id`` on ``folder_locked``, ``reason`` on a
+    refused lease)."""
+
+    error = serializers.CharField(help_text="a stable machine-readable code, e.g. invalid, not_found")
+    detail = serializers.CharField(help_text="human-readable text")
+    fields = serializers.DictField(required=False, help_text="on invalid: the problems per field")
+    task_id = serializers.UUIDField(required=False, help_text="on folder_locked: the task that holds the lock")
+    reason = serializers.CharField(required=False, help_text="on a refused lease or renewal: the L5 reason")
+
+
+_ERROR_TEXT = {
+    400: "bad input (invalid, malformed_json, invalid_cursor, ...)",
+    401: "not authenticated, or a revoked token (token_revoked)",
+    403: "authenticated but not allowed (permission_denied, machine_forbidden, ...)",
+    404: "not found, or not the caller's (not_found)",
+    405: "method not allowed",
+    409: "conflict with the current state",
+    413: "body too large",
+    415: "not JSON",
+    422: "idempotency key reused with another body",
+    429: "too many attempts",
+}
+
+COMMON_ERRORS = (400, 401, 403, 404, 405, 415)
+
+
+def errors(*extra: int) -> dict:
+    """``responses`` entries for the common refusals plus ``extra`` statuses, all with
+    ``ErrorOut``. Use as ``responses={200: Out, **errors(409)}``."""
+    return {code: OpenApiResponse(ErrorOut, description=_ERROR_TEXT.get(code, "refused")) for code in (*COMMON_ERRORS, *extra)}

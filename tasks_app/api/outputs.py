@@ -1,0 +1,150 @@
+"""OpenAPI descriptions of the task API's answers (H): DRF serializers used only by
+``extend_schema``, never to render. The bodies themselves come from the wire-shape
+functions (``serialize_task`` and friends); ``tests/test_api_schema.py`` checks that
+real answers carry exactly the fields declared here."""
+from rest_framework import serializers
+
+from tasks_app.models import TaskState
+
+
+class TaskOut(serializers.Serializer):
+    """A task as ``GET /api/tasks/`` lists it and ``task`` board events carry it (H, B1)."""
+
+    id = serializers.UUIDField()
+    state = serializers.ChoiceField(TaskState.choices)
+    state_reason = serializers.CharField()
+    machine = serializers.UUIDField()
+    folder = serializers.CharField()
+    agent = serializers.CharField()
+    prompt = serializers.CharField()
+    session = serializers.UUIDField(allow_null=True)
+    deep_research = serializers.BooleanField()
+    max_runtime_s = serializers.IntegerField(help_text="seconds")
+    exclusive = serializers.BooleanField()
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    final_at = serializers.DateTimeField(allow_null=True)
+    cancel_requested_at = serializers.DateTimeField(allow_null=True)
+    reserved_s = serializers.FloatField(help_text="budget seconds reserved")
+    charged_s = serializers.FloatField(allow_null=True, help_text="budget seconds charged")
+    pid = serializers.IntegerField(allow_null=True)
+    exit_code = serializers.IntegerField(allow_null=True)
+    signal = serializers.IntegerField(allow_null=True)
+    stop_reason = serializers.CharField()
+    runtime_s = serializers.FloatField(allow_null=True)
+    slept_s = serializers.FloatField(allow_null=True)
+    survivors = serializers.ListField(child=serializers.DictField(), help_text="[{pid, ...}] left after the stop")
+    output_tail = serializers.CharField()
+    holds_lock = serializers.BooleanField(help_text="whether it holds its folder lock (A8)")
+    version = serializers.IntegerField()
+
+
+class LeaseSummaryOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    granted_at = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField()
+    renewals = serializers.IntegerField()
+    last_renewed_at = serializers.DateTimeField(allow_null=True)
+    refused_reason = serializers.CharField()
+    ended_at = serializers.DateTimeField(allow_null=True)
+    end_reason = serializers.CharField()
+
+
+class TaskEventOut(serializers.Serializer):
+    old_state = serializers.CharField()
+    new_state = serializers.CharField()
+    reason = serializers.CharField()
+    actor = serializers.CharField()
+    at = serializers.DateTimeField()
+
+
+class ReceiptRecordOut(serializers.Serializer):
+    event_id = serializers.CharField()
+    kind = serializers.CharField()
+    generation = serializers.IntegerField()
+    body = serializers.DictField(help_text="the receipt as the worker sent it")
+    answer = serializers.CharField(help_text="the exact answer body the service returned (R1)")
+    received_at = serializers.DateTimeField()
+
+
+class TaskDetailOut(TaskOut):
+    """``GET /api/tasks/{id}/``: the task with its lease, events and last 50 receipts."""
+
+    lease = LeaseSummaryOut(allow_null=True)
+    events = TaskEventOut(many=True)
+    receipts = ReceiptRecordOut(many=True)
+
+
+class MachineOut(serializers.Serializer):
+    """A machine as ``GET /api/machines/`` lists it and ``machine`` events carry it (B7)."""
+
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    generation = serializers.IntegerField()
+    paired = serializers.BooleanField()
+    last_heard_at = serializers.DateTimeField(allow_null=True)
+    offline = serializers.BooleanField(help_text="not heard from within RUNSTEAD_MACHINE_OFFLINE_S (B7)")
+    version = serializers.IntegerField()
+
+
+class GrantOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    machine = serializers.UUIDField()
+    path = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    revoked_at = serializers.DateTimeField(allow_null=True)
+
+
+class BudgetOut(serializers.Serializer):
+    limit_s = serializers.FloatField()
+    reserved_s = serializers.FloatField()
+    spent_s = serializers.FloatField()
+
+
+class TokenOut(serializers.Serializer):
+    token = serializers.CharField()
+
+
+class PairingCodeOut(serializers.Serializer):
+    code = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+
+
+class WorkerPairOut(serializers.Serializer):
+    machine_id = serializers.UUIDField()
+    token = serializers.CharField(help_text="the machine token, shown once")
+    generation = serializers.IntegerField()
+    name = serializers.CharField()
+
+
+class MessageOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    kind = serializers.ChoiceField(["start", "cancel", "query"])
+    operation_id = serializers.UUIDField()
+    payload = serializers.DictField(help_text="per kind, see H: start, cancel, query")
+
+
+class MessagesOut(serializers.Serializer):
+    messages = MessageOut(many=True)
+
+
+class AckOut(serializers.Serializer):
+    acked = serializers.BooleanField()
+
+
+class LeaseOut(serializers.Serializer):
+    """A lease grant or renewal answer (L1, L2); all durations in seconds."""
+
+    lease_id = serializers.UUIDField()
+    expires_at = serializers.DateTimeField()
+    duration_s = serializers.FloatField()
+    renew_every_s = serializers.FloatField()
+    margin_s = serializers.FloatField()
+    kill_grace_s = serializers.FloatField()
+
+
+class ReceiptAnswerOut(serializers.Serializer):
+    """R3: ``{"outcome": "applied"}`` or ``{"outcome": "not_applied", "reason"}``."""
+
+    outcome = serializers.ChoiceField(["applied", "not_applied"])
+    reason = serializers.CharField(required=False)

@@ -1,0 +1,191 @@
+"""K3 in every API: unknown fields and values of the wrong JSON type are refused with 400
+and the ``{"error", "detail"}`` shape, in both apps, in bodies and in query strings, and
+a refused request changes nothing in the database. Also the error shape of the other
+refusals DRF makes (401, 403, 404, 405, 415)."""
+import json
+import uuid
+
+import pytest
+from django.apps import apps
+from rest_framework.test import APIClient
+
+from tests.conftest import machine_api, owner_api
+from tests.factories import grant_lease, operation_id, submit
+
+
+@pytest.fixture
+def world(owner, machine, grant, pinned):
+    """One of everything an endpoint can name: a task with its operation, lease and start
+    message; a session with a job; a pending pairing code. The machine has been heard
+    from, so its ``last_heard_at`` does not move during the test (P2 writes it at most
+    every few seconds and the clock is pinned)."""
+    task_id = submit(owner, machine, grant.path).json()["id"]
+    (message,) = machine_api(machine).get("/api/worker/messages/?wait=0").json()["messages"]
+    lease_id = grant_lease(machine, task_id).json()["lease_id"]
+    api = owner_api(owner)
+    session_id = str(uuid.uuid4())
+    assert api.post("/api/sessions/", {"id": session_id, "title": "s"}, format="json").status_code == 201
+    assert api.post(f"/api/sessions/{session_id}/jobs/", {"job_id": "j1", "mode": "held"}, format="json").status_code == 201
+    assert api.post("/api/machines/pairing-codes/", {"name": "new"}, format="json").status_code == 201
+    return {
+        "task": task_id, "op": operation_id(task_id), "lease": lease_id, "message": message["id"],
+        "session": session_id, "machine": str(machine.id), "grant": str(grant.id), "folder": grant.path,
+        "generation": machine.generation,
+    }
+
+
+def _receipt(w, **overrides):
+    return {"event_id": "e1", "generation": w["generation"], "operation_id": w["op"], "kind": "starting", "slept_s": 0,
+            "facts": {}, **overrides}
+
+
+# (who, method, path, bad-type body, field named by the refusal, a valid body to add an unknown field to)
+BODY_ENDPOINTS = [
+    ("owner", "post", "/api/tasks/",
+     lambda w: {"machine": w["machine"], "folder": w["folder"], "agent": "demo", "prompt": "p", "exclusive": "yes"},
+     "exclusive", lambda w: {"machine": w["machine"], "folder": w["folder"], "agent": "demo", "prompt": "p"}),
+    ("owner", "post", "/api/tasks/{task}/cancel/", lambda w: [], "non_field_errors", lambda w: {}),
+    ("owner", "post", "/api/token/rotate/", lambda w: [], "non_field_errors", lambda w: {}),
+    ("owner", "post", "/api/machines/pairing-codes/", lambda w: {"name": 5}, "name", lambda w: {"name": "x"}),
+    ("owner", "post", "/api/machines/{machine}/unpair/", lambda w: "now", "non_field_errors", lambda w: {}),
+    ("owner", "post", "/api/grants/", lambda w: {"machine": w["machine"], "path": 5}, "path",
+     lambda w: {"machine": w["machine"], "path": w["folder"] + "/sub"}),
+    ("owner", "post", "/api/grants/{grant}/revoke/", lambda w: [], "non_field_errors", lambda w: {}),
+    ("anonymous", "post", "/api/worker/pair/", lambda w: {"code": 12345678}, "code", lambda w: {"code": "ABCD-EFGH"}),
+    ("machine", "post", "/api/worker/messages/{message}/ack/", lambda w: [], "non_field_errors", lambda w: {}),
+    ("machine", "post", "/api/worker/leases/", lambda w: {"operation_id": 7}, "operation_id",
+     lambda w: {"operation_id": w["op"]}),
+    ("machine", "post", "/api/worker/leases/{lease}/renew/", lambda w: {"output_tail": ["x"]}, "output_tail",
+     lambda w: {"output_tail": "x"}),
+    ("machine", "post", "/api/worker/receipts/", lambda w: _receipt(w, generation=str(w["generation"])), "generation",
+     lambda w: _receipt(w)),
+    ("owner", "post", "/api/sessions/", lambda w: {"title": 5}, "title", lambda w: {"title": "t"}),
+    ("owner", "patch", "/api/sessions/{session}/", lambda w: {"title": False}, "title", lambda w: {"title": "t"}),
+    ("owner", "delete", "/api/sessions/{session}/", lambda w: [], "non_field_errors", lambda w: {}),
+    ("owner", "put", "/api/sessions/{session}/marker/",
+     lambda w: {"turn_id": "t1", "device_id": "laptop", "state": "running", "deep_research": "yes"}, "deep_research",
+     lambda w: {"turn_id": "t1", "device_id": "laptop", "state": "running"}),
+    ("machine", "put", "/api/sessions/{session}/marker/",
+     lambda w: {"turn_id": "t1", "device_id": w["machine"], "state": 1}, "state",
+     lambda w: {"turn_id": "t1", "device_id": w["machine"], "state": "running"}),
+    ("owner", "post", "/api/devices/laptop/sweep/", lambda w: [], "non_field_errors", lambda w: {}),
+    ("machine", "post", "/api/devices/{machine}/sweep/", lambda w: 1, "non_field_errors", lambda w: {}),
+    ("owner", "post", "/api/sessions/{session}/jobs/", lambda w: {"job_id": "j2", "mode": "held", "auto_backgrounded": 1},
+     "auto_backgrounded", lambda w: {"job_id": "j2", "mode": "held"}),
+    ("owner", "post", "/api/sessions/{session}/jobs/j1/finish/", lambda w: {"wakes": "yes"}, "wakes",
+     lambda w: {"wakes": True}),
+    ("owner", "post", "/api/sessions/{session}/stop/", lambda w: [], "non_field_errors", lambda w: {}),
+]
+
+# (who, path with a malformed parameter value or None, the parameter, path for an unknown parameter)
+QUERY_ENDPOINTS = [
+    ("owner", "/api/tasks/?limit=ten", "limit", "/api/tasks/"),
+    ("owner", "/api/tasks/?state=sleeping", "state", "/api/tasks/"),
+    ("owner", "/api/tasks/?machine=laptop", "machine", "/api/tasks/"),
+    ("owner", "/api/tasks/?limit=5&limit=6", "limit", "/api/tasks/{task}/"),
+    ("owner", "/api/machines/?limit=0", "limit", "/api/machines/"),
+    ("owner", "/api/grants/?limit=101", "limit", "/api/grants/"),
+    ("owner", "/api/sessions/?limit=1.0", "limit", "/api/sessions/"),
+    ("machine", "/api/worker/messages/?wait=yes", "wait", "/api/worker/messages/"),
+    ("machine", "/api/worker/messages/?wait=26", "wait", "/api/worker/messages/"),
+    ("owner", None, None, "/api/sessions/{session}/"),
+    ("owner", None, None, "/api/sessions/active/"),
+    ("owner", None, None, "/api/budget/"),
+    ("owner", None, None, "/api/board/"),
+]
+
+
+def _client(who, machine, owner) -> APIClient:
+    return {"owner": lambda: owner_api(owner), "machine": lambda: machine_api(machine), "anonymous": APIClient}[who]()
+
+
+def snapshot() -> dict:
+    """Every row of every RunStead model and of the owners' tokens."""
+    models = [*apps.get_app_config("tasks_app").get_models(), *apps.get_app_config("sessions_app").get_models(),
+              apps.get_model("authtoken", "Token")]
+    return {m.__name__: list(m.objects.order_by("pk").values()) for m in models}
+
+
+def send(client, method, path, body):
+    return client.generic(method.upper(), path, json.dumps(body), content_type="application/json",
+                          HTTP_IDEMPOTENCY_KEY=f"k-{uuid.uuid4()}")
+
+
+def assert_refused(response, field):
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert body["error"] == "invalid" and isinstance(body["detail"], str) and body["detail"]
+    assert field in body["fields"], body
+
+
+def test_k3_unknown_field_refused_in_every_api(world, owner, machine):
+    """Table over both apps: one body of the wrong JSON type and one with an unknown field
+    per endpoint -> 400 ``invalid`` naming the field, and the database is unchanged."""
+    before = snapshot()
+    for who, method, template, bad_type, field, valid in BODY_ENDPOINTS:
+        path = template.format(**world)
+        client = _client(who, machine, owner)
+        assert_refused(send(client, method, path, bad_type(world)), field)
+        assert_refused(send(client, method, path, {**valid(world), "colour": "red"}), "colour")
+    assert snapshot() == before
+
+
+def test_k3_query_parameters_are_strict_in_every_api(world, owner, machine):
+    """Query strings too: a malformed value or an unknown parameter -> 400, nothing changed."""
+    before = snapshot()
+    for who, bad_path, param, plain in QUERY_ENDPOINTS:
+        client = _client(who, machine, owner)
+        if bad_path:
+            assert_refused(client.get(bad_path.format(**world)), param)
+        assert_refused(client.get(plain.format(**world) + "?colour=red"), "colour")
+    assert snapshot() == before
+
+
+def test_k3_sessions_api_refuses_string_boolean(owner_client, owner, pinned):
+    sid = str(uuid.uuid4())
+    owner_client.post(f"/api/sessions/{sid}/jobs/", {"job_id": "j1", "mode": "held"}, format="json")
+    response = owner_client.post(f"/api/sessions/{sid}/jobs/j1/finish/", {"wakes": "yes"}, format="json")
+    assert response.status_code == 400
+    assert response.json() == {"error": "invalid", "detail": "wakes: expected boolean, got string",
+                               "fields": {"wakes": ["expected boolean, got string"]}}
+    from sessions_app.models import Job
+
+    assert Job.objects.get(session_id=sid, job_id="j1").finished_at is None
+
+
+def test_k3_integer_is_not_coerced_from_string_or_boolean(owner, machine, grant, pinned):
+    for value, kind in (("60", "string"), (True, "boolean"), (60.5, "number")):
+        response = submit(owner, machine, grant.path, max_runtime_s=value)
+        assert response.status_code == 400
+        assert response.json()["fields"] == {"max_runtime_s": [f"expected integer, got {kind}"]}
+
+
+def test_k3_marker_without_body_is_refused_not_defaulted(owner_client, pinned):
+    """An absent body is ``{}``: required fields are missing (no HTML-form defaults)."""
+    response = owner_client.put(f"/api/sessions/{uuid.uuid4()}/marker/")
+    assert response.status_code == 400
+    assert set(response.json()["fields"]) == {"turn_id", "device_id", "state"}
+
+
+def test_h_error_shape_of_auth_method_and_media_type_refusals(owner, machine, pinned):
+    anonymous = APIClient()
+    response = anonymous.get("/api/tasks/")
+    assert (response.status_code, response.json()["error"]) == (401, "not_authenticated")
+    response = machine_api(machine).get("/api/tasks/")
+    assert (response.status_code, response.json()["error"]) == (403, "permission_denied")
+    response = owner_api(owner).delete("/api/tasks/")
+    assert (response.status_code, response.json()["error"]) == (405, "method_not_allowed")
+    response = owner_api(owner).post("/api/sessions/", "title=x", content_type="application/x-www-form-urlencoded")
+    assert (response.status_code, response.json()["error"]) == (415, "unsupported_media_type")
+    response = owner_api(owner).post("/api/sessions/", "{", content_type="application/json")
+    assert (response.status_code, response.json()["error"]) == (400, "malformed_json")
+    response = owner_api(owner).get(f"/api/tasks/{uuid.uuid4()}/")
+    assert (response.status_code, response.json()["error"]) == (404, "not_found")
+    for response in (anonymous.get("/api/tasks/"), owner_api(owner).delete("/api/tasks/")):
+        assert set(response.json()) == {"error", "detail"} and response.json()["detail"]
+
+
+def test_k3_bad_cursor_is_refused(owner_client, pinned):
+    response = owner_client.get("/api/tasks/?cursor=not-a-cursor")
+    assert response.status_code == 400
+    assert response.json()["error"] == "invalid_cursor"
