@@ -2,6 +2,7 @@
 and the ``{"error", "detail"}`` shape, in both apps, in bodies and in query strings, and
 a refused request changes nothing in the database. Also the error shape of the other
 refusals DRF makes (401, 403, 404, 405, 415)."""
+import base64
 import json
 import uuid
 
@@ -16,7 +17,7 @@ from tests.factories import grant_lease, operation_id, submit
 @pytest.fixture
 def world(owner, machine, grant, pinned):
     """One of everything an endpoint can name: a task with its operation, lease and start
-    message; a session with a job; a pending pairing code. The machine has been heard
+    message; a session with a job; a pending pairing code; a push subscription. The machine has been heard
     from, so its ``last_heard_at`` does not move during the test (P2 writes it at most
     every few seconds and the clock is pinned)."""
     task_id = submit(owner, machine, grant.path).json()["id"]
@@ -27,11 +28,23 @@ def world(owner, machine, grant, pinned):
     assert api.post("/api/sessions/", {"id": session_id, "title": "s"}, format="json").status_code == 201
     assert api.post(f"/api/sessions/{session_id}/jobs/", {"job_id": "j1", "mode": "held"}, format="json").status_code == 201
     assert api.post("/api/machines/pairing-codes/", {"name": "new"}, format="json").status_code == 201
-    return {
+    subscription = api.post("/api/push/subscriptions/", _subscription(), format="json").json()["id"]
+    return {"subscription": subscription,
         "task": task_id, "op": operation_id(task_id), "lease": lease_id, "message": message["id"],
         "session": session_id, "machine": str(machine.id), "grant": str(grant.id), "folder": grant.path,
         "generation": machine.generation,
     }
+
+
+def _settings():
+    kinds = {k: True for k in ("session_idle", "attention", "unknown", "task_succeeded", "task_failed")}
+    return {"kinds": kinds, "webhook_url": None, "board": True, "push": False}
+
+
+def _subscription():
+    """A subscription whose keys have the right sizes (a P-256 point, 16 bytes of auth)."""
+    b64 = lambda raw: base64.urlsafe_b64encode(raw).decode().rstrip("=")  # noqa: E731
+    return {"endpoint": "https://push.example.com/abc", "keys": {"p256dh": b64(b"\x04" + bytes(64)), "auth": b64(bytes(16))}}
 
 
 def _receipt(w, **overrides):
@@ -75,6 +88,11 @@ BODY_ENDPOINTS = [
     ("owner", "post", "/api/sessions/{session}/jobs/j1/finish/", lambda w: {"wakes": "yes"}, "wakes",
      lambda w: {"wakes": True}),
     ("owner", "post", "/api/sessions/{session}/stop/", lambda w: [], "non_field_errors", lambda w: {}),
+    ("owner", "put", "/api/notifications/settings/", lambda w: {**_settings(), "board": "yes"}, "board",
+     lambda w: _settings()),
+    ("owner", "post", "/api/push/subscriptions/", lambda w: {**_subscription(), "expirationTime": "soon"},
+     "expirationTime", lambda w: _subscription()),
+    ("owner", "delete", "/api/push/subscriptions/{subscription}/", lambda w: [], "non_field_errors", lambda w: {}),
 ]
 
 # (who, path with a malformed parameter value or None, the parameter, path for an unknown parameter)
@@ -92,6 +110,8 @@ QUERY_ENDPOINTS = [
     ("owner", None, None, "/api/sessions/active/"),
     ("owner", None, None, "/api/budget/"),
     ("owner", None, None, "/api/board/"),
+    ("owner", None, None, "/api/notifications/settings/"),
+    ("owner", None, None, "/api/push/vapid-public-key/"),
 ]
 
 
@@ -101,8 +121,8 @@ def _client(who, machine, owner) -> APIClient:
 
 def snapshot() -> dict:
     """Every row of every RunStead model and of the owners' tokens."""
-    models = [*apps.get_app_config("tasks_app").get_models(), *apps.get_app_config("sessions_app").get_models(),
-              apps.get_model("authtoken", "Token")]
+    models = [model for label in ("tasks_app", "sessions_app", "notifications", "authtoken")
+              for model in apps.get_app_config(label).get_models()]
     return {m.__name__: list(m.objects.order_by("pk").values()) for m in models}
 
 

@@ -9,7 +9,8 @@ from rest_framework.views import APIView
 from config import clock
 from sessions_app.notifications import services
 from sessions_app.notifications.models import KIND_NAMES
-from tasks_app.api.serializers import StrictSerializer
+from config.schema import errors
+from config.strict import EmptyBody, NoQuery, StrictSerializer, valid_body, valid_query
 
 ENDPOINT_MAX = 2000
 HTTP_URL = URLValidator(schemes=["http", "https"])
@@ -64,15 +65,15 @@ _SUBSCRIPTION_SHAPE = inline_serializer(
 class NotificationSettingsView(APIView):
     """``GET``/``PUT /api/notifications/settings/``: the requesting owner's settings (N1)."""
 
-    @extend_schema(responses=_SETTINGS_SHAPE, summary="Notification settings (N1)")
+    @extend_schema(responses={200: _SETTINGS_SHAPE, **errors()}, summary="Notification settings (N1)")
     def get(self, request):
+        valid_query(NoQuery, request)
         return Response(services.settings_dict(services.settings_get(owner=request.user)))
 
-    @extend_schema(request=SettingsSerializer, responses=_SETTINGS_SHAPE, summary="Replace notification settings (N1)")
+    @extend_schema(request=SettingsSerializer, responses={200: _SETTINGS_SHAPE, **errors()}, summary="Replace notification settings (N1)")
     def put(self, request):
-        serializer = SettingsSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        valid_query(NoQuery, request)
+        data = valid_body(SettingsSerializer, request)
         row, secret = services.settings_update(
             owner=request.user, kinds=data["kinds"], webhook_url=data["webhook_url"], board=data["board"],
             push=data["push"], now=clock.now(),
@@ -87,11 +88,10 @@ class PushSubscriptionListView(APIView):
     """``POST /api/push/subscriptions/``: store a browser's subscription (N2); 201 new,
     200 when the endpoint was known (keys updated)."""
 
-    @extend_schema(request=SubscriptionSerializer, responses={201: _SUBSCRIPTION_SHAPE, 200: _SUBSCRIPTION_SHAPE})
+    @extend_schema(request=SubscriptionSerializer, responses={201: _SUBSCRIPTION_SHAPE, 200: _SUBSCRIPTION_SHAPE, **errors()})
     def post(self, request):
-        serializer = SubscriptionSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
+        valid_query(NoQuery, request)
+        data = valid_body(SubscriptionSerializer, request)
         sub, created = services.subscription_create(
             owner=request.user, endpoint=data["endpoint"], p256dh=data["keys"]["p256dh"], auth=data["keys"]["auth"],
             now=clock.now(),
@@ -102,8 +102,10 @@ class PushSubscriptionListView(APIView):
 class PushSubscriptionDetailView(APIView):
     """``DELETE /api/push/subscriptions/{id}/``: 204; another owner's id is a 404 (K2)."""
 
-    @extend_schema(request=None, responses={204: None})
+    @extend_schema(request=EmptyBody, responses={204: None, **errors()})
     def delete(self, request, subscription_id):
+        valid_query(NoQuery, request)
+        valid_body(EmptyBody, request)
         services.subscription_delete(owner=request.user, subscription_id=subscription_id)
         return Response(status=204)
 
@@ -112,6 +114,7 @@ class VapidPublicKeyView(APIView):
     """``GET /api/push/vapid-public-key/``: ``{"public_key"}`` (base64url), the
     ``applicationServerKey`` for ``pushManager.subscribe``."""
 
-    @extend_schema(responses=inline_serializer("VapidPublicKey", {"public_key": serializers.CharField()}))
+    @extend_schema(responses={200: inline_serializer("VapidPublicKey", {"public_key": serializers.CharField()}), **errors()})
     def get(self, request):
+        valid_query(NoQuery, request)
         return Response({"public_key": services.vapid_key().public_key})
