@@ -1,5 +1,8 @@
 """``python manage.py worker --server URL [--state-dir DIR] [--config FILE] [--once]`` (SPEC O4).
 
+``--install-service`` / ``--uninstall-service`` (D4) install or remove this command line
+as a login service (``tasks_app.worker.service``).
+
 ``--check`` (G1) prints every profile as resolved (argv template, parser, binary found
 on PATH or not, resume support) and exits 1 when one is broken; it needs no pairing.
 
@@ -37,8 +40,14 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="pull once, run what came, report, exit")
         parser.add_argument("--check", action="store_true",
                             help="print the resolved profiles and exit (non-zero if one is broken)")
+        service = parser.add_mutually_exclusive_group()
+        service.add_argument("--install-service", action="store_true",
+                             help="install this command line as a login service (LaunchAgent / systemd user unit, D4)")
+        service.add_argument("--uninstall-service", action="store_true", help="stop and remove the login service (D4)")
 
     def handle(self, *args, **options):
+        if options["install_service"] or options["uninstall_service"]:
+            return self._service(options)
         from tasks_app.worker.config import ConfigError, load_config
         from tasks_app.worker.loop import WorkerOptions, open_worker
         from tasks_app.worker.store import StateDirLocked
@@ -79,3 +88,23 @@ class Command(BaseCommand):
         code = worker.run()
         if code:
             sys.exit(code)
+
+    def _service(self, options):
+        """D4: write and load (or stop and remove) the login service for this command line."""
+        from django.conf import settings
+
+        from tasks_app.worker import service
+
+        out = lambda msg: self.stdout.write(msg)  # noqa: E731
+        if options["uninstall_service"]:
+            service.uninstall(out=out)
+            return
+        if options["once"] or options["check"]:
+            raise CommandError("--install-service runs the worker loop: drop --once and --check")
+        argv = [sys.executable, str(settings.BASE_DIR / "manage.py"), "worker",
+                "--state-dir", os.path.abspath(os.path.expanduser(options["state_dir"]))]
+        if options["server"]:
+            argv += ["--server", options["server"]]
+        if options["config"]:
+            argv += ["--config", os.path.abspath(os.path.expanduser(options["config"]))]
+        service.install(argv, workdir=str(settings.BASE_DIR), out=out)
