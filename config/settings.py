@@ -231,3 +231,28 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {"runstead": {"handlers": ["console"], "level": env_str("RUNSTEAD_LOG_LEVEL", "INFO")}},
 }
+
+# --- production behind a TLS proxy (SPEC D3; deploy/) -----------------------------------
+if PRODUCTION:
+    # The proxy (deploy/Caddyfile) terminates TLS and says so in X-Forwarded-Proto.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env_str("RUNSTEAD_SSL_REDIRECT", "1") != "0"
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    # HSTS: a year by default; RUNSTEAD_HSTS_SECONDS=0 turns it off (e.g. while trying a
+    # new domain). Subdomains and preload are opt-in: both commit more than this host.
+    SECURE_HSTS_SECONDS = int(env_seconds("RUNSTEAD_HSTS_SECONDS", 31536000)) if env_str("RUNSTEAD_HSTS_SECONDS") != "0" else 0
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_str("RUNSTEAD_HSTS_INCLUDE_SUBDOMAINS", "0") == "1"
+    SECURE_HSTS_PRELOAD = env_str("RUNSTEAD_HSTS_PRELOAD", "0") == "1"
+    # Origins allowed to POST forms (admin, board): https:// on every allowed host unless set.
+    CSRF_TRUSTED_ORIGINS = [
+        o.strip() for o in (env_str("CSRF_TRUSTED_ORIGINS") or ",".join(
+            f"https://{h.lstrip('.')}" for h in ALLOWED_HOSTS if h != "*")).split(",") if o.strip()
+    ]
+    # What the operator chose with the variables above is not a deploy warning.
+    SILENCED_SYSTEM_CHECKS = [
+        *([] if SECURE_HSTS_SECONDS else ["security.W004"]),
+        *([] if SECURE_HSTS_INCLUDE_SUBDOMAINS else ["security.W005"]),
+        *([] if SECURE_HSTS_PRELOAD else ["security.W021"]),
+        *([] if SECURE_SSL_REDIRECT else ["security.W008"]),
+    ]

@@ -80,6 +80,7 @@ class Waiters:
         self.by_machine: dict[str, set[Waiter]] = {}
         self.joined: dict[str, float] = {}  # machine id -> last time a pull of it waited here
         self.channel = None
+        self.channel_ready = asyncio.Event()
         self.stopping = False
         self._tasks = []
 
@@ -144,8 +145,7 @@ class Waiters:
 
         layer = get_channel_layer()
         try:
-            if self.channel is None:
-                self.channel = await layer.new_channel("longpoll.")
+            await self.channel_ready.wait()
             await layer.group_add(machine_group(machine_id), self.channel)
         except Exception as exc:  # the layer is down: the safety re-check still delivers
             log.warning("channel layer group_add failed (%s); relying on the re-check", exc)
@@ -155,10 +155,12 @@ class Waiters:
         from channels.layers import get_channel_layer
 
         layer = get_channel_layer()
+        # One channel per process, with channels_redis's default prefix so it shares the
+        # process's one receive loop with the board consumers instead of competing with it.
+        self.channel = await layer.new_channel()
+        self.channel_ready.set()
         while True:
             try:
-                if self.channel is None:
-                    self.channel = await layer.new_channel("longpoll.")
                 message = await layer.receive(self.channel)
             except asyncio.CancelledError:
                 raise
