@@ -1,6 +1,7 @@
 """OpenAPI helpers shared by both apps (H): the one error shape and the error responses
 every operation declares, so a client generated from ``/api/schema/`` can read refusals."""
-from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import serializers
 
 
@@ -36,3 +37,8 @@ def errors(*extra: int) -> dict:
     """``responses`` entries for the common refusals plus ``extra`` statuses, all with
     ``ErrorOut``. Use as ``responses={200: Out, **errors(409)}``."""
     return {code: OpenApiResponse(ErrorOut, description=_ERROR_TEXT.get(code, "refused")) for code in (*COMMON_ERRORS, *extra)}
+
+
+@extend_schema_view(get=extend_schema(exclude=True))
+class SchemaView(SpectacularAPIView):
+    """``GET /api/schema/``: the OpenAPI document, which leaves itself out."""

@@ -1,15 +1,15 @@
 from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView
 
+from config.schema import SchemaView
 from sessions_app.notifications import pwa
 
 urlpatterns = [
     path("admin", RedirectView.as_view(url="/admin/")),
     path("admin/", admin.site.urls),
     path("accounts/", include("django.contrib.auth.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/schema/", SchemaView.as_view(), name="schema"),
     path("api/", include("tasks_app.api.urls")),
     path("api/", include("sessions_app.api.urls")),
     path("api/", include("sessions_app.notifications.urls")),

@@ -20,6 +20,7 @@ from config.schema import errors
 from config.strict import NoQuery, valid_query
 from sessions_app.models import Marker, Session, SessionStatus
 from sessions_app.services import marker_is_running
+from tasks_app.api.outputs import BoardGrantOut, BoardTaskOut, MachineOut
 from tasks_app.api.serializers import serialize_machine, serialize_task
 from tasks_app.models import FINAL_STATES, Grant, Machine, Task
 
@@ -150,9 +151,9 @@ _SNAPSHOT_SHAPE = inline_serializer(
             },
             many=True,
         ),
-        "tasks": serializers.ListField(child=serializers.DictField(), help_text="tasks as in task events, plus started_at"),
-        "machines": serializers.ListField(child=serializers.DictField(), help_text="machines as GET /api/machines/"),
-        "grants": serializers.ListField(child=serializers.DictField(), help_text="active grants {id, machine, path}"),
+        "tasks": BoardTaskOut(many=True, help_text="tasks as in task events, plus started_at"),
+        "machines": MachineOut(many=True, help_text="machines as GET /api/machines/"),
+        "grants": BoardGrantOut(many=True, help_text="active grants"),
         "server_time": serializers.DateTimeField(),
         "marker_grace_s": serializers.FloatField(),
         "machine_offline_s": serializers.FloatField(),

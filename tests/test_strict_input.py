@@ -70,6 +70,8 @@ BODY_ENDPOINTS = [
      lambda w: {"operation_id": w["op"]}),
     ("machine", "post", "/api/worker/leases/{lease}/renew/", lambda w: {"output_tail": ["x"]}, "output_tail",
      lambda w: {"output_tail": "x"}),
+    ("machine", "put", "/api/worker/profiles/", lambda w: {"profiles": [{"name": "claude", "preset": 1}]}, "profiles",
+     lambda w: {"profiles": [{"name": "claude", "preset": None}]}),
     ("machine", "post", "/api/worker/receipts/", lambda w: _receipt(w, generation=str(w["generation"])), "generation",
      lambda w: _receipt(w)),
     ("owner", "post", "/api/sessions/", lambda w: {"title": 5}, "title", lambda w: {"title": "t"}),

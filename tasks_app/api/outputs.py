@@ -7,6 +7,15 @@ from rest_framework import serializers
 from tasks_app.models import TaskState
 
 
+class SurvivorOut(serializers.Serializer):
+    """A process left after the stop (L8), as the worker named it."""
+
+    pid = serializers.IntegerField()
+    process_start_time = serializers.FloatField(allow_null=True, help_text="seconds since the epoch")
+    name = serializers.CharField(required=False)
+    cmdline = serializers.CharField(required=False, help_text="at most 200 characters")
+
+
 class TaskOut(serializers.Serializer):
     """A task as ``GET /api/tasks/`` lists it and ``task`` board events carry it (H, B1)."""
 
@@ -33,7 +42,7 @@ class TaskOut(serializers.Serializer):
     stop_reason = serializers.CharField()
     runtime_s = serializers.FloatField(allow_null=True)
     slept_s = serializers.FloatField(allow_null=True)
-    survivors = serializers.ListField(child=serializers.DictField(), help_text="[{pid, ...}] left after the stop")
+    survivors = SurvivorOut(many=True)
     output_tail = serializers.CharField()
     holds_lock = serializers.BooleanField(help_text="whether it holds its folder lock (A8)")
     version = serializers.IntegerField()
@@ -75,6 +84,17 @@ class TaskDetailOut(TaskOut):
     receipts = ReceiptRecordOut(many=True)
 
 
+class ProfileOut(serializers.Serializer):
+    """A worker profile as the machine reported it (B10, G1)."""
+
+    name = serializers.CharField()
+    preset = serializers.CharField(allow_null=True)
+
+
+class ProfilesOut(serializers.Serializer):
+    profiles = ProfileOut(many=True)
+
+
 class MachineOut(serializers.Serializer):
     """A machine as ``GET /api/machines/`` lists it and ``machine`` events carry it (B7)."""
 
@@ -84,6 +104,7 @@ class MachineOut(serializers.Serializer):
     paired = serializers.BooleanField()
     last_heard_at = serializers.DateTimeField(allow_null=True)
     offline = serializers.BooleanField(help_text="not heard from within RUNSTEAD_MACHINE_OFFLINE_S (B7)")
+    profiles = ProfileOut(many=True, help_text="as last reported by PUT /api/worker/profiles/ (B10)")
     version = serializers.IntegerField()
 
 
@@ -93,6 +114,18 @@ class GrantOut(serializers.Serializer):
     path = serializers.CharField()
     created_at = serializers.DateTimeField()
     revoked_at = serializers.DateTimeField(allow_null=True)
+
+
+class BoardTaskOut(TaskOut):
+    """A task on the board snapshot: as in ``task`` events, plus when its run began."""
+
+    started_at = serializers.DateTimeField(allow_null=True, help_text="when its lease was granted")
+
+
+class BoardGrantOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    machine = serializers.UUIDField()
+    path = serializers.CharField()
 
 
 class BudgetOut(serializers.Serializer):
@@ -121,7 +154,7 @@ class MessageOut(serializers.Serializer):
     id = serializers.UUIDField()
     kind = serializers.ChoiceField(["start", "cancel", "query"])
     operation_id = serializers.UUIDField()
-    payload = serializers.DictField(help_text="per kind, see H: start, cancel, query")
+    payload = serializers.DictField(help_text="free-form per kind, see H: start, cancel, query")
 
 
 class MessagesOut(serializers.Serializer):

@@ -1,10 +1,12 @@
 """``PUT /api/worker/profiles/`` (SPEC B10, H): a machine reports its profiles."""
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
 from config import clock
-from tasks_app.api.serializers import StrictSerializer
+from config.schema import errors
+from config.strict import NoQuery, StrictSerializer, valid_body, valid_query
+from tasks_app.api.outputs import ProfilesOut
 from tasks_app.api.views import MachineView
 from tasks_app.auth import request_machine
 from tasks_app.services.profiles import MAX_PROFILES, machine_profiles_report
@@ -25,18 +27,15 @@ class ProfilesSerializer(StrictSerializer):
         return value
 
 
-_ANSWER = inline_serializer("WorkerProfiles", {"profiles": serializers.ListField(child=serializers.DictField())})
-
-
 class WorkerProfiles(MachineView):
     """The machine's ``{"profiles": [{"name", "preset"}]}``, sent by the worker at start;
     answers the stored list. A change is published as a ``machine`` event (B2)."""
 
-    @extend_schema(request=ProfilesSerializer, responses=_ANSWER)
+    @extend_schema(request=ProfilesSerializer, responses={200: ProfilesOut, **errors()})
     def put(self, request):
-        serializer = ProfilesSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
+        valid_query(NoQuery, request)
+        data = valid_body(ProfilesSerializer, request)
         machine = machine_profiles_report(
-            machine=request_machine(request), profiles=serializer.validated_data["profiles"], now=clock.now()
+            machine=request_machine(request), profiles=data["profiles"], now=clock.now()
         )
         return Response({"profiles": machine.profiles})
