@@ -19,7 +19,7 @@ from tasks_app.worker.client import Backoff
 from tasks_app.worker.clock import FakeClock
 from tasks_app.worker.config import ConfigError, check_start, parse_config
 from tasks_app.worker.lease import KILL, OK, TERM, Deadline, LeaseTerms, SentAt, slept_s
-from tasks_app.worker.loop import Run
+from tasks_app.worker.runner import Run
 from tasks_app.worker.store import Store
 from tests.worker_harness import AGENT, count_lines, live_pids, make_worker, recorded_pids, wait_for
 
@@ -40,7 +40,7 @@ def test_l3_deadline_is_duration_minus_margin_from_send():
 def test_l3_sleep_monotonic_stands_still_wall_advances_deadline_passes():
     clock = FakeClock()
     d = Deadline(TERMS, SentAt.now(clock))
-    clock.sleep(600)  # lid closed: wall runs, monotonic does not
+    clock.suspend(600)  # lid closed: wall runs, monotonic does not
     assert d.remaining(clock) == pytest.approx(55 - 600)
     assert d.phase(clock) == KILL
     assert slept_s(d.sent, clock) == pytest.approx(600)
@@ -110,14 +110,14 @@ def test_l3_l4_l9_sleep_stops_agent_at_once_and_reports_slept_600(tmp_path):
     run.deadline = Deadline(TERMS, run.granted)
     profile, folder = check_start(worker.config, payload)
     env = process.agent_env(dict(os.environ), profile_env=profile.env, operation_id=op, task_id="t", token="x")
-    thread = threading.Thread(target=worker.spawn_and_watch,
+    thread = threading.Thread(target=worker.runner.spawn_and_watch,
                               args=(run, profile.command(prompt="p", folder=folder), folder, False, env))
     thread.start()
     wait_for(lambda: len(recorded_pids(tmp_path / "pids")) >= 3, what="agent, child and grandchild")
     time.sleep(0.5)
     assert thread.is_alive()
     woke = time.monotonic()
-    clock.sleep(600)
+    clock.suspend(600)
     thread.join(timeout=10)
     assert not thread.is_alive()
     assert time.monotonic() - woke < 3.0

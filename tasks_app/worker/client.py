@@ -1,20 +1,28 @@
-"""HTTP to the control service (SPEC H, R3, R4). httpx only; no Django.
+"""The worker's view of the control service (SPEC H, R3, R4). httpx only; no Django.
 
-Every request carries ``Authorization: Machine <token>``. ``Answer.kind`` classifies a
-reply the way R3 says: ``ok``, ``final`` (4xx other than 401/429: never retried),
-``revoked`` (401: stop and ask to be paired again) or ``retry`` (429, 5xx, network).
+``Service`` is everything the worker loop asks of the service; ``HttpService`` speaks it
+over HTTP (every request carries ``Authorization: Machine <token>``), and
+``tasks_app.worker.testing.InMemoryService`` implements it in memory for tests. A worker
+gets a ``connect()`` factory and opens one ``Service`` per thread.
+
+``Answer.kind`` classifies a reply the way R3 says: ``ok``, ``final`` (4xx other than
+401/429: never retried), ``revoked`` (401: stop and ask to be paired again) or ``retry``
+(429, 5xx, network).
 """
 from __future__ import annotations
 
 import json
 import random
 from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import httpx
 
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
 REQUEST_TIMEOUT_S = 10.0
+POLL_SLACK_S = 10.0  # a long-poll's HTTP timeout is its wait plus this
+MAX_POLL_WAIT_S = 25.0  # the service's long-poll maximum (H)
 
 
 class Backoff:
@@ -87,6 +95,66 @@ class ServiceClient:
         except ValueError:
             parsed = None
         return Answer(status=response.status_code, body=parsed if isinstance(parsed, dict) else None, text=response.text)
+
+
+class Service(Protocol):
+    """What the worker loop asks of the control service. No method raises for HTTP or
+    network trouble: each returns an ``Answer`` (status 0 for a network error)."""
+
+    def pull(self, wait_s: float) -> Answer:
+        """``GET /api/worker/messages/?wait=`` -> ``{"messages": [{id, kind, operation_id,
+        payload}]}``; long-polls up to ``wait_s`` (<= 25) seconds (W2)."""
+
+    def ack(self, message_id: str) -> Answer:
+        """``POST /api/worker/messages/{id}/ack/`` (idempotent, W2)."""
+
+    def lease_grant(self, operation_id: str) -> Answer:
+        """``POST /api/worker/leases/`` -> 201/200 lease terms, 409 ``{"error": reason}`` (L1)."""
+
+    def lease_renew(self, lease_id: str, *, output_tail: str, timeout_s: float) -> Answer:
+        """``POST /api/worker/leases/{id}/renew/`` -> lease terms, 409 refusal (L2, L5, L10)."""
+
+    def send(self, method: str, path: str, body: dict) -> Answer:
+        """One durable outbox row: a receipt (``POST /api/worker/receipts/``, R1-R3), a
+        session marker (``PUT /api/sessions/{id}/marker/``, M8) or a device sweep (M5)."""
+
+    def close(self) -> None:
+        """Release the connection."""
+
+
+Connect = Callable[[], Service]
+
+
+class HttpService:
+    """``Service`` over HTTP: one httpx client, so one instance per thread."""
+
+    def __init__(self, server: str, token: str | None, timeout_s: float = REQUEST_TIMEOUT_S):
+        self.client = ServiceClient(server, token, timeout_s=timeout_s)
+
+    def pull(self, wait_s: float) -> Answer:
+        wait = max(0.0, min(MAX_POLL_WAIT_S, wait_s))
+        return self.client.request("GET", f"/api/worker/messages/?wait={wait:g}", timeout_s=wait + POLL_SLACK_S)
+
+    def ack(self, message_id: str) -> Answer:
+        return self.client.request("POST", f"/api/worker/messages/{message_id}/ack/", {})
+
+    def lease_grant(self, operation_id: str) -> Answer:
+        return self.client.request("POST", "/api/worker/leases/", {"operation_id": operation_id})
+
+    def lease_renew(self, lease_id: str, *, output_tail: str, timeout_s: float) -> Answer:
+        return self.client.request("POST", f"/api/worker/leases/{lease_id}/renew/", {"output_tail": output_tail},
+                                   timeout_s=timeout_s)
+
+    def send(self, method: str, path: str, body: dict) -> Answer:
+        return self.client.request(method, path, body)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def http_connect(server: str, token: str | None) -> Connect:
+    """A ``connect()`` factory for a real service at ``server``."""
+    return lambda: HttpService(server, token)
 
 
 def pair(server: str, code: str, name: str) -> Answer:

@@ -102,3 +102,11 @@ def slept_s(granted: SentAt | None, clock: Clock) -> float:
     if granted is None:
         return 0.0
     return max(0.0, (clock.wall() - granted.wall) - (clock.monotonic() - granted.monotonic))
+
+
+def record_slept_s(record: dict, *, clock: Clock, boot: str) -> float:
+    """``slept_s`` (L9) of a local operation record since its grant; 0 when it was never
+    granted or was granted in another boot (monotonic readings are not comparable)."""
+    if record.get("granted_mono") is None or record.get("boot_id") != boot:
+        return 0.0
+    return slept_s(SentAt(record["granted_mono"], record["granted_wall"]), clock)

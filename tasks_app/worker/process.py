@@ -18,10 +18,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
 import psutil
+
+from .clock import SYSTEM_CLOCK, Clock
 
 TAG_ENV = "RUNSTEAD_OPERATION_ID"
 START_TIME_TOLERANCE_S = 1.0
@@ -29,6 +30,7 @@ KILL_ROUNDS_BOUND_S = 3.0
 POLL_S = 0.05
 TAIL_LINES = 20
 TAIL_CHARS = 4000
+CAFFEINATE_REAP_S = 2.0  # bound on reaping caffeinate once no agent runs (a real process)
 LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
 
 
@@ -172,9 +174,10 @@ class Target:
 
 
 def stop(target: Target, *, grace_s: float, bound_s: float = KILL_ROUNDS_BOUND_S, term: bool = True,
-         sleep=time.sleep, on_term=None) -> list[dict]:
+         clock: Clock = SYSTEM_CLOCK, on_term=None) -> list[dict]:
     """Bounded best-effort stop (L4, L8): SIGTERM to the group and every found process,
-    up to ``grace_s`` for them to go, then SIGKILL rounds for up to ``bound_s``.
+    up to ``grace_s`` for them to go, then SIGKILL rounds for up to ``bound_s`` (seconds of
+    ``clock``; it polls every ``POLL_S``).
 
     Returns the survivors (``describe``), empty when everything is gone.
     """
@@ -185,13 +188,14 @@ def stop(target: Target, *, grace_s: float, bound_s: float = KILL_ROUNDS_BOUND_S
             _signal(ref, signal.SIGTERM)
         if on_term:
             on_term()
-        waited = 0.0
-        while waited < grace_s:
+        end = clock.monotonic() + grace_s
+        while True:
             if not any(alive(r) for r in found.values()) and not target.collect():
                 return []
-            sleep(POLL_S)
-            waited += POLL_S
-    end = time.monotonic() + bound_s
+            if clock.monotonic() >= end:
+                break
+            clock.wait(None, min(POLL_S, end - clock.monotonic()))
+    end = clock.monotonic() + bound_s
     while True:
         signal_group(target.leader, target.pgid, signal.SIGKILL)
         found = {pid: ref for pid, ref in found.items() if alive(ref)}
@@ -201,11 +205,11 @@ def stop(target: Target, *, grace_s: float, bound_s: float = KILL_ROUNDS_BOUND_S
             return []
         for ref in found.values():
             _signal(ref, signal.SIGKILL)
-        sleep(POLL_S)
+        clock.wait(None, POLL_S)
         found = {pid: ref for pid, ref in found.items() if alive(ref)}
         if not found and not target.collect():
             return []
-        if time.monotonic() >= end:
+        if clock.monotonic() >= end:
             return [describe(r) for r in found.values()]
 
 
@@ -244,7 +248,8 @@ def spawn(*, argv: list[str], cwd: str, env: dict, op_dir: str, stdin_text: str 
     try:
         ref = ProcRef(proc.pid, psutil.Process(proc.pid).create_time())
     except psutil.Error:
-        ref = ProcRef(proc.pid, time.time())
+        # Gone already: a start time no live process has, so nothing is ever taken for it.
+        ref = ProcRef(proc.pid, 0.0)
     return proc, ref
 
 
@@ -307,7 +312,7 @@ class IdleSleepGuard:
             if self.count == 0 and self.proc is not None:
                 try:
                     self.proc.terminate()
-                    self.proc.wait(timeout=2)
+                    self.proc.wait(timeout=CAFFEINATE_REAP_S)
                 except Exception:
                     pass
                 self.proc = None

@@ -1,0 +1,81 @@
+"""What the parts of one worker process share (SPEC W6, W8, R3).
+
+The poller, the runners, the renewers, the sender and recovery each get one
+``WorkerContext``: the local store, the identity, the clock, a ``connect()`` factory for
+the service (one ``Service`` per thread), the runs in flight, and the flags the
+coordinator (``loop.py``) sets. Nothing here starts a thread.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from .client import Connect
+from .clock import Clock
+from .config import WorkerConfig
+from .store import Identity, StateDir, Store
+
+log = logging.getLogger("runstead.worker")
+
+
+@dataclass
+class WorkerContext:
+    state: StateDir
+    store: Store
+    identity: Identity
+    config: WorkerConfig
+    clock: Clock
+    connect: Connect
+    boot: str
+    server: str = ""
+    draining: threading.Event = field(default_factory=threading.Event)  # W6 first signal: no new work
+    stopping: threading.Event = field(default_factory=threading.Event)  # W6 second signal: stop agents
+    revoked: threading.Event = field(default_factory=threading.Event)  # R3 401: stop everything
+    outbox_wake: threading.Event = field(default_factory=threading.Event)  # the sender has rows to send
+    changed: threading.Event = field(default_factory=threading.Event)  # wakes the coordinator's loop
+    runs: dict = field(default_factory=dict)  # operation id -> runner.Run
+    runs_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def enqueue(self, items: list[dict]) -> None:
+        """Commit outbox rows (``wire.py`` shapes) and wake the sender."""
+        self.store.enqueue(items, self.clock.wall())
+        self.outbox_wake.set()
+
+    def wake_sender(self) -> None:
+        self.outbox_wake.set()
+
+    def wake(self) -> None:
+        """Tell the coordinator something changed (a run ended, a flag was set)."""
+        self.changed.set()
+
+    def run_for(self, operation_id: str):
+        with self.runs_lock:
+            return self.runs.get(operation_id)
+
+    def active(self) -> int:
+        with self.runs_lock:
+            return len(self.runs)
+
+    def stop_all(self, reason: str) -> None:
+        """Ask every run in flight to stop its agent with ``stop_reason`` ``reason``."""
+        with self.runs_lock:
+            runs = list(self.runs.values())
+        for run in runs:
+            run.request_stop(reason)
+
+    def on_revoked(self) -> None:
+        """401 token_revoked (R3, K1): stop agents and the loop, ask to be paired again."""
+        with self.runs_lock:
+            if self.revoked.is_set():
+                return
+            self.revoked.set()
+        self.draining.set()
+        log.error(
+            "machine token revoked (401 token_revoked). Pair this worker again: "
+            "python manage.py pair_worker --server %s --code CODE --state-dir %s",
+            self.server, self.state.path,
+        )
+        self.stop_all("worker_shutdown")
+        self.outbox_wake.set()
+        self.wake()

@@ -1,0 +1,415 @@
+"""One operation, from its ``start`` message to its final receipt (SPEC W4, W8, L1, L4, L8,
+X1, X2, J1, M8).
+
+``Runner.start`` runs each operation in its own thread:
+
+1. local checks (W4: profile, folder inside the allowed roots and the grant root) and a
+   slot (W8: at most ``max_concurrent`` agents); a refused start is a final receipt with
+   ``process_started: false``, ``stop_reason: refused``;
+2. the lease (L1: no lease, no start);
+3. ``starting`` committed with ``spawn_count = 1`` (X1), the spawn through the launcher,
+   pid, group and start time committed right after (X2), the ``running`` marker (M8);
+4. the watch: the deadline checked every ``watch_interval_s`` (L4), stop requests
+   (cancel, refused renewal, shutdown) and descendant snapshots (L8), while a renewer
+   thread (``renewer.py``) keeps the lease;
+5. the exit facts, the bounded stop of leftovers and the final receipt (J1).
+
+Per-run extension points (``RunHooks``): the agent's output lines are fed to
+``hooks.on_output(line)`` while it runs (a stream parser), and ``hooks.facts_extra()``
+is merged into the final facts (never over a J1 key). A progress sender would read what
+the hooks collected from its own thread, like the renewer, so it never delays a renewal
+or a receipt (W8).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import faults, process
+from .client import Backoff
+from .config import check_start
+from .context import WorkerContext
+from .lease import KILL, OK, TERM, Deadline, LeaseTerms, SentAt, slept_s
+from .renewer import Renewer
+from .wire import final_facts, marker_item, receipt_item
+
+log = logging.getLogger("runstead.worker")
+
+WATCH_INTERVAL_S = 0.2  # L4 asks for >= once a second
+DESCENDANT_SNAPSHOT_S = 1.0  # L8: how often descendants are recorded
+SLOT_POLL_S = 0.2  # a start waiting for a slot (W8) re-checks draining this often
+LEASE_RETRY_CAP_S = 5.0  # a grant request that met network trouble is retried within this
+REAP_TIMEOUT_S = 5.0  # how long the exit status of a stopped launcher is awaited
+NATURAL_EXIT_STOP_GRACE_S = 2.0  # leftovers of an agent that exited by itself: SIGTERM grace cap
+FAULT_WHILE_RUNNING_AFTER_S = 0.3  # crash tests: "while_agent_runs" fires this long after spawn
+
+
+class RunHooks:
+    """Per-run extension points; the default does nothing.
+
+    - ``wants_output``: when True, every complete line the agent writes (stdout and
+      stderr, decoded UTF-8) is passed to ``on_output`` from the run's watch thread;
+    - ``facts_extra()``: facts merged into the final receipt's facts (J1 keys win).
+    """
+
+    wants_output = False
+
+    def on_output(self, line: str) -> None:
+        pass
+
+    def facts_extra(self) -> dict:
+        return {}
+
+
+class OutputFollower:
+    """Reads the complete lines appended to ``op_dir/output.log`` since the last read."""
+
+    def __init__(self, op_dir: str):
+        self.path = os.path.join(op_dir, "output.log")
+        self.offset = 0
+        self.partial = b""
+
+    def read_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        *lines, self.partial = data.split(b"\n")
+        return [line.decode("utf-8", errors="replace") for line in lines]
+
+    def rest(self) -> list[str]:
+        """Whatever is left after the agent ended, including an unterminated last line."""
+        lines = self.read_lines()
+        if self.partial:
+            lines.append(self.partial.decode("utf-8", errors="replace"))
+            self.partial = b""
+        return lines
+
+
+@dataclass
+class Run:
+    """One operation this worker process is handling."""
+
+    operation_id: str
+    payload: dict
+    op_dir: str
+    deadline: Deadline | None = None
+    granted: SentAt | None = None
+    proc: object = None
+    leader: process.ProcRef | None = None
+    spawned: SentAt | None = None
+    exited: SentAt | None = None  # when the watch saw the agent's launcher end by itself
+    stop_reason: str | None = None
+    refused_at: SentAt | None = None
+    survivors: list | None = None
+    turn_id: str | None = None
+    hooks: RunHooks = field(default_factory=RunHooks)
+    follower: OutputFollower | None = None
+    known: dict = field(default_factory=dict)
+    finished: threading.Event = field(default_factory=threading.Event)
+    wake: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def request_stop(self, reason: str, at: SentAt | None = None) -> None:
+        """Ask the watch to stop the agent with J1 ``stop_reason`` ``reason``; the first
+        reason wins. ``at``: when the refusal that caused it was sent (``ended_within_lease``)."""
+        with self.lock:
+            if self.stop_reason is None:
+                self.stop_reason = reason
+                if at is not None and self.refused_at is None:
+                    self.refused_at = at
+        self.wake.set()
+
+
+class Runner:
+    """Starts and runs operations (one thread each). ``hooks_for(run)`` makes each run's
+    ``RunHooks`` (issue 11: agent presets and stream parsers plug in here)."""
+
+    def __init__(self, ctx: WorkerContext, *, backoff: Backoff, renewer: Renewer | None = None,
+                 hooks_for: Callable[[Run], RunHooks] | None = None, watch_interval_s: float = WATCH_INTERVAL_S,
+                 snapshot_every_s: float = DESCENDANT_SNAPSHOT_S, slot_poll_s: float = SLOT_POLL_S,
+                 lease_retry_cap_s: float = LEASE_RETRY_CAP_S, idle_guard=None):
+        self.ctx = ctx
+        self.backoff = backoff
+        self.renewer = renewer or Renewer(ctx)
+        self.hooks_for = hooks_for or (lambda run: RunHooks())
+        self.watch_interval_s = watch_interval_s
+        self.snapshot_every_s = snapshot_every_s
+        self.slot_poll_s = slot_poll_s
+        self.lease_retry_cap_s = lease_retry_cap_s
+        self.idle_guard = idle_guard or process.IdleSleepGuard(enabled=ctx.config.prevent_idle_sleep)
+        self.slots = threading.BoundedSemaphore(ctx.config.max_concurrent)
+        self.slot_freed = threading.Event()
+
+    # --- threads ---------------------------------------------------------------------------
+
+    def start(self, operation_id: str, payload: dict) -> None:
+        """Run ``operation_id`` in a new thread unless it is already in flight here."""
+        ctx = self.ctx
+        with ctx.runs_lock:
+            if operation_id in ctx.runs:
+                return
+            run = Run(operation_id=operation_id, payload=payload, op_dir=ctx.state.op_dir(operation_id))
+            run.hooks = self.hooks_for(run)
+            ctx.runs[operation_id] = run
+        threading.Thread(target=self._thread, args=(run,), name=f"run-{operation_id[:8]}", daemon=True).start()
+
+    def _thread(self, run: Run) -> None:
+        try:
+            self.execute(run)
+        except Exception:
+            log.exception("operation %s: runner failed", run.operation_id)
+        finally:
+            run.finished.set()
+            with self.ctx.runs_lock:
+                self.ctx.runs.pop(run.operation_id, None)
+            self.ctx.wake()
+
+    # --- before the spawn (W4, W8, L1) -------------------------------------------------------
+
+    def refuse(self, run: Run, reason: str, stop_reason: str = "refused", lease_id: str | None = None) -> None:
+        """A start that never spawned: final receipt with ``process_started: false`` (W4)."""
+        log.warning("operation %s refused: %s", run.operation_id, reason)
+        facts = final_facts(process_started=False, stop_reason=stop_reason, lease_id=lease_id, runtime_s=0.0,
+                            output_tail=f"refused by the worker: {reason}")
+        self.ctx.store.mark_ended(run.operation_id, final=facts, wall=self.ctx.clock.wall(), outbox=[
+            receipt_item(self.ctx.identity, operation_id=run.operation_id, kind="final", facts=facts, slept=0.0)])
+        self.ctx.wake_sender()
+
+    def execute(self, run: Run) -> None:
+        ctx = self.ctx
+        record = ctx.store.get(run.operation_id)
+        if record is None or record["local_state"] != "received":
+            return
+        if record["cancel_requested"]:
+            return self.refuse(run, "cancelled before start", stop_reason="cancel")
+        checked = check_start(ctx.config, run.payload)
+        if isinstance(checked, str):
+            return self.refuse(run, checked)
+        profile, folder = checked
+        argv = profile.command(prompt=run.payload["prompt"], folder=folder)
+        env = process.agent_env(os.environ, profile_env=profile.env, operation_id=run.operation_id,
+                                task_id=str(run.payload.get("task_id", "")), token=ctx.identity.token)
+        if shutil.which(argv[0], path=env.get("PATH")) is None and not os.path.isabs(argv[0]):
+            return self.refuse(run, f"agent executable {argv[0]!r} not found")
+        # W8: at most max_concurrent agents; a queued start waits here, unleased.
+        while not self.slots.acquire(blocking=False):
+            if ctx.draining.is_set():
+                return
+            ctx.clock.wait(self.slot_freed, self.slot_poll_s)
+            self.slot_freed.clear()
+        try:
+            if ctx.draining.is_set():
+                return  # stays 'received': the next worker start takes it up
+            if not self.acquire_lease(run):
+                return
+            self.spawn_and_watch(run, argv, folder, profile.prompt_via == "stdin", env)
+        finally:
+            self.slots.release()
+            self.slot_freed.set()
+
+    def acquire_lease(self, run: Run) -> bool:
+        """L1: no lease, no start. Retries network trouble (backoff capped at
+        ``lease_retry_cap_s``); a 409 is final."""
+        ctx, clock = self.ctx, self.ctx.clock
+        service = ctx.connect()
+        attempt = 0
+        try:
+            while not ctx.draining.is_set():
+                if ctx.store.get(run.operation_id)["cancel_requested"]:
+                    self.refuse(run, "cancelled before start", stop_reason="cancel")
+                    return False
+                sent = SentAt.now(clock)
+                answer = service.lease_grant(run.operation_id)
+                if answer.kind == "ok":
+                    terms = LeaseTerms.from_reply(answer.body)
+                    deadline = Deadline(terms, sent)
+                    if deadline.phase(clock) != OK:
+                        log.warning("operation %s: lease reply came too late to start; asking again", run.operation_id)
+                        continue
+                    run.deadline, run.granted = deadline, sent
+                    ctx.store.save_lease(run.operation_id, terms=answer.body, sent_mono=sent.monotonic,
+                                         sent_wall=sent.wall, boot=ctx.boot, granted=True)
+                    return True
+                if answer.kind == "final":
+                    reason = answer.error or f"http {answer.status}"
+                    self.refuse(run, f"lease refused: {reason}",
+                                stop_reason="cancel" if reason == "cancelled" else "refused")
+                    return False
+                if answer.kind == "revoked":
+                    ctx.on_revoked()
+                    return False
+                end = clock.monotonic() + min(self.backoff.delay(attempt), self.lease_retry_cap_s)
+                attempt += 1
+                while clock.monotonic() < end and not ctx.draining.is_set():
+                    clock.wait(ctx.draining, end - clock.monotonic())
+            return False
+        finally:
+            service.close()
+
+    # --- the agent (X1, X2, L4, L8, J1) --------------------------------------------------------
+
+    def spawn_and_watch(self, run: Run, argv: list[str], folder: str, via_stdin: bool, env: dict) -> None:
+        ctx, clock = self.ctx, self.ctx.clock
+        payload = run.payload
+        session_id = payload.get("session_id")
+        run.turn_id = turn_id = str(uuid.uuid4()) if session_id else None
+        slept = slept_s(run.granted, clock)
+        ctx.store.mark_starting(run.operation_id, turn_id=turn_id, wall=clock.wall(), outbox=[
+            receipt_item(ctx.identity, operation_id=run.operation_id, kind="starting",
+                         facts={"lease_id": run.deadline.terms.lease_id}, slept=slept)])
+        ctx.wake_sender()
+        faults.fault("after_starting_commit_before_spawn")
+        run.spawned = SentAt.now(clock)
+        try:
+            proc, leader = process.spawn(argv=argv, cwd=folder, env=env, op_dir=run.op_dir,
+                                         stdin_text=payload["prompt"] if via_stdin else None)
+        except OSError as exc:
+            facts = final_facts(process_started=False, stop_reason="refused", lease_id=run.deadline.terms.lease_id,
+                                runtime_s=0.0, output_tail=f"spawn failed: {exc}")
+            ctx.store.mark_ended(run.operation_id, final=facts, wall=clock.wall(), outbox=[
+                receipt_item(ctx.identity, operation_id=run.operation_id, kind="final", facts=facts, slept=slept)])
+            ctx.wake_sender()
+            return
+        faults.fault("after_spawn_before_pid_commit")
+        run.proc, run.leader = proc, leader
+        outbox = [receipt_item(ctx.identity, operation_id=run.operation_id, kind="running",
+                               facts={"pid": leader.pid, "pgid": leader.pid, "process_start_time": leader.create_time},
+                               slept=slept_s(run.granted, clock))]
+        if turn_id:
+            outbox.append(marker_item(ctx.identity, session_id=str(session_id), turn_id=turn_id, state="running",
+                                      deep_research=payload.get("deep_research", False)))
+        ctx.store.mark_running(run.operation_id, pid=leader.pid, pgid=leader.pid, start_time=leader.create_time,
+                               spawned_mono=run.spawned.monotonic, spawned_wall=run.spawned.wall, outbox=outbox)
+        ctx.wake_sender()
+        log.info("operation %s: agent started (launcher pid %s) in %s", run.operation_id, leader.pid, folder)
+        self.idle_guard.acquire()
+        try:
+            self.renewer.start(run)
+            self.watch(run)
+        finally:
+            self.idle_guard.release()
+        self.finish(run)
+
+    def target(self, run: Run) -> process.Target:
+        return process.Target(operation_id=run.operation_id, leader=run.leader, pgid=run.leader.pid,
+                              spawned_wall=run.spawned.wall, known=tuple(run.known.values()))
+
+    def watch(self, run: Run) -> None:
+        """Until the agent ends: deadline (L4), stop requests, descendant snapshots (L8),
+        output lines to the run's hooks."""
+        clock = self.ctx.clock
+        term_sent = False
+        last_snapshot = None
+        fault_at = clock.monotonic() + FAULT_WHILE_RUNNING_AFTER_S
+        follower = run.follower = OutputFollower(run.op_dir) if run.hooks.wants_output else None
+        while True:
+            if follower is not None:
+                for line in follower.read_lines():
+                    run.hooks.on_output(line)
+            if run.proc.poll() is not None:
+                run.exited = SentAt.now(clock)
+                return
+            if faults.active_point() == "while_agent_runs" and clock.monotonic() >= fault_at:
+                faults.fault("while_agent_runs")
+            phase = run.deadline.phase(clock)
+            if phase == KILL:
+                run.request_stop("deadline")
+                log.warning("operation %s: lease deadline reached, killing", run.operation_id)
+                run.survivors = process.stop(self.target(run), grace_s=0, term=False, clock=clock)
+                return
+            if phase == TERM and not term_sent:
+                run.request_stop("deadline")
+                log.warning("operation %s: lease deadline - kill grace: SIGTERM to the group", run.operation_id)
+                process.signal_group(run.leader, run.leader.pid, signal.SIGTERM)
+                term_sent = True
+            elif run.stop_reason is not None and phase == OK:
+                log.info("operation %s: stopping (%s)", run.operation_id, run.stop_reason)
+                grace = max(0.0, min(run.deadline.terms.kill_grace_s, run.deadline.remaining(clock)))
+                run.survivors = process.stop(self.target(run), grace_s=grace, clock=clock)
+                return
+            if last_snapshot is None or clock.monotonic() - last_snapshot >= self.snapshot_every_s:
+                last_snapshot = clock.monotonic()
+                self.snapshot(run)
+            clock.wait(run.wake, self.watch_interval_s)
+            run.wake.clear()
+
+    def snapshot(self, run: Run) -> None:
+        changed = False
+        for ref in process.descendants(run.leader):
+            if ref.pid not in run.known or run.known[ref.pid] != ref:
+                run.known[ref.pid] = ref
+                changed = True
+        if changed:
+            self.ctx.store.save_descendants(run.operation_id, [r.as_list() for r in run.known.values()])
+
+    def _reap(self, run: Run) -> int | None:
+        """The launcher's exit status, awaited up to ``REAP_TIMEOUT_S``; None if it lives on."""
+        clock = self.ctx.clock
+        end = clock.monotonic() + REAP_TIMEOUT_S
+        while True:
+            code = run.proc.poll()
+            if code is not None or clock.monotonic() >= end:
+                return code
+            clock.wait(None, process.POLL_S)
+
+    def finish(self, run: Run) -> None:
+        """Collect the exit facts, clean up leftovers, queue the final receipt (J1)."""
+        ctx, clock = self.ctx, self.ctx.clock
+        code = self._reap(run)
+        seen = SentAt.now(clock)
+        survivors = run.survivors
+        if survivors is None:
+            # The agent ended by itself: leftovers of the task still get the bounded stop.
+            grace = run.deadline.terms.kill_grace_s if run.deadline.phase(clock) == OK else 0.0
+            survivors = process.stop(self.target(run), grace_s=min(grace, NATURAL_EXIT_STOP_GRACE_S), clock=clock)
+        if run.follower is not None:
+            for line in run.follower.rest():
+                run.hooks.on_output(line)
+        exit_facts = process.read_json(os.path.join(run.op_dir, "exit.json")) or {}
+        # When the agent ended: the launcher's record (more precise than our observation),
+        # if its times are comparable with our clock; else when the watch saw it end.
+        observed = run.exited or seen
+        process_started = True
+        if "exit_code" in exit_facts or "signal" in exit_facts:
+            exit_code, sig = exit_facts.get("exit_code"), exit_facts.get("signal")
+            if clock.shares_system_time:
+                ended = SentAt(exit_facts.get("exit_mono", observed.monotonic), exit_facts.get("exit_wall", observed.wall))
+            else:
+                ended = observed
+            if exit_facts.get("spawn_error"):
+                process_started = False
+        elif code is not None:
+            exit_code, sig = (code, None) if code >= 0 else (None, -code)
+            ended = observed
+        else:
+            exit_code, sig, ended = None, None, seen
+        within = run.deadline.within(ended.monotonic, ended.wall)
+        if run.refused_at is not None:
+            within = within and ended.wall <= run.refused_at.wall
+        faults.fault("after_exit_before_final_receipt")
+        facts = final_facts(
+            process_started=process_started, exit_code=exit_code, signal_=sig, lease_id=run.deadline.terms.lease_id,
+            ended_within_lease=within, runtime_s=ended.wall - run.spawned.wall,
+            stop_reason=run.stop_reason or "exit", survivors=survivors, output_tail=process.output_tail(run.op_dir),
+            extra=run.hooks.facts_extra(),
+        )
+        outbox = [receipt_item(ctx.identity, operation_id=run.operation_id, kind="final", facts=facts,
+                               slept=slept_s(run.granted, clock))]
+        if run.turn_id:
+            outbox.append(marker_item(ctx.identity, session_id=str(run.payload.get("session_id")), turn_id=run.turn_id,
+                                      state="ended", deep_research=run.payload.get("deep_research", False)))
+        ctx.store.mark_ended(run.operation_id, final=facts, wall=clock.wall(), outbox=outbox)
+        ctx.wake_sender()
+        log.info("operation %s: ended (%s, exit %s, signal %s, survivors %d)", run.operation_id, facts["stop_reason"],
+                 exit_code, sig, len(survivors))

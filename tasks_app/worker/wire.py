@@ -1,0 +1,116 @@
+"""What the worker sends, as outbox rows (SPEC H, R1, J1, J6, M5, M8, U1). No I/O here.
+
+An outbox row is ``{"event_id", "kind", "operation_id", "method", "path", "body"}``: the
+sender (``sender.py``) delivers ``method path body`` unchanged on every retry, so a
+receipt keeps its ``event_id`` (R1, R4). Seconds are rounded to milliseconds.
+"""
+from __future__ import annotations
+
+import uuid
+
+from .store import Identity
+
+RECEIPTS_PATH = "/api/worker/receipts/"
+
+# J6 footnote: a refused renewal becomes the worker's stop_reason.
+REFUSAL_STOP_REASON = {"cancelled": "cancel", "max_runtime": "max_runtime"}
+
+
+def refusal_stop_reason(reason: str | None) -> str:
+    """The J1 ``stop_reason`` for an L5 refusal reason: ``cancelled`` -> ``cancel``,
+    ``max_runtime`` -> ``max_runtime``, anything else -> ``renewal_refused`` (J6)."""
+    return REFUSAL_STOP_REASON.get(reason or "", "renewal_refused")
+
+
+def receipt_item(identity: Identity, *, operation_id: str, kind: str, facts: dict, slept: float,
+                 event_id: str | None = None) -> dict:
+    """An outbox row for ``POST /api/worker/receipts/`` (H, R1). ``kind`` is ``starting``,
+    ``running``, ``final``, ``unknown`` or ``report``; the event id defaults to
+    ``<operation id>:<kind>`` (one of each kind per operation)."""
+    event_id = event_id or f"{operation_id}:{kind}"
+    return {
+        "event_id": event_id,
+        "kind": kind,
+        "operation_id": operation_id,
+        "method": "POST",
+        "path": RECEIPTS_PATH,
+        "body": {
+            "event_id": event_id,
+            "generation": identity.generation,
+            "operation_id": operation_id,
+            "kind": kind,
+            "slept_s": round(slept, 3),
+            "facts": facts,
+        },
+    }
+
+
+def marker_item(identity: Identity, *, session_id: str, turn_id: str, state: str, deep_research: bool) -> dict:
+    """An outbox row for ``PUT /api/sessions/{id}/marker/`` (M8): ``state`` is
+    ``running`` or ``ended``; the device is this machine."""
+    return {
+        "event_id": f"marker:{turn_id}:{state}",
+        "kind": "marker",
+        "operation_id": None,
+        "method": "PUT",
+        "path": f"/api/sessions/{session_id}/marker/",
+        "body": {
+            "turn_id": turn_id,
+            "device_id": identity.machine_id,
+            "device_name": identity.name,
+            "state": state,
+            "deep_research": bool(deep_research),
+        },
+    }
+
+
+def sweep_item(identity: Identity) -> dict:
+    """An outbox row for ``POST /api/devices/{machine id}/sweep/`` (M5): close the markers
+    a previous run of this device left ``running``. A fresh event id per worker start."""
+    return {
+        "event_id": f"sweep:{uuid.uuid4()}",
+        "kind": "sweep",
+        "operation_id": None,
+        "method": "POST",
+        "path": f"/api/devices/{identity.machine_id}/sweep/",
+        "body": {},
+    }
+
+
+def profiles_item(config) -> dict:
+    """An outbox row for ``PUT /api/worker/profiles/`` (B10): the profile names (and
+    presets) of this worker's local configuration, for the board's task form."""
+    return {
+        "event_id": f"profiles:{uuid.uuid4()}",
+        "kind": "profiles",
+        "operation_id": None,
+        "method": "PUT",
+        "path": "/api/worker/profiles/",
+        "body": {"profiles": [{"name": name, "preset": p.preset} for name, p in sorted(config.profiles.items())]},
+    }
+
+
+def final_facts(*, process_started, exit_code=None, signal_=None, lease_id=None, ended_within_lease=None,
+                runtime_s=None, stop_reason, survivors=(), output_tail="", extra: dict | None = None) -> dict:
+    """The ``final`` receipt's facts (J1). ``process_started`` is True, False or
+    ``"unknown"``; ``runtime_s`` is wall seconds from spawn. ``extra`` adds facts a run
+    collected beyond J1 (they never replace a J1 key)."""
+    facts = dict(extra or {})
+    facts.update({
+        "process_started": process_started,
+        "exit_code": exit_code,
+        "signal": signal_,
+        "lease_id": lease_id,
+        "ended_within_lease": ended_within_lease,
+        "runtime_s": None if runtime_s is None else round(max(0.0, runtime_s), 3),
+        "stop_reason": stop_reason,
+        "survivors": list(survivors),
+        "output_tail": output_tail,
+    })
+    return facts
+
+
+def report_facts(query_id: str, record: dict | None) -> dict:
+    """U1: the facts of a ``report`` receipt answering query ``query_id``: the local
+    record (``local_state``, ``pid``, ``lease_id``, ``final``) or ``record: null``."""
+    return {"query_id": query_id, "record": record}
