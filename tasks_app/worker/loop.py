@@ -124,7 +124,7 @@ class Worker:
     # --- main --------------------------------------------------------------------------------
 
     def run(self) -> int:
-        ctx, clock, options = self.ctx, self.clock, self.options
+        ctx, options = self.ctx, self.options
         log.info("worker %s (%s, generation %s) on %s, state %s", ctx.identity.machine_id, ctx.identity.name,
                  ctx.identity.generation, options.server, ctx.state.path)
         ctx.enqueue([sweep_item(ctx.identity)])  # M5: close markers a previous run left running

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from . import faults
 from .client import Backoff, Service

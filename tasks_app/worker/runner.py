@@ -29,7 +29,7 @@ import signal
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from . import faults, process
 from .client import Backoff
