@@ -64,16 +64,24 @@ def config_toml(*, roots: list[str], files: dict, profiles: dict = PROFILES, max
     return "\n".join(lines)
 
 
-def make_worker(tmp_path: Path, clock, *, roots=None, server: str = UNREACHABLE, files=None) -> Worker:
+def make_worker(tmp_path: Path, clock, *, roots=None, server: str = UNREACHABLE, files=None, connect=None,
+                options: WorkerOptions | None = None, profiles: dict = PROFILES, max_concurrent: int = 4,
+                **worker_args) -> Worker:
+    """An in-process worker on ``tmp_path/state`` (identity written on first use, kept
+    after). ``connect``: a ``Service`` factory (e.g. ``lambda: InMemoryService(...)``);
+    default HTTP to ``server``."""
     import tomllib
 
     state = StateDir(str(tmp_path / "state"))
     state.ensure()
-    state.write_identity(machine_id=str(uuid.uuid4()), generation=1, name="unit", server=server, token="tok-" + uuid.uuid4().hex)
+    if state.read_identity() is None:
+        state.write_identity(machine_id=str(uuid.uuid4()), generation=1, name="unit", server=server,
+                             token="tok-" + uuid.uuid4().hex)
     files = files or {"AGENT_STARTS": str(tmp_path / "starts"), "AGENT_PIDS": str(tmp_path / "pids")}
-    config = parse_config(tomllib.loads(config_toml(roots=roots or [str(tmp_path)], files=files)))
+    config = parse_config(tomllib.loads(config_toml(roots=roots or [str(tmp_path)], files=files, profiles=profiles,
+                                                    max_concurrent=max_concurrent)))
     return Worker(state=state, store=Store(state.db_path), identity=state.read_identity(), config=config,
-                  options=WorkerOptions(server=server), clock=clock)
+                  options=options or WorkerOptions(server=server), clock=clock, connect=connect, **worker_args)
 
 
 def count_lines(path: Path) -> int:

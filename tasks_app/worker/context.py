@@ -34,6 +34,7 @@ class WorkerContext:
     revoked: threading.Event = field(default_factory=threading.Event)  # R3 401: stop everything
     outbox_wake: threading.Event = field(default_factory=threading.Event)  # the sender has rows to send
     changed: threading.Event = field(default_factory=threading.Event)  # wakes the coordinator's loop
+    exiting: threading.Event = field(default_factory=threading.Event)  # run() is returning: threads end
     runs: dict = field(default_factory=dict)  # operation id -> runner.Run
     runs_lock: threading.Lock = field(default_factory=threading.Lock)
 

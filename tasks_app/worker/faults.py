@@ -3,9 +3,14 @@
 Only active when the environment variable ``RUNSTEAD_WORKER_FAULT`` names a point; the
 worker then dies right there with ``os._exit`` (no cleanup, no flush, like a crash). The
 agent never inherits the variable.
+
+In-process tests use ``crash_at(point)`` instead: the thread that reaches the point
+raises ``InjectedCrash`` (a ``BaseException``, so no ``except Exception`` swallows it)
+and nothing after the point runs in that thread.
 """
 import os
 import sys
+from contextlib import contextmanager
 
 ENV = "RUNSTEAD_WORKER_FAULT"
 EXIT_CODE = 97
@@ -22,15 +27,35 @@ POINTS = frozenset(
 )
 
 
+_in_process: set[str] = set()
+
+
+class InjectedCrash(BaseException):
+    """An in-process crash at a named point (tests only)."""
+
+
+@contextmanager
+def crash_at(point: str):
+    """While active, a thread reaching ``point`` raises ``InjectedCrash``."""
+    assert point in POINTS, point
+    _in_process.add(point)
+    try:
+        yield
+    finally:
+        _in_process.discard(point)
+
+
 def active_point() -> str | None:
     point = os.environ.get(ENV, "").strip()
-    return point or None
+    return point or next(iter(_in_process), None)
 
 
 def fault(point: str) -> None:
     """Die here (exit code 97) if the environment names this point."""
     assert point in POINTS, point
-    if active_point() == point:
+    if point in _in_process:
+        raise InjectedCrash(point)
+    if os.environ.get(ENV, "").strip() == point:
         sys.stderr.write(f"runstead worker: fault injection at {point}, dying now\n")
         sys.stderr.flush()
         os._exit(EXIT_CODE)

@@ -143,7 +143,11 @@ class Worker:
         else:
             self.poller.start()
         self.wait_for_work_to_end()
-        return self.flush_and_exit()
+        try:
+            return self.flush_and_exit()
+        finally:
+            ctx.exiting.set()  # the sender stops (in-process tests run several workers in turn)
+            ctx.outbox_wake.set()
 
     def wait_for_work_to_end(self) -> None:
         ctx, clock = self.ctx, self.clock

@@ -14,7 +14,7 @@ import threading
 
 from . import process
 from .context import WorkerContext
-from .lease import Deadline, LeaseTerms, SentAt
+from .lease import KILL, Deadline, LeaseTerms, SentAt
 from .wire import refusal_stop_reason
 
 log = logging.getLogger("runstead.worker")
@@ -46,7 +46,9 @@ class Renewer:
         failures = 0
         try:
             while not run.finished.is_set() and run.proc.poll() is None:
-                if run.stop_reason == "worker_shutdown":
+                if run.stop_reason == "worker_shutdown" or run.deadline.phase(clock) == KILL:
+                    # Being stopped, or the local deadline passed (L3: a sleep never extends
+                    # it; the watch kills the agent): nothing to renew.
                     clock.wait(run.finished, self.check_s)
                     continue
                 due_in = run.deadline.terms.renew_every_s - run.deadline.sent.elapsed(clock)

@@ -167,6 +167,8 @@ class Runner:
     def _thread(self, run: Run) -> None:
         try:
             self.execute(run)
+        except faults.InjectedCrash as crash:
+            log.warning("operation %s: injected crash at %s (tests)", run.operation_id, crash)
         except Exception:
             log.exception("operation %s: runner failed", run.operation_id)
         finally:
@@ -395,8 +397,8 @@ class Runner:
         else:
             exit_code, sig, ended = None, None, seen
         within = run.deadline.within(ended.monotonic, ended.wall)
-        if run.refused_at is not None:
-            within = within and ended.wall <= run.refused_at.wall
+        if run.refused_at is not None:  # ended before the refused renewal went out
+            within = within and ended.wall < run.refused_at.wall
         faults.fault("after_exit_before_final_receipt")
         facts = final_facts(
             process_started=process_started, exit_code=exit_code, signal_=sig, lease_id=run.deadline.terms.lease_id,

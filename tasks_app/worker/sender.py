@@ -40,7 +40,7 @@ class Sender:
         ctx, clock = self.ctx, self.ctx.clock
         service = ctx.connect()
         try:
-            while not ctx.revoked.is_set():
+            while not ctx.revoked.is_set() and not ctx.exiting.is_set():
                 row = ctx.store.next_outbox()
                 if row is None:
                     self.idle.set()

@@ -1,0 +1,324 @@
+"""The whole worker loop in-process against ``InMemoryService`` with a ``FakeClock``
+(SPEC W2, W3, W8, L3, L5, R1, R3, R4, X3, X4; issue 10). Real agent processes
+(tests/agents/agent.py), no daphne: time moves only when a test advances the clock, so
+nothing waits out a real interval. The real-daphne tests of the same rules stay in
+tests/test_worker_leases.py and tests/test_worker_restart.py."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks_app.worker import faults
+from tasks_app.worker.client import Backoff
+from tasks_app.worker.clock import FakeClock
+from tasks_app.worker.loop import EXIT_REVOKED, Worker, WorkerOptions
+from tasks_app.worker.testing import InMemoryService
+from tests.worker_harness import count_lines, live_pids, make_worker, recorded_pids, wait_for
+
+PROFILES = {
+    "instant": {"AGENT_SLEEP_S": "0"},
+    "long": {"AGENT_SLEEP_S": "30"},
+    "tree": {"AGENT_SLEEP_S": "30", "AGENT_CHILDREN": "tree"},
+    "stubborn": {"AGENT_SLEEP_S": "30", "AGENT_IGNORE_TERM": "1"},
+}
+# Lease terms of the fake service (seconds): renew every 15, local deadline 55 after a send.
+TERMS = {"duration_s": 60.0, "renew_every_s": 15.0, "margin_s": 5.0, "kill_grace_s": 5.0}
+
+
+class Rig:
+    """A fake clock, a fake service, a granted root, and in-process workers on one state dir."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp = tmp_path
+        self.clock = FakeClock()
+        self.service = InMemoryService(self.clock, **TERMS)
+        self.root = tmp_path / "root"
+        self.repo = self.root / "repo"
+        self.repo.mkdir(parents=True)
+        self.threads: list[tuple[Worker, threading.Thread, list]] = []
+
+    def worker(self, *, once: bool = False, backoff: Backoff | None = None) -> Worker:
+        options = WorkerOptions(server="memory://", once=once, poll_wait_s=0 if once else 25)
+        return make_worker(self.tmp, self.clock, roots=[str(self.root)], connect=lambda: self.service,
+                           options=options, profiles=PROFILES, backoff=backoff)
+
+    def start(self, worker: Worker) -> list:
+        """Run ``worker.run()`` in a thread; the returned list receives its exit code."""
+        result: list = []
+
+        def target():
+            try:
+                result.append(worker.run())
+            except faults.InjectedCrash as crash:
+                result.append(crash)
+
+        thread = threading.Thread(target=target, name="main", daemon=True)
+        thread.start()
+        self.threads.append((worker, thread, result))
+        return result
+
+    def run_once(self) -> int:
+        """A ``--once`` worker run to its end (pull once, run what came, report, exit)."""
+        worker = self.worker(once=True)
+        result = self.start(worker)
+        self.threads[-1][1].join(timeout=30)
+        assert result, "the --once worker did not finish"
+        return result[0]
+
+    def submit(self, agent: str, **extra):
+        return self.service.add_start(folder=str(self.repo), grant_root=str(self.root), agent=agent, **extra)
+
+    def receipt(self, operation_id: str, kind: str, timeout: float = 15.0) -> dict:
+        return wait_for(lambda: self.service.receipt(operation_id, kind), timeout=timeout, what=f"{kind} receipt")
+
+    def starts(self) -> int:
+        return count_lines(self.tmp / "starts")
+
+    def agent_pids(self) -> list[int]:
+        return [p for p, _ in recorded_pids(self.tmp / "pids")]
+
+    def wait_working(self) -> None:
+        """The agent is in its main loop (past its signal set-up)."""
+        wait_for(lambda: any("working 1" in p.read_text() for p in (self.tmp / "state" / "ops").rglob("output.log")),
+                 what="the agent at work")
+
+    def drive(self, done, thread_prefix: str, real_timeout_s: float = 20.0) -> float:
+        """Advance the fake clock to each next instant thread ``thread_prefix`` waits for,
+        until ``done()``; returns the fake seconds advanced."""
+        total = 0.0
+        end = time.monotonic() + real_timeout_s
+        while not done():
+            assert time.monotonic() < end, "drive: timed out"
+            try:
+                total += self.clock.advance_to(thread_prefix, real_timeout_s=0.5)
+            except AssertionError:
+                continue  # the thread is busy (or gone): look again
+        return total
+
+    def close(self) -> None:
+        for worker, thread, _ in self.threads:
+            if thread.is_alive():
+                worker.on_signal()
+                worker.on_signal()
+                self.clock.advance(60)
+                thread.join(timeout=15)
+        for pid in live_pids(self.agent_pids()):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def rig(tmp_path):
+    r = Rig(tmp_path)
+    yield r
+    r.close()
+
+
+def test_w2_message_committed_locally_before_ack(rig):
+    seen_at_ack = {}
+
+    def on_ack(message):
+        store = rig.threads[-1][0].store
+        record = store.get(message.operation_id)
+        row = store.conn.execute("SELECT * FROM messages WHERE message_id = ?", (message.id,)).fetchone()
+        seen_at_ack[message.id] = (record and record["local_state"], row is not None)
+
+    rig.service.on_ack = on_ack
+    start = rig.submit("instant")
+    assert rig.run_once() == 0
+    assert seen_at_ack == {start.id: ("received", True)}  # committed, not yet leased, when acked
+    assert rig.service.messages[start.id].acks == 1
+    final = rig.service.receipt(start.operation_id, "final")
+    assert final["facts"]["stop_reason"] == "exit" and final["facts"]["exit_code"] == 0
+    assert rig.starts() == 1
+
+
+def test_w2_crash_between_commit_and_ack_runs_from_local_record_redelivery_acked_not_rerun(rig):
+    start = rig.submit("instant")
+    with faults.crash_at("after_commit_before_ack"):
+        worker = rig.worker(once=True)
+        result = rig.start(worker)
+        rig.threads[-1][1].join(timeout=15)
+    assert isinstance(result[0], faults.InjectedCrash)
+    worker.ctx.exiting.set()
+    assert rig.service.messages[start.id].acked_at is None and rig.starts() == 0
+    assert rig.run_once() == 0  # the committed start runs from the local record
+    assert rig.starts() == 1 and rig.service.messages[start.id].deliveries == 1
+    assert rig.service.receipt(start.operation_id, "final")["facts"]["stop_reason"] == "exit"
+    rig.clock.advance(rig.service.visibility_s)  # never acked: delivered again (W2)
+    assert rig.run_once() == 0
+    assert rig.service.messages[start.id].deliveries == 2 and rig.service.messages[start.id].acks == 1
+    assert rig.starts() == 1  # recognised (W3)
+
+
+def test_w3_duplicate_start_acked_not_run(rig):
+    start = rig.submit("instant")
+    assert rig.run_once() == 0
+    assert rig.starts() == 1
+    rig.service.redeliver(start.id)  # the ack got lost: the same start comes again
+    assert rig.run_once() == 0  # a second --once run that has exited
+    assert rig.service.messages[start.id].deliveries == 2 and rig.service.messages[start.id].acks == 2
+    assert len(rig.service.calls_to("grant")) == 1  # never asked for a lease again
+    assert rig.starts() == 1
+
+
+def test_l5_refused_renewal_stops_agent_no_retry(rig):
+    worker = rig.worker()
+    result = rig.start(worker)
+    start = rig.submit("stubborn")  # ignores SIGTERM: it lives through the kill grace
+    rig.receipt(start.operation_id, "running")
+    rig.wait_working()
+    rig.service.refuse_renewals(start.operation_id, "revoked")
+    rig.clock.advance(TERMS["renew_every_s"])  # a renewal is due: refused (L5)
+    wait_for(lambda: rig.service.calls_to("renew"), what="the renewal")
+    # Through the 5 s kill grace, step by step of the stopping thread's polls.
+    advanced = rig.drive(lambda: rig.service.receipt(start.operation_id, "final"), "run-")
+    assert advanced >= TERMS["kill_grace_s"]
+    final = rig.receipt(start.operation_id, "final")["facts"]
+    assert [c.status for c in rig.service.calls_to("renew")] == [409]  # never retried
+    assert final["stop_reason"] == "renewal_refused" and final["ended_within_lease"] is False
+    assert final["signal"] == signal.SIGKILL and final["survivors"] == []
+    assert live_pids(rig.agent_pids()) == []
+    worker.on_signal()
+    wait_for(lambda: result, what="worker exit")
+    assert result == [0]
+
+
+def test_r4_retry_same_event_id_backoff_capped(rig):
+    rig.service.script("receipt", *[503] * 5, 429, 0, 502)  # 8 failures: 5xx, 429, network
+    worker = rig.worker(backoff=Backoff(base_s=1.0, cap_s=60.0, rng=random.Random(4).random))
+    worker.store.enqueue([{"event_id": "ev-1", "kind": "final", "operation_id": "op-1", "method": "POST",
+                           "path": "/api/worker/receipts/", "body": {"event_id": "ev-1", "generation": 1,
+                           "operation_id": "op-1", "kind": "report", "slept_s": 0, "facts": {}}}], wall=0)
+    result = rig.start(worker)
+    steps = []
+    for attempt in range(8):
+        wait_for(lambda: len(rig.service.calls_to("receipt")) == attempt + 1, what=f"attempt {attempt + 1}")
+        steps.append(rig.clock.advance_to("sender"))
+    wait_for(lambda: len(rig.service.calls_to("receipt")) == 9, what="the ninth attempt")
+    calls = rig.service.calls_to("receipt")
+    assert [c.status for c in calls] == [503] * 5 + [429, 0, 502, 200]
+    assert {json.dumps(c.args["body"], sort_keys=True) for c in calls} == {json.dumps(calls[0].args["body"],
+                                                                                      sort_keys=True)}
+    assert {c.args["event_id"] for c in calls} == {"ev-1"}
+    for n, step in enumerate(steps):  # equal jitter: [d/2, d], d = min(60, 2**n)
+        ceiling = min(60.0, 2.0 ** n)
+        assert ceiling / 2 <= step <= ceiling, (n, step)
+    assert max(steps) <= 60 and steps[-1] >= 30 and steps[-2] >= 30  # capped at 60 s
+    assert [round(b.at - a.at, 6) for a, b in zip(calls, calls[1:])] == [round(s, 6) for s in steps]
+    row = [r for r in worker.store.outbox_rows() if r["event_id"] == "ev-1"][0]
+    assert row["status"] == "done" and row["attempts"] == 9
+    worker.on_signal()
+    wait_for(lambda: result, what="worker exit")
+
+
+def test_r3_final_answers_never_retried(rig):
+    rig.service.script("receipt", 400, 409)
+    worker = rig.worker()
+    rows = [{"event_id": f"ev-{n}", "kind": "report", "operation_id": "op-1", "method": "POST",
+             "path": "/api/worker/receipts/", "body": {"n": n}} for n in (1, 2)]
+    worker.store.enqueue(rows, wall=0)
+    result = rig.start(worker)
+    wait_for(lambda: len(rig.service.calls_to("receipt")) == 2, what="both sent")
+    for _ in range(5):
+        rig.clock.advance(60)
+    wait_for(lambda: all(r["status"] != "pending" for r in worker.store.outbox_rows()), what="rows settled")
+    assert [c.status for c in rig.service.calls_to("receipt")] == [400, 409]
+    out = {r["event_id"]: r for r in worker.store.outbox_rows()}
+    assert out["ev-1"]["status"] == out["ev-2"]["status"] == "given_up"
+    assert out["ev-1"]["attempts"] == out["ev-2"]["attempts"] == 1
+    worker.on_signal()
+    wait_for(lambda: result, what="worker exit")
+
+
+def test_r3_token_revoked_stops_loop(rig, caplog):
+    caplog.set_level(logging.ERROR, logger="runstead.worker")
+    worker = rig.worker()
+    result = rig.start(worker)
+    start = rig.submit("tree")
+    rig.receipt(start.operation_id, "running")
+    wait_for(lambda: len(rig.agent_pids()) >= 3, what="agent, child and grandchild")
+    revoked_at = len(rig.service.calls)
+    rig.service.revoke_token()  # the held long-poll, the next renewal or receipt gets 401
+    wait_for(lambda: result, timeout=15, what="the worker's exit")
+    assert result == [EXIT_REVOKED]
+    assert live_pids(rig.agent_pids()) == []
+    record = worker.store.get(start.operation_id)
+    assert json.loads(record["final"])["stop_reason"] == "worker_shutdown"
+    assert "pair_worker --server" in caplog.text and "token_revoked" in caplog.text
+    after = [c for c in rig.service.calls[revoked_at:]]
+    assert after and {c.status for c in after} == {401}  # whoever met it first, nobody went on
+
+
+def test_x4_restart_never_runs_again(rig):
+    """The worker "dies" while its agent runs (its runner thread stops at the fault point,
+    the agent keeps running); a second ``--once`` worker stops the leftover, reports
+    ``unknown`` then the final facts, and never starts the operation again, even when
+    the same start is delivered again."""
+    start = rig.submit("long")
+    with faults.crash_at("while_agent_runs"):
+        worker = rig.worker(once=True)
+        result = rig.start(worker)
+        rig.receipt(start.operation_id, "running")
+        rig.wait_working()
+        rig.clock.advance(1.0)  # past the fault point's delay
+        wait_for(lambda: result, what="the first worker gone")
+    assert live_pids(rig.agent_pids())  # the leftover still runs
+    rig.service.redeliver(start.id)
+    assert rig.run_once() == 0
+    kinds = [b["kind"] for b in rig.service.receipts_for(start.operation_id)]
+    assert kinds == ["starting", "running", "unknown", "final"]
+    final = rig.service.receipt(start.operation_id, "final")["facts"]
+    assert final["stop_reason"] == "worker_restart" and final["signal"] == signal.SIGTERM
+    assert final["survivors"] == []
+    assert live_pids(rig.agent_pids()) == []
+    assert len(rig.service.calls_to("grant")) == 1
+    assert rig.service.messages[start.id].acks == 1 + 1  # redelivery acknowledged, not run (W3)
+    assert rig.run_once() == 0  # and a third run has nothing left to do
+    assert rig.starts() == 1
+
+
+def test_w8_slow_poll_never_delays_renewal(rig):
+    worker = rig.worker()
+    result = rig.start(worker)
+    start = rig.submit("long")
+    rig.receipt(start.operation_id, "running")
+    rig.service.hold_pulls()  # the next long-poll does not come back while we look
+    wait_for(lambda: rig.service.pulls_in_flight == 1 and not rig.service.pull_gate.is_set(), what="a held pull")
+    for n in range(1, 4):
+        rig.clock.advance(TERMS["renew_every_s"])
+        wait_for(lambda: len(rig.service.calls_to("renew")) == n, timeout=5, what=f"renewal {n}")
+        assert rig.service.pulls_in_flight == 1  # still inside the same long-poll
+    assert [c.status for c in rig.service.calls_to("renew")] == [200, 200, 200]
+    assert len(rig.service.lease_of(start.operation_id).renewals) == 3
+    rig.service.cancel(start.operation_id)
+    rig.service.release_pulls()
+    final = rig.receipt(start.operation_id, "final")["facts"]
+    assert final["stop_reason"] == "cancel"
+    worker.on_signal()
+    wait_for(lambda: result, what="worker exit")
+    assert result == [0]
+
+
+def test_l3_sleep_does_not_extend_deadline(rig):
+    worker = rig.worker()
+    result = rig.start(worker)
+    start = rig.submit("tree")
+    rig.receipt(start.operation_id, "running")
+    wait_for(lambda: len(rig.agent_pids()) >= 3, what="agent, child and grandchild")
+    rig.clock.suspend(600)  # lid closed 600 s: wall runs, monotonic does not
+    final = rig.receipt(start.operation_id, "final")["facts"]
+    assert final["stop_reason"] == "deadline" and final["ended_within_lease"] is False
+    assert final["signal"] == signal.SIGKILL
+    assert rig.service.calls_to("renew") == []  # waking up, it did not try to stretch the lease
+    assert rig.service.receipt(start.operation_id, "final")["slept_s"] == pytest.approx(600, abs=0.01)
+    assert live_pids(rig.agent_pids()) == []
+    worker.on_signal()
+    wait_for(lambda: result, what="worker exit")
