@@ -1,5 +1,5 @@
 """An in-memory control service for the worker's tests (SPEC W2, W3, L1, L2, L5, R1, R3,
-U1, M5, M8), the way procrastinate tests its worker with ``InMemoryConnector``.
+U1, M5, M8, B10), the way procrastinate tests its worker with ``InMemoryConnector``.
 
 ``InMemoryService`` implements ``client.Service`` with the protocol's semantics, kept
 small: outbox messages with a visibility window (W2: not acknowledged in time ->
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from .client import Answer
 
-ROUTES = ("pull", "ack", "grant", "renew", "receipt", "marker", "sweep")
+ROUTES = ("pull", "ack", "grant", "renew", "receipt", "marker", "sweep", "profiles")
 MARKER_PATH = re.compile(r"^/api/sessions/(?P<session>[^/]+)/marker/$")
 SWEEP_PATH = re.compile(r"^/api/devices/(?P<device>[^/]+)/sweep/$")
 RECEIPT_KEYS = {"event_id", "generation", "operation_id", "kind", "slept_s", "facts"}
@@ -93,6 +93,7 @@ class InMemoryService:
         self.receipts: dict[str, tuple[dict, Answer]] = {}  # event id -> (first body, first answer) (R1)
         self.markers: list[dict] = []
         self.sweeps: list[str] = []
+        self.profiles: list | None = None  # B10: the last profile list the worker sent
         self.calls: list[Call] = []
         self.scripted: dict[str, deque] = defaultdict(deque)
         self.revoked = False
@@ -328,6 +329,14 @@ class InMemoryService:
                 self.sweeps.append(sweep["device"])
                 self._record("sweep", 200, device_id=sweep["device"])
             return answer(200, {"closed": 0})
+        if method == "PUT" and path == "/api/worker/profiles/":
+            canned = self._canned("profiles", body=body)
+            if canned is not None:
+                return canned
+            with self._lock:
+                self.profiles = body.get("profiles")
+                self._record("profiles", 200, body=body)
+            return answer(200, {"profiles": self.profiles})
         return error(404, "not_found", f"no route {method} {path}")
 
     def _receipt(self, body: dict) -> Answer:
