@@ -127,11 +127,11 @@ def test_b3_marker_disappears_on_expiry_with_no_server_message(live_daphne, new_
     now = timezone.now()
     session = Session.objects.create(owner=owner, title="long turn", status="busy", status_since=now, created_at=now)
     Marker.objects.create(session=session, device_id="mac-1", device_name="Mac", turn_id="t1", state="running",
-                          started_at=now, expires_at=now + timedelta(seconds=5))
+                          started_at=now, expires_at=now + timedelta(seconds=60))
     url = live_daphne(RUNSTEAD_MARKER_GRACE_S="1")
     page = new_page(url, owner)
     # The browser's clock is an hour behind the service: only the server_time correction
-    # (M3) makes the marker expire 8 s later.
+    # (M3) makes the marker expire about a minute later (room for a slow start of the page).
     page.clock.install(time=now - timedelta(hours=1))
     page.goto(url + "/")
     wait_live(page)
@@ -140,7 +140,7 @@ def test_b3_marker_disappears_on_expiry_with_no_server_message(live_daphne, new_
     expect(badge).to_contain_text("Mac")
     messages = page.evaluate("window.runsteadBoard.messages")
 
-    page.clock.fast_forward(8000)  # past expires_at + grace (6 s); real time barely moves
+    page.clock.fast_forward(70_000)  # past expires_at + grace (61 s); real time barely moves
 
     expect(badge).to_have_count(0)
     assert page.evaluate("window.runsteadBoard.messages") == messages  # nothing came from the server
