@@ -7,6 +7,7 @@ admin; a POST to its add, change or delete URL answers 403. ``OwnerScopedAdmin``
 what a non-superuser staff member sees to rows they own (K2), through ``owner_lookup``.
 """
 from django.contrib import admin
+from django.http import Http404
 
 
 class OwnerScopedAdmin(admin.ModelAdmin):
@@ -22,6 +23,14 @@ class OwnerScopedAdmin(admin.ModelAdmin):
         if self.owner_lookup is None:
             return qs.none()
         return qs.filter(**{self.owner_lookup: request.user})
+
+    def get_object(self, request, object_id, from_field=None):
+        """Another owner's id (or no such id) answers 404 as everywhere else (K2), not
+        Django's redirect to the admin index with a "does not exist" message."""
+        obj = super().get_object(request, object_id, from_field)
+        if obj is None:
+            raise Http404("no such object")
+        return obj
 
 
 class HistoryAdmin(OwnerScopedAdmin):

@@ -67,7 +67,7 @@ def _decide(decision):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(OwnerScopedAdmin):
     """Unknown tasks first, with their evidence (U4); decisions as actions (U3). Every field
     is read-only (``state`` moves only through the services) and no task is added or
     deleted here: deleting one would delete its lease and receipts (L1, U5)."""
@@ -84,12 +84,6 @@ class TaskAdmin(admin.ModelAdmin):
         "clear_survivor_lock",
     ]
     readonly_fields = [f.name for f in Task._meta.fields]
-
-    def get_queryset(self, request):
-        qs = super().get_queryset(request)
-        if not request.user.is_superuser:
-            qs = qs.filter(owner=request.user)
-        return qs
 
     def get_ordering(self, request):
         # Unknown tasks first (U3). The changelist takes its ordering from here, not from

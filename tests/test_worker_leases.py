@@ -55,7 +55,7 @@ def test_l8_setsid_escape_stopped_on_cancel_no_survivor(live):
     task_id = live.submit("setsid")
     live.wait_state(task_id, "running")
     pids = wait_for(lambda: len(live.agent_pids()) >= 2 and live.agent_pids(), what="escaped child")
-    assert live.api.post(f"/api/tasks/{task_id}/cancel/").status_code in (200, 202)
+    assert live.api.post(f"/api/tasks/{task_id}/cancel/").status_code == 200
     task = live.wait_final(task_id)
     assert task["state"] == "cancelled" and task["stop_reason"] == "cancel"
     assert task["survivors"] == []
@@ -68,7 +68,7 @@ def test_l8_forking_agent_stopped_every_process_gone_or_named(live):
     task_id = live.submit("forks")
     live.wait_state(task_id, "running")
     wait_for(lambda: len(live.agent_pids()) >= 30, what="forks under way")
-    assert live.api.post(f"/api/tasks/{task_id}/cancel/").status_code in (200, 202)
+    assert live.api.post(f"/api/tasks/{task_id}/cancel/").status_code == 200
     task = live.wait_final(task_id)
     assert task["state"] == "cancelled"
     time.sleep(0.3)
@@ -84,7 +84,7 @@ def test_l4_agent_ignoring_sigterm_is_killed_and_named_reason(live):
     task_id = live.submit("stubborn")
     live.wait_state(task_id, "running")
     pids = wait_for(lambda: live.agent_pids())
-    assert live.api.post(f"/api/tasks/{task_id}/cancel/").status_code in (200, 202)
+    assert live.api.post(f"/api/tasks/{task_id}/cancel/").status_code == 200
     task = live.wait_final(task_id)
     assert task["state"] == "cancelled" and task["signal"] == signal.SIGKILL
     assert live_pids([p for p, _ in pids]) == []
@@ -175,7 +175,7 @@ def test_u1_query_known_finished_operation_settles_unknown_task_and_unknown_oper
     for task_id in (known, unknown):
         assert machine.post(f"/api/worker/messages/{starts[task_id]['id']}/ack/").status_code == 200
         resp = machine.post("/api/worker/leases/", json={"operation_id": starts[task_id]["operation_id"]})
-        assert resp.status_code in (200, 201), resp.text
+        assert resp.status_code == 201, resp.text  # a new lease (L1)
         leases[task_id] = resp.json()["lease_id"]
     for task_id in (known, unknown):
         live.wait_state(task_id, "unknown", timeout=15)
@@ -241,8 +241,7 @@ def test_w8_at_most_max_concurrent_agents(live_daphne, make_owner, tmp_path):  #
         first = live.submit("slow", exclusive=False)
         second = live.submit("quick", exclusive=False)
         live.wait_state(first, "running")
-        time.sleep(1.0)
-        assert live.task(second)["state"] in ("accepted", "delivered")  # waits for the slot, unleased
+        live.wait_state(second, "delivered")  # acknowledged (W2), waiting for the slot; the order is proven below
         assert live.wait_final(first)["state"] == "succeeded"
         assert live.wait_final(second)["state"] == "succeeded"
         store = Store(str(live.state_dir / "worker.sqlite3"))
