@@ -7,7 +7,10 @@
 - start: the notification delivery loop (N3) the same way, when
   ``RUNSTEAD_EMBEDDED_NOTIFY`` is on (the default); with it off, run ``manage.py notify``.
 - stop: waiting worker long-polls return at once, so the server exits without waiting
-  up to 25 s for their threads.
+  up to ``LONG_POLL_MAX_S`` (25 s) for their threads.
+
+Part of the composition layer (with ``urls.py`` and ``asgi.py``): it may import both apps;
+``asgi.py`` imports it once Django is set up.
 """
 import asyncio
 import logging
@@ -15,14 +18,15 @@ import sys
 
 from django.conf import settings
 
+from sessions_app.notifications.delivery import notify_loop
+from sessions_app.sweep import sweep_loop
+from tasks_app.services.messages import server_stopping
+
 log = logging.getLogger("runstead.server")
 
 
 def install() -> None:
     """Register the hooks on the running daphne's reactor; outside daphne, do nothing."""
-    from tasks_app.services.messages import server_stopping
-    from tasks_app.services.sweeps import sweep_loop
-
     reactor = sys.modules.get("twisted.internet.reactor")
     if reactor is None:
         log.warning("not under daphne: no in-server sweep; run `manage.py sweep`")
@@ -31,8 +35,6 @@ def install() -> None:
         interval_s = settings.RUNSTEAD_SWEEP_INTERVAL_S
         reactor.callWhenRunning(lambda: asyncio.ensure_future(sweep_loop(interval_s)))
     if settings.RUNSTEAD_EMBEDDED_NOTIFY:
-        from sessions_app.notifications.delivery import notify_loop
-
         notify_interval_s = settings.RUNSTEAD_NOTIFY_INTERVAL_S
         reactor.callWhenRunning(lambda: asyncio.ensure_future(notify_loop(notify_interval_s)))
     from tasks_app.longpoll import stop_all

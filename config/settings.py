@@ -171,7 +171,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tasks_app.auth.IsOwner"],
     "DEFAULT_PAGINATION_CLASS": "config.pagination.StableCursorPagination",
-    "EXCEPTION_HANDLER": "config.errors.exception_handler",
+    "EXCEPTION_HANDLER": "config.exception_handler.exception_handler",
     "DEFAULT_PARSER_CLASSES": ["config.errors.StrictJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,

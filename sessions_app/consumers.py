@@ -5,7 +5,7 @@ terminal clients send ``Authorization: Token <key>`` (DRF token) instead. A brow
 put an Authorization header on a WebSocket, so a token connection skips the origin check
 without opening a cross-site hole. Anonymous connections are refused (the handshake gets
 HTTP 403). The consumer never reads or decides anything: it forwards ``board.event``
-messages sent by ``sessions_app.broadcast.broadcast`` as JSON text.
+messages sent by ``config.broadcast.broadcast`` as JSON text.
 
 The channel layer (Redis in production) may fail: a handshake then never answers 500. The
 socket opens and closes at once with LAYER_DOWN_CLOSE_CODE, which the page shows as
@@ -25,8 +25,9 @@ from channels.utils import await_many_dispatch
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.security.websocket import AllowedHostsOriginValidator
 from django.contrib.auth.models import AnonymousUser
+from rest_framework.authtoken.models import Token
 
-from sessions_app.broadcast import owner_group
+from config.broadcast import owner_group
 
 TOKEN_KEYWORD = "Token"
 # Close code of a socket that the service cannot feed because its channel layer is down.
@@ -123,8 +124,6 @@ def _authorization_header(scope) -> str | None:
 
 @database_sync_to_async
 def _token_user(key: str):
-    from rest_framework.authtoken.models import Token
-
     token = Token.objects.select_related("user").filter(key=key).first()
     if token is None or not token.user.is_active:
         return AnonymousUser()

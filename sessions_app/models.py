@@ -47,7 +47,7 @@ class Marker(models.Model):
     """One device's record of its current turn in one session (M1-M8).
 
     One row per (session, device) (M7); a new turn overwrites the row. Whether it shows
-    RUNNING is decided on read (M3, ``services.marker_is_running``); nothing deletes it.
+    RUNNING is decided on read (M3, ``rules.marker_is_running``); nothing deletes it.
     """
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="markers")

@@ -14,10 +14,14 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 
+from config.broadcast import broadcast
 from config.errors import ApplicationError
-from sessions_app.broadcast import broadcast
 from sessions_app.models import EndedTurn, Job, JobMode, Marker, MarkerState, Session, SessionStatus
+from sessions_app.notifications.services import notify_session_idle
+from sessions_app.rules import counting_jobs_q, running_markers_q
+from sessions_app.shapes import marker_event, session_deleted_event, session_status_event
 from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Task
+from tasks_app.services.cancel import task_cancel
 
 # Task states that keep a session busy (S1; ``unknown`` does not), and in which a
 # machine's turn takes the task's expiry class (M2).
@@ -25,44 +29,7 @@ BUSY_TASK_STATES = tuple(sorted(NEVER_LEASED_STATES | LEASED_STATES))
 SWEEP_BATCH = 200
 
 
-# --- reading (M3, S1) -------------------------------------------------------------------
-
-
-def marker_grace() -> timedelta:
-    return timedelta(seconds=settings.RUNSTEAD_MARKER_GRACE_S)
-
-
-def marker_is_running(marker: Marker, now: datetime) -> bool:
-    """M3, the one reader rule: RUNNING only while ``state == running`` and
-    ``now < expires_at + grace`` (``RUNSTEAD_MARKER_GRACE_S``, 60 s). Pure; used by S1, the
-    API and the board snapshot."""
-    return marker.state == MarkerState.RUNNING and now < marker.expires_at + marker_grace()
-
-
-def running_markers_q(now: datetime) -> Q:
-    """M3 as a queryset filter on Marker (same rule as ``marker_is_running``)."""
-    return Q(state=MarkerState.RUNNING, expires_at__gt=now - marker_grace())
-
-
-def counting_jobs_q(now: datetime) -> Q:
-    """S3, S4, S7 as a queryset filter on Job: held, not cancelled, younger than
-    ``RUNSTEAD_JOB_HOLD_MAX_S``, and unfinished or finished with ``wakes`` and not yet
-    consumed by a wake turn."""
-    return (
-        Q(mode=JobMode.HELD, cancelled_at__isnull=True)
-        & Q(created_at__gt=now - timedelta(seconds=settings.RUNSTEAD_JOB_HOLD_MAX_S))
-        & (Q(finished_at__isnull=True) | Q(wakes=True, consumed_at__isnull=True))
-    )
-
-
-def job_counts(job: Job, now: datetime) -> bool:
-    """Whether one job keeps its session busy now (S3, S4, S7); same rule as
-    ``counting_jobs_q``."""
-    if job.mode != JobMode.HELD or job.cancelled_at is not None:
-        return False
-    if now >= job.created_at + timedelta(seconds=settings.RUNSTEAD_JOB_HOLD_MAX_S):
-        return False
-    return job.finished_at is None or (bool(job.wakes) and job.consumed_at is None)
+# --- reading (S1) ----------------------------------------------------------------------
 
 
 def session_is_busy(*, session_id: uuid.UUID, now: datetime) -> bool:
@@ -133,7 +100,7 @@ def session_delete(*, owner, session_id: uuid.UUID, now: datetime) -> None:
         session = session_lock(owner=owner, session_id=session_id)
         version = session.version + 1
         session.delete()
-        broadcast(owner.pk, {"type": "session.deleted", "session_id": str(session_id), "version": version})
+        broadcast(owner.pk, session_deleted_event(session_id, version=version))
 
 
 def _refresh_locked(session: Session, now: datetime) -> bool:
@@ -148,13 +115,8 @@ def _refresh_locked(session: Session, now: datetime) -> bool:
     if won != 1:
         return False
     session.status, session.status_since, session.version = new_status, now, session.version + 1
-    broadcast(
-        session.owner_id,
-        {"type": "session.status", "session_id": str(session.pk), "status": new_status, "version": session.version},
-    )
+    broadcast(session.owner_id, session_status_event(session))
     if new_status == SessionStatus.IDLE:
-        from sessions_app.notifications.services import notify_session_idle
-
         # N1: true idle, in the winning transaction; its board event follows the status.
         notify_session_idle(session, now=now)
     return True
@@ -232,20 +194,6 @@ class MarkerResult:
     session: Session
 
 
-def _marker_event(marker: Marker) -> dict:
-    return {
-        "type": "marker",
-        "session_id": str(marker.session_id),
-        "device_id": marker.device_id,
-        "device_name": marker.device_name,
-        "turn_id": marker.turn_id,
-        "state": marker.state,
-        "started_at": marker.started_at.isoformat(),
-        "expires_at": marker.expires_at.isoformat(),
-        "version": marker.version,
-    }
-
-
 def marker_expiry_s(*, session_id: uuid.UUID, machine, deep_research: bool) -> float:
     """M2, in seconds: a turn a machine runs for a task of this session uses the task's
     ``max_runtime_s + RUNSTEAD_LEASE_DURATION_S`` (the longest such task); otherwise
@@ -274,7 +222,7 @@ def _marker_end(session: Session, marker: Marker, now: datetime) -> None:
     Marker.objects.filter(pk=marker.pk).update(state=MarkerState.ENDED, ended_at=now, version=F("version") + 1)
     marker.refresh_from_db()
     _turn_ended(session, marker, now)
-    broadcast(session.owner_id, _marker_event(marker))
+    broadcast(session.owner_id, marker_event(marker, now=now))
 
 
 def check_device(*, machine, device_id: str) -> None:
@@ -356,7 +304,7 @@ def marker_write(
         Job.objects.filter(
             session=session, wakes=True, consumed_at__isnull=True, finished_at__lte=now
         ).update(consumed_at=now, version=F("version") + 1)
-        broadcast(session.owner_id, _marker_event(marker))
+        broadcast(session.owner_id, marker_event(marker, now=now))
         _refresh_locked(session, now)
         return MarkerResult("applied", None, marker, session)
 
@@ -465,8 +413,6 @@ def session_stop(*, owner, session_id: uuid.UUID, actor: str, now: datetime) -> 
         )
         jobs_cancelled = held.update(cancelled_at=now, version=F("version") + 1)
         _refresh_locked(session, now)
-
-    from tasks_app.services.cancel import task_cancel
 
     tasks_cancelled = 0
     for task in Task.objects.filter(session_id=session_id).exclude(state__in=FINAL_STATES):

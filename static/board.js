@@ -31,7 +31,6 @@
     deleted: new Map(), // session id -> {version, seq} of its session.deleted event
     offsetMs: 0, // server clock - browser clock, from the last server_time (M3)
     graceS: 60,
-    offlineS: 90,
     seq: 0, // local change counter; rows touched after a hydrate started survive it
     loaded: false,
     messages: 0, // WebSocket messages received (tests read it)
@@ -115,10 +114,11 @@
     return m.state === "running" && exp !== null && nowMs < exp + board.graceS * 1000;
   }
 
-  /** B7: a machine is offline when not heard from for more than the threshold. */
+  /** B7 as the server decides it (tasks_app/shapes.py): ``offline`` at the message's
+   *  server_time, or past ``offline_at``, when it turns offline without a message. */
   function machineOffline(m, nowMs) {
-    var heard = ms(m.last_heard_at);
-    return heard === null || nowMs - heard > board.offlineS * 1000;
+    var at = ms(m.offline_at);
+    return m.offline === true || (at !== null && nowMs > at);
   }
 
   // ---------------------------------------------------------------- applying state
@@ -211,7 +211,6 @@
   function applySnapshot(snap, startSeq) {
     noteServerTime(snap.server_time);
     if (typeof snap.marker_grace_s === "number") board.graceS = snap.marker_grace_s;
-    if (typeof snap.machine_offline_s === "number") board.offlineS = snap.machine_offline_s;
     var previous = board.sessions;
     // A snapshot read before a deletion we already applied must not bring the session back.
     var items = (snap.sessions || []).filter(function (item) {

@@ -5,6 +5,7 @@ import hashlib
 from rest_framework import authentication, permissions
 
 from config.errors import ApplicationError
+from tasks_app.models import Machine
 
 
 def token_digest(token: str) -> str:
@@ -31,8 +32,6 @@ class MachineAuthentication(authentication.BaseAuthentication):
             return None
         if len(header) != 2:
             raise TokenRevoked()
-        from tasks_app.models import Machine
-
         machine = (
             Machine.objects.select_related("owner")
             .filter(token_hash=token_digest(header[1]), paired=True)
@@ -48,8 +47,6 @@ class MachineAuthentication(authentication.BaseAuthentication):
 
 def request_machine(request):
     """The Machine a request authenticated as, or None for an owner."""
-    from tasks_app.models import Machine
-
     return request.auth if isinstance(request.auth, Machine) else None
 
 

@@ -9,6 +9,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from tasks_app.protocol import DEFAULT_MAX_RUNTIME_S
+
 
 class Machine(models.Model):
     """A paired worker host (K1). ``generation`` rises on every re-pair; the token is stored
@@ -137,7 +139,7 @@ class Task(models.Model):
     agent = models.CharField(max_length=100)
     prompt = models.TextField()
     deep_research = models.BooleanField(default=False)
-    max_runtime_s = models.PositiveIntegerField(default=1800)
+    max_runtime_s = models.PositiveIntegerField(default=DEFAULT_MAX_RUNTIME_S)
     exclusive = models.BooleanField(default=True)
 
     state = models.CharField(max_length=20, choices=TaskState.choices, default=TaskState.ACCEPTED)

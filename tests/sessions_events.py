@@ -13,7 +13,7 @@ from channels.layers import InMemoryChannelLayer, channel_layers
 from django.db import transaction
 
 from sessions_app import services
-from sessions_app.broadcast import owner_group
+from config.broadcast import owner_group
 
 SENT: list[tuple[str, dict]] = []
 

@@ -11,7 +11,7 @@ from channels.testing import WebsocketCommunicator
 from django.db import transaction
 from django.test import Client
 
-from sessions_app.broadcast import broadcast, owner_group
+from config.broadcast import broadcast, owner_group
 from sessions_app.routing import websocket_application
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]

@@ -10,6 +10,7 @@ from django.test import Client
 
 from config import clock
 from tasks_app.models import Budget, OutboxMessage, Task, TaskEvent
+from sessions_app.sweep import sweep_once
 from tasks_app.services.sweeps import expire_leases
 from tests.conftest import machine_api
 from tests.factories import final_facts, grant_lease, receipt, submit
@@ -187,8 +188,6 @@ def test_u3_nothing_is_retried_automatically(owner, machine, grant, grant_root, 
     for _ in range(3):
         pinned.shift(700)
         expire_leases(now=clock.now())
-    from tasks_app.services.sweeps import sweep_once
-
     sweep_once(now=clock.now())
     assert Task.objects.get(pk=task_id).state == "unknown"
     assert OutboxMessage.objects.filter(operation__task_id=task_id).count() == messages_before

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from sessions_app import services
+from sessions_app import rules, services
 from sessions_app.models import EndedTurn, Marker, Session
 from tests.conftest import machine_api, owner_api
 from tests.sessions_events import T0, Board, at, board, board_events, make_task, new_id  # noqa: F401
@@ -99,12 +99,12 @@ def test_m3_crashed_device_shows_running_until_expires_plus_grace(board, board_e
     assert expires_at == secs(1200)
     at(1200 + 59.999)
     assert running_on_board(owner_client, sid) is True
-    assert services.marker_is_running(marker_row(sid), secs(1200 + 59.999)) is True
+    assert rules.marker_is_running(marker_row(sid), secs(1200 + 59.999)) is True
     assert board.sweep(secs(1200 + 59.999)) == 0
     assert Session.objects.get(pk=sid).status == "busy"
     at(1200 + 60)
     assert running_on_board(owner_client, sid) is False
-    assert services.marker_is_running(marker_row(sid), secs(1200 + 60)) is False
+    assert rules.marker_is_running(marker_row(sid), secs(1200 + 60)) is False
     assert board.sweep(secs(1200 + 60)) == 1
     assert board_events.statuses(owner, sid) == ["busy", "idle"]
     assert marker_row(sid).state == "running"  # expiry is a read-side decision; the sweep never edits markers

@@ -17,7 +17,7 @@ from django.db import connection, transaction
 
 from config import clock
 from sessions_app import services
-from sessions_app.broadcast import owner_group
+from config.broadcast import owner_group
 from sessions_app.models import Marker, Session
 from tests.conftest import owner_api
 from tests.live import database_env

@@ -20,9 +20,10 @@ from django.db import connection
 from websockets.asyncio.client import connect as ws_connect
 
 from config import clock
-from sessions_app.broadcast import owner_group
+from config.broadcast import owner_group
 from tasks_app.models import Budget, Lease, OutboxMessage, Task, TaskEvent
-from tasks_app.services.sweeps import expire_leases, expire_start_windows, sweep_once
+from sessions_app.sweep import sweep_once
+from tasks_app.services.sweeps import expire_leases, expire_start_windows
 from tests.conftest import PINNED_AT as T0
 from tests.factories import final_facts, grant_lease, receipt, submit
 from tests.live import live_daphne  # noqa: F401  (fixture)

@@ -1,11 +1,13 @@
-"""Input and output shapes of the sessions API (SPEC H, M, S). Every input serializer is a
-``config.strict.StrictSerializer``: unknown fields and wrong JSON types answer 400 (K3)."""
+"""Input validation of the sessions API (SPEC H, M, S), and the OpenAPI description of
+its answers (the ``*Out`` classes). Every input serializer is a
+``config.strict.StrictSerializer``: unknown fields and wrong JSON types answer 400 (K3).
+Answers are rendered by ``sessions_app/shapes.py``; the ``*Out`` classes only document
+those shapes and must list the same fields."""
 from rest_framework import serializers
 
 from config.strict import StrictSerializer
 
 from sessions_app.models import Job, JobMode, Marker, MarkerState, Session
-from sessions_app.services import job_counts, marker_is_running
 
 # A device id names one app instance (M5): a machine id, or ``<hostname>:<session id>``.
 DEVICE_ID_RE = r"^[^/\s]{1,200}$"
@@ -49,7 +51,7 @@ class JobFinishIn(StrictSerializer):
 
 
 class MarkerOut(serializers.ModelSerializer):
-    running = serializers.SerializerMethodField(help_text="M3 on the service clock at the time of the answer")
+    running = serializers.BooleanField(read_only=True, help_text="M3 on the service clock at the time of the answer")
 
     class Meta:
         model = Marker
@@ -58,12 +60,9 @@ class MarkerOut(serializers.ModelSerializer):
             "started_at", "expires_at", "ended_at", "version", "running",
         ]
 
-    def get_running(self, marker) -> bool:
-        return marker_is_running(marker, self.context["now"])
-
 
 class JobOut(serializers.ModelSerializer):
-    counts = serializers.SerializerMethodField(help_text="whether it keeps the session busy now (S3, S4, S7)")
+    counts = serializers.BooleanField(read_only=True, help_text="whether it keeps the session busy now (S3, S4, S7)")
 
     class Meta:
         model = Job
@@ -71,9 +70,6 @@ class JobOut(serializers.ModelSerializer):
             "job_id", "mode", "auto_backgrounded", "created_at", "finished_at", "wakes", "consumed_at",
             "cancelled_at", "version", "counts",
         ]
-
-    def get_counts(self, job) -> bool:
-        return job_counts(job, self.context["now"])
 
 
 class SessionOut(serializers.ModelSerializer):

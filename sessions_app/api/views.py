@@ -13,16 +13,18 @@ from config.strict import EmptyBody, NoQuery, valid_body, valid_query
 from sessions_app import services
 from sessions_app.api import serializers as s
 from sessions_app.models import Session
+from sessions_app.shapes import active_sessions_dict, job_dict, marker_write_dict, session_dict, stop_dict
 from tasks_app.auth import IsOwnerOrMachine, request_machine
+from tasks_app.shapes import actor_machine, actor_owner
 
 
 def actor_of(request) -> str:
     machine = request_machine(request)
-    return f"machine:{machine.pk}" if machine else f"owner:{request.user.username}"
+    return actor_machine(machine) if machine else actor_owner(request.user)
 
 
 def session_out(session: Session, now) -> dict:
-    return s.SessionOut(session, context={"now": now}).data
+    return session_dict(session, markers=session.markers.all(), now=now)
 
 
 class SessionListView(GenericAPIView):
@@ -32,7 +34,7 @@ class SessionListView(GenericAPIView):
     def get(self, request):
         now = clock.now()
         page = self.paginate_queryset(Session.objects.filter(owner=request.user).prefetch_related("markers"))
-        return self.get_paginated_response(s.SessionOut(page, many=True, context={"now": now}).data)
+        return self.get_paginated_response([session_out(session, now) for session in page])
 
     @extend_schema(request=s.SessionCreateIn, responses={201: s.SessionOut, 200: s.SessionOut, **errors()})
     def post(self, request):
@@ -80,13 +82,7 @@ class MarkerView(APIView):
         result = services.marker_write(
             owner=request.user, session_id=session_id, machine=request_machine(request), now=now, **data
         )
-        body = {
-            "outcome": result.outcome,
-            "marker": s.MarkerOut(result.marker, context={"now": now}).data if result.marker else None,
-        }
-        if result.reason:
-            body["reason"] = result.reason
-        return Response(body)
+        return Response(marker_write_dict(result, now=now))
 
 
 class DeviceSweepView(APIView):
@@ -110,9 +106,7 @@ class JobListView(APIView):
         data = _valid(s.JobIn, request)
         now = clock.now()
         job, created = services.job_start(owner=request.user, session_id=session_id, now=now, **data)
-        return Response(
-            s.JobOut(job, context={"now": now}).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        )
+        return Response(job_dict(job, now=now), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class JobFinishView(APIView):
@@ -123,7 +117,7 @@ class JobFinishView(APIView):
         data = _valid(s.JobFinishIn, request)
         now = clock.now()
         job = services.job_finish(owner=request.user, session_id=session_id, job_id=job_id, wakes=data["wakes"], now=now)
-        return Response(s.JobOut(job, context={"now": now}).data)
+        return Response(job_dict(job, now=now))
 
 
 class SessionStopView(APIView):
@@ -133,15 +127,7 @@ class SessionStopView(APIView):
         result = services.session_stop(
             owner=request.user, session_id=session_id, actor=actor_of(request), now=clock.now()
         )
-        return Response(
-            {
-                "markers_closed": result.markers_closed,
-                "jobs_cancelled": result.jobs_cancelled,
-                "tasks_cancelled": result.tasks_cancelled,
-                "status": result.session.status,
-                "version": result.session.version,
-            }
-        )
+        return Response(stop_dict(result))
 
 
 class ActiveSessionsView(APIView):
@@ -150,7 +136,7 @@ class ActiveSessionsView(APIView):
         valid_query(NoQuery, request)
         now = clock.now()
         sessions = services.sessions_active(owner=request.user, now=now)
-        return Response(s.ActiveOut({"sessions": sessions, "server_time": now}).data)
+        return Response(active_sessions_dict(sessions, now=now))
 
 
 def _valid(serializer_class, request) -> dict:

@@ -18,7 +18,7 @@ from datetime import datetime
 from django.db import IntegrityError, transaction
 
 from config.errors import ApplicationError
-from sessions_app.broadcast import broadcast
+from config.broadcast import broadcast
 from sessions_app.notifications.models import (
     KIND_NAMES,
     Channel,

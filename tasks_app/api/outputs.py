@@ -1,6 +1,6 @@
 """OpenAPI descriptions of the task API's answers (H): DRF serializers used only by
 ``extend_schema``, never to render. The bodies themselves come from the wire-shape
-functions (``serialize_task`` and friends); ``tests/test_api_schema.py`` checks that
+functions of ``tasks_app/shapes.py`` (``task_dict`` and friends); ``tests/test_api_schema.py`` checks that
 real answers carry exactly the fields declared here."""
 from rest_framework import serializers
 
@@ -104,6 +104,9 @@ class MachineOut(serializers.Serializer):
     paired = serializers.BooleanField()
     last_heard_at = serializers.DateTimeField(allow_null=True)
     offline = serializers.BooleanField(help_text="not heard from within RUNSTEAD_MACHINE_OFFLINE_S (B7)")
+    offline_at = serializers.DateTimeField(
+        allow_null=True, help_text="when it turns offline unless heard from before; null: never heard (B7)"
+    )
     profiles = ProfileOut(many=True, help_text="as last reported by PUT /api/worker/profiles/ (B10)")
     version = serializers.IntegerField()
 
@@ -120,12 +123,6 @@ class BoardTaskOut(TaskOut):
     """A task on the board snapshot: as in ``task`` events, plus when its run began."""
 
     started_at = serializers.DateTimeField(allow_null=True, help_text="when its lease was granted")
-
-
-class BoardGrantOut(serializers.Serializer):
-    id = serializers.UUIDField()
-    machine = serializers.UUIDField()
-    path = serializers.CharField()
 
 
 class BudgetOut(serializers.Serializer):

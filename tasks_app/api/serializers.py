@@ -1,14 +1,13 @@
-"""Wire shapes of the task API (SPEC H): input validation (every body and query string
-through ``config.strict``, K3) and output rendering."""
-from django.conf import settings
+"""Input validation of the task API (SPEC H, K3): every body and query string through
+``config.strict``. What the API answers is rendered by ``tasks_app/shapes.py`` and
+described for OpenAPI by ``tasks_app/api/outputs.py``."""
 from rest_framework import serializers
 
-from config import clock
 from config.pagination import PageQuery
 from config.strict import QueryFloatField, StrictQuerySerializer, StrictSerializer
-from tasks_app.models import Grant, Machine, Task, TaskState
+from tasks_app.models import TaskState
+from tasks_app.protocol import DEFAULT_MAX_RUNTIME_S, LONG_POLL_MAX_S
 from tasks_app.services.acceptance import folder_problem
-from tasks_app.services.messages import MAX_WAIT_S
 
 PROMPT_MAX_BYTES = 64 * 1024
 INT32_MAX = 2**31 - 1  # what the database's integer columns hold
@@ -31,7 +30,7 @@ class TaskCreateSerializer(StrictSerializer):
     prompt = serializers.CharField(trim_whitespace=False, allow_blank=False)
     session = serializers.UUIDField(required=False, allow_null=True)
     deep_research = serializers.BooleanField(default=False)
-    max_runtime_s = serializers.IntegerField(default=1800, min_value=1, max_value=7 * 86400)
+    max_runtime_s = serializers.IntegerField(default=DEFAULT_MAX_RUNTIME_S, min_value=1, max_value=7 * 86400)
     exclusive = serializers.BooleanField(default=True)
 
     def validate_prompt(self, value):
@@ -77,9 +76,9 @@ class TaskListQuery(PageQuery):
 
 
 class MessagesQuery(StrictQuerySerializer):
-    """``GET /api/worker/messages/?wait=S``: seconds to hold the poll open, 0-25 (W2)."""
+    """``GET /api/worker/messages/?wait=S``: seconds to hold the poll open, 0 to ``LONG_POLL_MAX_S`` (25) (W2)."""
 
-    wait = QueryFloatField(required=False, default=0, min_value=0, max_value=MAX_WAIT_S)
+    wait = QueryFloatField(required=False, default=0, min_value=0, max_value=LONG_POLL_MAX_S)
 
 
 class LeaseGrantSerializer(StrictSerializer):
@@ -166,95 +165,3 @@ def _validate_final_facts(facts: dict) -> None:
         raise serializers.ValidationError({"facts": ["survivors must be a list of objects with a pid"]})
     if facts.get("output_tail") is not None and not isinstance(facts["output_tail"], str):
         raise serializers.ValidationError({"facts": ["output_tail must be a string"]})
-
-
-def _iso(value):
-    return value.isoformat() if value else None
-
-
-def serialize_machine(machine: Machine, *, now=None) -> dict:
-    """Machine shape of GET /api/machines/ and of ``machine`` board events (B7)."""
-    now = now or clock.now()
-    offline = machine.last_heard_at is None or (now - machine.last_heard_at).total_seconds() > settings.RUNSTEAD_MACHINE_OFFLINE_S
-    return {
-        "id": str(machine.id),
-        "name": machine.name,
-        "generation": machine.generation,
-        "paired": machine.paired,
-        "last_heard_at": _iso(machine.last_heard_at),
-        "offline": offline,
-        "profiles": machine.profiles,
-        "version": machine.version,
-    }
-
-
-def serialize_task(task: Task) -> dict:
-    """Task shape of the API and of ``task`` board events (H, B1)."""
-    return {
-        "id": str(task.id),
-        "state": task.state,
-        "state_reason": task.state_reason,
-        "machine": str(task.machine_id),
-        "folder": task.folder,
-        "agent": task.agent,
-        "prompt": task.prompt,
-        "session": str(task.session_id) if task.session_id else None,
-        "deep_research": task.deep_research,
-        "max_runtime_s": task.max_runtime_s,
-        "exclusive": task.exclusive,
-        "created_at": _iso(task.created_at),
-        "updated_at": _iso(task.updated_at),
-        "final_at": _iso(task.final_at),
-        "cancel_requested_at": _iso(task.cancel_requested_at),
-        "reserved_s": task.reserved_s,
-        "charged_s": task.charged_s,
-        "pid": task.pid,
-        "exit_code": task.exit_code,
-        "signal": task.signal,
-        "stop_reason": task.stop_reason,
-        "runtime_s": task.runtime_s,
-        "slept_s": task.slept_s,
-        "survivors": task.survivors,
-        "output_tail": task.output_tail,
-        "holds_lock": task.holds_lock,
-        "version": task.version,
-    }
-
-
-def serialize_task_detail(task: Task) -> dict:
-    """GET /api/tasks/{id}/: the task with its events, lease and last 50 receipts."""
-    lease = task.leases.first()
-    return {
-        **serialize_task(task),
-        "lease": None
-        if lease is None
-        else {
-            "id": str(lease.id),
-            "granted_at": _iso(lease.granted_at),
-            "expires_at": _iso(lease.expires_at),
-            "renewals": lease.renewals,
-            "last_renewed_at": _iso(lease.last_renewed_at),
-            "refused_reason": lease.refused_reason,
-            "ended_at": _iso(lease.ended_at),
-            "end_reason": lease.end_reason,
-        },
-        "events": [
-            {"old_state": e.old_state, "new_state": e.new_state, "reason": e.reason, "actor": e.actor, "at": _iso(e.at)}
-            for e in task.events.all()
-        ],
-        "receipts": [
-            {"event_id": r.event_id, "kind": r.kind, "generation": r.generation, "body": r.body,
-             "answer": r.response_body, "received_at": _iso(r.received_at)}
-            for r in task.receipts.all()[:50]
-        ],
-    }
-
-
-def serialize_grant(grant: Grant) -> dict:
-    return {
-        "id": str(grant.id),
-        "machine": str(grant.machine_id),
-        "path": grant.path,
-        "created_at": _iso(grant.created_at),
-        "revoked_at": _iso(grant.revoked_at),
-    }

@@ -18,6 +18,18 @@ from tasks_app.api import serializers as s
 from tasks_app.auth import IsMachine, request_machine
 from tasks_app.models import Budget, Grant, Machine, Task
 from tasks_app.services import acceptance, cancel, leases, messages, pairing, receipts, revocation
+from tasks_app.shapes import (
+    actor_owner,
+    budget_dict,
+    grant_dict,
+    lease_dict,
+    machine_dict,
+    messages_dict,
+    paired_dict,
+    pairing_code_dict,
+    task_detail_dict,
+    task_dict,
+)
 
 
 def _no_input(request) -> None:
@@ -48,7 +60,7 @@ class TaskListCreate(generics.GenericAPIView):
             if name in params:
                 tasks = tasks.filter(**{name: params[name]})
         page = self.paginate_queryset(tasks)
-        return self.get_paginated_response([s.serialize_task(t) for t in page])
+        return self.get_paginated_response([task_dict(t) for t in page])
 
     @extend_schema(
         request=s.TaskCreateSerializer,
@@ -67,7 +79,7 @@ class TaskListCreate(generics.GenericAPIView):
         data = valid_body(s.TaskCreateSerializer, request)
         stored = acceptance.task_accept(
             owner=request.user, key=key, raw_body=request.data, data=data,
-            now=clock.now(), serialize=s.serialize_task,
+            now=clock.now(),
         )
         headers = {"Idempotent-Replayed": "true"} if stored.replayed else {}
         return _json(stored.status, stored.body, **headers)
@@ -78,7 +90,7 @@ class TaskDetail(APIView):
     def get(self, request, task_id):
         valid_query(NoQuery, request)
         task = get_object_or_404(Task, pk=task_id, owner=request.user)
-        return Response(s.serialize_task_detail(task))
+        return Response(task_detail_dict(task))
 
 
 class TaskCancel(APIView):
@@ -88,8 +100,8 @@ class TaskCancel(APIView):
     def post(self, request, task_id):
         _no_input(request)
         task = get_object_or_404(Task, pk=task_id, owner=request.user)
-        task = cancel.task_cancel(task=task, actor=f"owner:{request.user.get_username()}", now=clock.now())
-        return Response(s.serialize_task(task))
+        task = cancel.task_cancel(task=task, actor=actor_owner(request.user), now=clock.now())
+        return Response(task_dict(task))
 
 
 class OwnerTokenRotate(APIView):
@@ -110,7 +122,7 @@ class BudgetView(APIView):
     def get(self, request):
         valid_query(NoQuery, request)
         budget = get_object_or_404(Budget, owner=request.user)
-        return Response({"limit_s": budget.limit_s, "reserved_s": budget.reserved_s, "spent_s": budget.spent_s})
+        return Response(budget_dict(budget))
 
 
 class MachineList(generics.GenericAPIView):
@@ -118,7 +130,7 @@ class MachineList(generics.GenericAPIView):
     def get(self, request):
         now = clock.now()
         page = self.paginate_queryset(Machine.objects.filter(owner=request.user))
-        return self.get_paginated_response([s.serialize_machine(m, now=now) for m in page])
+        return self.get_paginated_response([machine_dict(m, now=now) for m in page])
 
 
 class MachineUnpair(APIView):
@@ -128,8 +140,9 @@ class MachineUnpair(APIView):
     def post(self, request, machine_id):
         _no_input(request)
         machine = get_object_or_404(Machine, pk=machine_id, owner=request.user)
-        machine = revocation.machine_unpair(machine=machine, actor=f"owner:{request.user.get_username()}", now=clock.now())
-        return Response(s.serialize_machine(machine))
+        now = clock.now()
+        machine = revocation.machine_unpair(machine=machine, actor=actor_owner(request.user), now=now)
+        return Response(machine_dict(machine, now=now))
 
 
 class PairingCodeCreate(APIView):
@@ -140,7 +153,7 @@ class PairingCodeCreate(APIView):
         code, row = pairing.pairing_code_create(
             owner=request.user, name=data.get("name", ""), machine_id=data.get("machine"), now=clock.now(),
         )
-        return Response({"code": code, "expires_at": row.expires_at.isoformat()}, status=status.HTTP_201_CREATED)
+        return Response(pairing_code_dict(code, row), status=status.HTTP_201_CREATED)
 
 
 class GrantListCreate(generics.GenericAPIView):
@@ -149,7 +162,7 @@ class GrantListCreate(generics.GenericAPIView):
     @extend_schema(request=None, parameters=[PageQuery], responses={200: o.GrantOut(many=True), **errors()})
     def get(self, request):
         page = self.paginate_queryset(Grant.objects.filter(owner=request.user))
-        return self.get_paginated_response([s.serialize_grant(g) for g in page])
+        return self.get_paginated_response([grant_dict(g) for g in page])
 
     @extend_schema(request=s.GrantCreateSerializer, responses={201: o.GrantOut, 200: o.GrantOut, **errors(409)})
     def post(self, request):
@@ -158,7 +171,7 @@ class GrantListCreate(generics.GenericAPIView):
         grant, created = revocation.grant_create(
             owner=request.user, machine_id=data["machine"], path=data["path"], now=clock.now(),
         )
-        return Response(s.serialize_grant(grant), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return Response(grant_dict(grant), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class GrantRevoke(APIView):
@@ -166,8 +179,8 @@ class GrantRevoke(APIView):
     def post(self, request, grant_id):
         _no_input(request)
         grant = get_object_or_404(Grant, pk=grant_id, owner=request.user)
-        grant = revocation.grant_revoke(grant=grant, actor=f"owner:{request.user.get_username()}", now=clock.now())
-        return Response(s.serialize_grant(grant))
+        grant = revocation.grant_revoke(grant=grant, actor=actor_owner(request.user), now=clock.now())
+        return Response(grant_dict(grant))
 
 
 # --- worker endpoints ------------------------------------------------------------------
@@ -198,10 +211,7 @@ class WorkerPair(APIView):
             code=data["code"], name=data.get("name", ""),
             client=request.META.get("REMOTE_ADDR", "")[:64], now=clock.now(),
         )
-        return Response(
-            {"machine_id": str(machine.id), "token": token, "generation": machine.generation, "name": machine.name},
-            status=status.HTTP_201_CREATED,
-        )
+        return Response(paired_dict(machine, token), status=status.HTTP_201_CREATED)
 
 
 class PendingPull(HttpResponse):
@@ -214,14 +224,9 @@ class PendingPull(HttpResponse):
         self.wait_s = wait_s
 
 
-def messages_body(pulled) -> dict:
-    """The long-poll's answer ``{"messages": [{"id", "kind", "operation_id", "payload"}]}`` (H)."""
-    return {"messages": [{"id": str(m.id), "kind": m.kind, "operation_id": str(m.operation_id), "payload": m.payload} for m in pulled]}
-
-
 def messages_response(pulled) -> JsonResponse:
-    """``messages_body`` as a response, for ``tasks_app.longpoll``."""
-    return JsonResponse(messages_body(pulled))
+    """``messages_dict`` as a response, for ``tasks_app.longpoll``."""
+    return JsonResponse(messages_dict(pulled))
 
 
 class WorkerMessages(MachineView):
@@ -236,10 +241,10 @@ class WorkerMessages(MachineView):
             taken = messages.messages_take(machine_id=machine.pk, now=clock.now(), new_pull=True)
             if not taken and wait > 0:
                 return PendingPull(machine_id=str(machine.pk), wait_s=wait)
-            response = Response(messages_body(taken))
+            response = Response(messages_dict(taken))
             response.runstead_machine, response.runstead_taken = machine.pk, [m.id for m in taken]
             return response
-        return Response(messages_body(messages.messages_pull(machine=machine, wait_s=wait)))
+        return Response(messages_dict(messages.messages_pull(machine=machine, wait_s=wait)))
 
 
 class WorkerMessageAck(MachineView):
@@ -260,7 +265,7 @@ class WorkerLeaseGrant(MachineView):
         lease, created = leases.lease_grant(
             machine=request_machine(request), operation_id=data["operation_id"], now=clock.now()
         )
-        return Response(leases.lease_body(lease), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return Response(lease_dict(lease), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class WorkerLeaseRenew(MachineView):
@@ -273,7 +278,7 @@ class WorkerLeaseRenew(MachineView):
         lease = leases.lease_renew(
             machine=request_machine(request), lease_id=lease_id, output_tail=data.get("output_tail"), now=clock.now(),
         )
-        return Response(leases.lease_body(lease))
+        return Response(lease_dict(lease))
 
 
 class WorkerReceipts(MachineView):

@@ -22,6 +22,8 @@ from tasks_app.models import (
 )
 from tasks_app.services.locking import advisory_xact_lock, for_key_share, retry_on_deadlock
 from tasks_app.services.transitions import task_created
+from tasks_app.shapes import actor_owner, task_dict
+from tasks_app.signals import task_session_claimed
 
 PENDING_STATUS = 0  # a claimed key whose response is written later in the same transaction
 CLAIM_ATTEMPTS = 3
@@ -88,12 +90,12 @@ def folder_lock_key(folder: str) -> str:
     return unicodedata.normalize("NFC", folder).casefold()
 
 
-def task_accept(*, owner, key: str, raw_body: dict, data: dict, now: datetime, serialize) -> StoredResponse:
+def task_accept(*, owner, key: str, raw_body: dict, data: dict, now: datetime, serialize=task_dict) -> StoredResponse:
     """Accept a task exactly once per (owner, idempotency key) (A1-A5).
 
     ``raw_body`` is the parsed JSON as sent (for the digest, A2); ``data`` the validated
     fields (machine, folder, agent, prompt, session, deep_research, max_runtime_s,
-    exclusive). ``serialize(task) -> dict`` renders the 201 body. One transaction writes
+    exclusive). ``serialize(task) -> dict`` renders the 201 body (the task shape). One transaction writes
     the task, operation, idempotency record, budget reservation, folder lock and outbox
     ``start`` message, or nothing (A5). Refusals (A6) raise ApplicationError and store
     nothing. Returns the stored response (a replay for a known key with the same body).
@@ -179,18 +181,17 @@ def _create_task(*, owner, data, now) -> Task:
         raise ApplicationError("budget_exhausted", "not enough budget left for max_runtime_s", status_code=409)
     Budget.objects.filter(pk=budget.pk).update(reserved_s=F("reserved_s") + reserve)
 
-    session = None
-    if data.get("session"):
-        from sessions_app.services import session_get_or_create
-
-        session = session_get_or_create(owner=owner, session_id=data["session"], now=now)
+    session_id = data.get("session")
+    if session_id:
+        # The sessions app makes sure the owner's session exists, or refuses (K2).
+        task_session_claimed.send(sender=Task, owner=owner, session_id=session_id, now=now)
 
     task = Task.objects.create(
         id=uuid.uuid4(),
         owner=owner,
         machine=machine,
         grant=grant,
-        session=session,
+        session_id=session_id or None,
         folder=folder,
         agent=data["agent"],
         prompt=data["prompt"],
@@ -203,5 +204,5 @@ def _create_task(*, owner, data, now) -> Task:
         updated_at=now,
     )
     Operation.objects.create(task=task, created_at=now)
-    task_created(task, actor=f"owner:{owner.get_username()}", now=now)
+    task_created(task, actor=actor_owner(owner), now=now)
     return task

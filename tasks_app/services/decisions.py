@@ -8,6 +8,7 @@ from config.errors import ApplicationError
 from tasks_app.models import MessageKind, Task, TaskState
 from tasks_app.services.locking import lock_budget
 from tasks_app.services.transitions import message_send, task_finalize, task_record
+from tasks_app.shapes import actor_owner
 
 DECISIONS = {
     "succeeded": TaskState.SUCCEEDED,
@@ -35,7 +36,7 @@ def task_decide(*, task: Task, decision: str, user, now: datetime) -> Task:
             to=DECISIONS[decision],
             charge_s=charge,
             reason=f"owner decision: {decision}",
-            actor=f"owner:{user.get_username()}",
+            actor=actor_owner(user),
             now=now,
             decided_by=user,
             decided_at=now,
@@ -50,11 +51,11 @@ def task_ask_again(*, task: Task, user, now: datetime) -> None:
         if task.state != TaskState.UNKNOWN:
             raise ApplicationError("not_unknown", f"the task is {task.state}, not unknown", status_code=409)
         message_send(task, kind=MessageKind.QUERY, now=now, query_id=str(uuid.uuid4()))
-        task_record(task, reason="owner asked the worker again", actor=f"owner:{user.get_username()}", now=now)
+        task_record(task, reason="owner asked the worker again", actor=actor_owner(user), now=now)
 
 
 def task_clear_survivor_lock(*, task: Task, user, now: datetime) -> None:
     """Release the folder lock a final task kept for its survivors (L8)."""
     with transaction.atomic():
         if Task.objects.filter(pk=task.pk, holds_lock=True, final_at__isnull=False).update(holds_lock=False):
-            task_record(task, reason="owner cleared the survivors' folder lock", actor=f"owner:{user.get_username()}", now=now)
+            task_record(task, reason="owner cleared the survivors' folder lock", actor=actor_owner(user), now=now)

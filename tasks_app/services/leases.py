@@ -19,8 +19,9 @@ from tasks_app.services.transitions import (
     task_publish,
     task_transition,
 )
+from tasks_app.protocol import OUTPUT_TAIL_MAX_CHARS
+from tasks_app.shapes import ACTOR_SERVICE, actor_machine
 
-OUTPUT_TAIL_MAX = 4000  # characters of agent output kept from a renewal (L10)
 
 
 class LeaseRefused(ApplicationError):
@@ -48,18 +49,6 @@ class LeaseTimings:
             settings.RUNSTEAD_LEASE_MARGIN_S,
             settings.RUNSTEAD_KILL_GRACE_S,
         )
-
-
-def lease_body(lease: Lease) -> dict:
-    """The wire shape of a grant or renewal answer (H)."""
-    return {
-        "lease_id": str(lease.id),
-        "expires_at": lease.expires_at.isoformat(),
-        "duration_s": lease.duration_s,
-        "renew_every_s": lease.renew_every_s,
-        "margin_s": lease.margin_s,
-        "kill_grace_s": lease.kill_grace_s,
-    }
 
 
 def _machine_task(machine: Machine, *, operation_id=None, lease_id=None) -> Task:
@@ -130,7 +119,7 @@ def lease_grant(*, machine: Machine, operation_id, now: datetime) -> tuple[Lease
                 to=TaskState.NOT_STARTED,
                 charge_s=0,
                 reason="start window passed (J5)",
-                actor="service",
+                actor=ACTOR_SERVICE,
                 now=now,
             )
         else:
@@ -151,7 +140,7 @@ def lease_grant(*, machine: Machine, operation_id, now: datetime) -> tuple[Lease
                 from_states=NEVER_LEASED_STATES,
                 to=TaskState.STARTING,
                 reason="lease granted",
-                actor=f"machine:{machine.name}",
+                actor=actor_machine(machine),
                 now=now,
             )
             return lease, True
@@ -192,7 +181,7 @@ def lease_renew(*, machine: Machine, lease_id, output_tail: str | None, now: dat
             lease.renewals += 1
             lease.last_renewed_at = now
             lease.save(update_fields=["expires_at", "renewals", "last_renewed_at"])
-            tail = (output_tail or "")[-OUTPUT_TAIL_MAX:]
+            tail = (output_tail or "")[-OUTPUT_TAIL_MAX_CHARS:]
             if output_tail is not None and tail != task.output_tail:
                 Task.objects.filter(pk=task.pk).update(output_tail=tail)
                 task_publish(task, now=now)
@@ -215,7 +204,7 @@ def lease_expire(lease: Lease, *, now: datetime) -> bool:
             from_states=(TaskState.STARTING, TaskState.RUNNING),
             to=TaskState.UNKNOWN,
             reason="lease expired (L6)",
-            actor="service",
+            actor=ACTOR_SERVICE,
             now=now,
         )
     return True

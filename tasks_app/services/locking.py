@@ -11,6 +11,8 @@ import time
 
 from django.db import OperationalError, connection, transaction
 
+from tasks_app.models import Budget
+
 log = logging.getLogger("runstead.locking")
 
 DEADLOCK_RETRIES = 3
@@ -50,8 +52,6 @@ def advisory_xact_lock(name: str) -> None:
 def lock_budget(owner_id) -> None:
     """``FOR UPDATE`` on the owner's budget row. Taken before any task row by every
     transaction that may settle a budget, keeping the P2 order budget -> task."""
-    from tasks_app.models import Budget
-
     Budget.objects.select_for_update().filter(owner_id=owner_id).first()
 
 

@@ -11,9 +11,9 @@ from django.db.models import F
 from config import clock
 from config.errors import ApplicationError
 from tasks_app.models import Machine, MessageKind, OutboxMessage, Task, TaskState
+from tasks_app.protocol import LONG_POLL_MAX_S
 from tasks_app.services.transitions import TransitionConflict, task_transition
 
-MAX_WAIT_S = 25
 POLL_SLICE_S = 0.2
 BATCH = 20
 
@@ -26,13 +26,13 @@ server_stopping = threading.Event()
 
 def messages_pull(*, machine: Machine, wait_s: float) -> list[OutboxMessage]:
     """Long-poll in the calling thread (WSGI, the test client) for up to ``wait_s``
-    seconds (<= 25): first the machine's delivered but unacknowledged messages (a new pull
+    seconds (at most ``LONG_POLL_MAX_S``, 25): first the machine's delivered but unacknowledged messages (a new pull
     means the previous connection is gone, D1), then visible ones, polling every
     POLL_SLICE_S without holding a transaction; returns early (empty) when the server
     stops. Under daphne, ``tasks_app.longpoll`` waits without a thread instead. Each
     returned message becomes invisible for RUNSTEAD_MESSAGE_VISIBILITY_S seconds and is
     delivered again if not acknowledged by then (W2)."""
-    deadline = time.monotonic() + max(0.0, min(wait_s, MAX_WAIT_S))
+    deadline = time.monotonic() + max(0.0, min(wait_s, LONG_POLL_MAX_S))
     new_pull = True
     while True:
         claimed = messages_take(machine_id=machine.pk, now=clock.now(), new_pull=new_pull)

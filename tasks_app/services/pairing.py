@@ -7,9 +7,10 @@ from django.db import transaction
 from django.db.models import F
 
 from config.errors import ApplicationError
-from sessions_app.broadcast import broadcast
+from config.broadcast import broadcast
 from tasks_app.auth import token_digest
 from tasks_app.models import Machine, PairingAttempt, PairingCode
+from tasks_app.shapes import machine_event, machine_is_offline
 
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # 32 symbols, no look-alikes
 CODE_LENGTH = 12  # 60 bits (K1 asks for at least 40)
@@ -72,18 +73,16 @@ def machine_pair(*, code: str, name: str = "", client: str = "", now: datetime) 
             machine.unpaired_at = None
             machine.last_heard_at = now
             machine.save()
-            machine_publish(machine)
+            machine_publish(machine, now=now)
         PairingAttempt.objects.create(at=now, client=client, ok=row is not None)
     if row is None:
         raise ApplicationError("pairing_code_invalid", "unknown, used or expired pairing code", status_code=400)
     return machine, token
 
 
-def machine_publish(machine: Machine) -> None:
-    """Broadcast a machine's state to its owner's boards (B2, B7)."""
-    from tasks_app.api.serializers import serialize_machine
-
-    broadcast(machine.owner_id, {"type": "machine", "machine": serialize_machine(machine), "version": machine.version})
+def machine_publish(machine: Machine, *, now: datetime) -> None:
+    """Broadcast a machine's state (B7 at ``now``) to its owner's boards (B2) after commit."""
+    broadcast(machine.owner_id, machine_event(machine, now=now))
 
 
 def machine_heard(*, machine: Machine, now: datetime) -> None:
@@ -93,11 +92,11 @@ def machine_heard(*, machine: Machine, now: datetime) -> None:
     last = machine.last_heard_at
     if last is not None and (now - last).total_seconds() < LAST_HEARD_WRITE_EVERY_S:
         return
-    was_offline = last is None or (now - last).total_seconds() > settings.RUNSTEAD_MACHINE_OFFLINE_S
+    was_offline = machine_is_offline(last, now)
     updated = Machine.objects.filter(pk=machine.pk, last_heard_at=last).update(
         last_heard_at=now, version=F("version") + 1
     )
     machine.last_heard_at = now
     if updated and was_offline:
         machine.refresh_from_db()
-        machine_publish(machine)
+        machine_publish(machine, now=now)

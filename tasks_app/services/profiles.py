@@ -6,6 +6,7 @@ from django.db import transaction
 from django.db.models import F
 
 from tasks_app.models import Machine
+from tasks_app.services.pairing import machine_publish
 
 MAX_PROFILES = 100
 
@@ -21,7 +22,5 @@ def machine_profiles_report(*, machine: Machine, profiles: list[dict], now: date
             return row
         Machine.objects.filter(pk=row.pk).update(profiles=cleaned, profiles_reported_at=now, version=F("version") + 1)
         row.refresh_from_db()
-        from tasks_app.services.pairing import machine_publish
-
-        machine_publish(row)
+        machine_publish(row, now=now)
         return row

@@ -10,9 +10,10 @@ from rest_framework.renderers import JSONRenderer
 
 from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Lease, Machine, Receipt, Task, TaskState
 from tasks_app.services.judging import RELEASE, judge
-from tasks_app.services.leases import OUTPUT_TAIL_MAX
 from tasks_app.services.locking import lock_budget, retry_on_deadlock
 from tasks_app.services.transitions import task_finalize, task_publish, task_record, task_transition
+from tasks_app.protocol import OUTPUT_TAIL_MAX_CHARS
+from tasks_app.shapes import actor_machine
 
 APPLIED = {"outcome": "applied"}
 SURVIVOR_KEEP_LIMIT = 50
@@ -40,7 +41,7 @@ def receipt_apply(*, machine: Machine, receipt: dict, now: datetime) -> tuple[in
         if task is None:
             status, answer = 404, {"error": "not_found", "detail": "no such operation for this machine"}
         elif receipt["generation"] < current.generation:
-            task_record(task, reason=f"{receipt['kind']} receipt of old generation {receipt['generation']}", actor=_actor(machine), now=now)
+            task_record(task, reason=f"{receipt['kind']} receipt of old generation {receipt['generation']}", actor=actor_machine(machine), now=now)
             status, answer = 200, not_applied("old_generation")  # R2
         else:
             status, answer = 200, _apply(task, machine=machine, receipt=receipt, now=now)
@@ -59,14 +60,10 @@ def receipt_apply(*, machine: Machine, receipt: dict, now: datetime) -> tuple[in
         return status, body
 
 
-def _actor(machine: Machine) -> str:
-    return f"machine:{machine.name}"
-
-
 def _apply(task: Task, *, machine: Machine, receipt: dict, now: datetime) -> dict:
     lock_budget(task.owner_id)
     task = Task.objects.select_for_update().get(pk=task.pk)
-    kind, facts, actor = receipt["kind"], receipt["facts"], _actor(machine)
+    kind, facts, actor = receipt["kind"], receipt["facts"], actor_machine(machine)
     if task.state in FINAL_STATES:
         # Evidence of a final task stays as it was settled (reordered or late receipts).
         task_record(task, reason=f"{kind} receipt after final state", actor=actor, now=now)
@@ -123,7 +120,7 @@ def _apply_final(task: Task, facts: dict, *, actor: str, now: datetime, via: str
         "stop_reason": facts.get("stop_reason") or "",
         "runtime_s": facts.get("runtime_s"),
         "survivors": survivors,
-        "output_tail": (facts.get("output_tail") or task.output_tail or "")[-OUTPUT_TAIL_MAX:],
+        "output_tail": (facts.get("output_tail") or task.output_tail or "")[-OUTPUT_TAIL_MAX_CHARS:],
         "facts": facts,
     }
     Lease.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, end_reason="final")

@@ -7,6 +7,7 @@ from config.errors import ApplicationError
 from tasks_app.models import NEVER_LEASED_STATES, Grant, Machine, Task, TaskState
 from tasks_app.services.acceptance import normalize_folder
 from tasks_app.services.locking import lock_budget, retry_on_deadlock
+from tasks_app.services.pairing import machine_publish
 from tasks_app.services.transitions import task_finalize
 
 
@@ -62,8 +63,6 @@ def machine_unpair(*, machine: Machine, actor: str, now: datetime) -> Machine:
             lock_budget(machine.owner_id)
             tasks = Task.objects.filter(machine=machine, state__in=NEVER_LEASED_STATES).order_by("pk").select_for_update()
             _not_start(tasks, reason="machine unpaired (P3)", actor=actor, now=now)
-            from tasks_app.services.pairing import machine_publish
-
             machine.refresh_from_db()
-            machine_publish(machine)
+            machine_publish(machine, now=now)
         return machine

@@ -1,29 +1,23 @@
-"""The periodic sweep (SPEC L6, J5, A7, S7), safe with several processes (O2).
+"""The task steps of the periodic sweep (SPEC L6, J5, A7), safe with several processes (O2).
 
 Each step claims rows with ``select_for_update(skip_locked=True)`` (PostgreSQL) and
 changes them by compare-and-set, so two sweepers never process a row twice. Correctness
 never depends on the sweep: lease checks compare ``expires_at`` themselves (L6).
 
-How it runs: inside every daphne process, as ``sweep_loop`` on its event loop, scheduled
-by ``config/server_hooks.py`` (daphne has no lifespan protocol); in the embedded default
-the in-memory channel layer then reaches that process's boards. ``manage.py sweep`` runs the
-same loop as its own process (``--once`` for one pass).
+The pass that runs them with the session steps (S7), its loop and ``manage.py sweep``
+live in ``sessions_app/sweep.py``, the layer that sees both apps.
 """
-import asyncio
-import logging
 from datetime import datetime, timedelta
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import transaction
 
-from config import clock
 from tasks_app.models import NEVER_LEASED_STATES, IdempotencyRecord, Lease, Task, TaskState
 from tasks_app.services.leases import lease_expire
 from tasks_app.services.locking import lock_budget
 from tasks_app.services.transitions import TransitionConflict, start_window_deadline, task_finalize
+from tasks_app.shapes import ACTOR_SWEEP
 
-log = logging.getLogger("runstead.sweep")
 BATCH = 100
 
 
@@ -62,7 +56,7 @@ def expire_start_windows(*, now: datetime) -> int:
             try:
                 task_finalize(
                     task, from_states=NEVER_LEASED_STATES, to=TaskState.NOT_STARTED, charge_s=0,
-                    reason="start window passed (J5)", actor="sweep", now=now,
+                    reason="start window passed (J5)", actor=ACTOR_SWEEP, now=now,
                 )
                 done += 1
             except TransitionConflict:
@@ -79,36 +73,12 @@ def cleanup_idempotency_records(*, now: datetime) -> int:
     return deleted
 
 
-def sweep_once(*, now: datetime | None = None) -> dict:
-    """One pass of every step; returns how much each found (a step that finds nothing
-    costs one indexed query)."""
-    now = now or clock.now()
-    result = {
+def tasks_sweep(*, now: datetime) -> dict:
+    """The task steps of one sweep pass, in order; returns how much each found (a step
+    that finds nothing costs one indexed query). ``sessions_app.sweep`` composes them
+    with the session steps."""
+    return {
         "leases_expired": expire_leases(now=now),
         "start_windows": expire_start_windows(now=now),
         "idempotency_deleted": cleanup_idempotency_records(now=now),
     }
-    from sessions_app import services as session_services
-
-    sessions_sweep = getattr(session_services, "sessions_sweep", None)
-    if sessions_sweep is not None:
-        result["sessions"] = sessions_sweep(now=now)
-    return result
-
-
-def sweep_pass() -> None:
-    """One guarded pass for the loops: errors are logged, connections closed."""
-    try:
-        sweep_once()
-    except Exception:  # noqa: BLE001 - a sweep must outlive one bad pass
-        log.exception("sweep pass failed")
-    finally:
-        close_old_connections()
-
-
-async def sweep_loop(interval_s: float) -> None:
-    """The sweep as a task on the server's event loop; each pass runs in a worker thread,
-    so its after-commit broadcasts reach this process's channel layer on its own loop."""
-    while True:
-        await sync_to_async(sweep_pass, thread_sensitive=False)()
-        await asyncio.sleep(interval_s)

@@ -1,8 +1,9 @@
 """The one place where a Task changes state (SPEC 2).
 
 Every transition is a compare-and-set on the current state, appends a TaskEvent (old
-state, new state, reason, actor, time), bumps ``version``, re-evaluates the session's
-busy/idle (S1) and broadcasts the task after commit (B2). Callers hold the transaction.
+state, new state, reason, actor, time), bumps ``version``, sends ``task_changed``
+(``tasks_app/signals.py``: the sessions app re-evaluates the session's busy/idle there,
+S1) and broadcasts the task after commit (B2). Callers hold the transaction.
 """
 import uuid
 from datetime import datetime, timedelta
@@ -10,7 +11,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import F
 
-from sessions_app.broadcast import broadcast
+from config.broadcast import broadcast
 from tasks_app.models import (
     FINAL_STATES,
     Budget,
@@ -20,6 +21,8 @@ from tasks_app.models import (
     TaskEvent,
     TaskState,
 )
+from tasks_app.shapes import task_event
+from tasks_app.signals import task_changed
 
 
 class TransitionConflict(Exception):
@@ -37,7 +40,8 @@ def task_created(task: Task, *, actor: str, now: datetime) -> None:
     """History and broadcast of a newly accepted task (its first state, ``accepted``)."""
     TaskEvent.objects.create(task=task, old_state="", new_state=task.state, reason="accepted", actor=actor, at=now)
     message_send(task, kind=MessageKind.START, now=now)
-    _announce(task, now=now)
+    task_changed.send(sender=Task, task=task, now=now)
+    _announce(task)
 
 
 def task_publish(task: Task, *, now: datetime) -> None:
@@ -45,7 +49,7 @@ def task_publish(task: Task, *, now: datetime) -> None:
     broadcast it after commit."""
     Task.objects.filter(pk=task.pk).update(version=F("version") + 1, updated_at=now)
     task.refresh_from_db()
-    _announce(task, now=now)
+    _announce(task)
 
 
 def task_transition(
@@ -73,7 +77,8 @@ def task_transition(
     TaskEvent.objects.create(task=task, old_state=old_state, new_state=to, reason=reason[:300], actor=actor, at=now)
     if to == TaskState.UNKNOWN:
         message_send(task, kind=MessageKind.QUERY, now=now, query_id=str(uuid.uuid4()))  # U1
-    _announce(task, now=now)
+    task_changed.send(sender=Task, task=task, now=now)
+    _announce(task)
     return task
 
 
@@ -144,11 +149,5 @@ def start_window_deadline(now: datetime) -> datetime:
     return now - timedelta(seconds=settings.RUNSTEAD_START_WINDOW_S)
 
 
-def _announce(task: Task, *, now: datetime) -> None:
-    from tasks_app.api.serializers import serialize_task
-
-    if task.session_id:
-        from sessions_app.services import session_refresh_status
-
-        session_refresh_status(session_id=task.session_id, now=now)
-    broadcast(task.owner_id, {"type": "task", "task": serialize_task(task), "version": task.version})
+def _announce(task: Task) -> None:
+    broadcast(task.owner_id, task_event(task))

@@ -19,11 +19,13 @@ from collections.abc import Callable
 
 import httpx
 
+from tasks_app.protocol import LONG_POLL_MAX_S
+
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
 REQUEST_TIMEOUT_S = 10.0
 POLL_SLACK_S = 10.0  # a long-poll's HTTP timeout is its wait plus this
-MAX_POLL_WAIT_S = 25.0  # the service's long-poll maximum (H)
+MAX_POLL_WAIT_S = float(LONG_POLL_MAX_S)  # the service's long-poll maximum (H)
 
 
 class Backoff:
@@ -104,7 +106,7 @@ class Service(Protocol):
 
     def pull(self, wait_s: float) -> Answer:
         """``GET /api/worker/messages/?wait=`` -> ``{"messages": [{id, kind, operation_id,
-        payload}]}``; long-polls up to ``wait_s`` (<= 25) seconds (W2)."""
+        payload}]}``; long-polls up to ``wait_s`` (at most ``LONG_POLL_MAX_S``) seconds (W2)."""
 
     def ack(self, message_id: str) -> Answer:
         """``POST /api/worker/messages/{id}/ack/`` (idempotent, W2)."""

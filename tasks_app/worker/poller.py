@@ -22,14 +22,14 @@ import threading
 from collections.abc import Callable
 
 from . import faults
-from .client import Backoff, Service
+from .client import MAX_POLL_WAIT_S, Backoff, Service
 from .context import WorkerContext
 from .lease import record_slept_s
 from .wire import receipt_item, report_facts
 
 log = logging.getLogger("runstead.worker")
 
-POLL_WAIT_S = 25.0  # the long-poll wait asked of the service (H allows at most 25)
+POLL_WAIT_S = MAX_POLL_WAIT_S  # the long-poll wait asked of the service: the most H allows
 
 
 class Poller:

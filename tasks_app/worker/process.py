@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import psutil
 
+from tasks_app.protocol import OUTPUT_TAIL_MAX_CHARS
+
 from .clock import SYSTEM_CLOCK, Clock
 
 TAG_ENV = "RUNSTEAD_OPERATION_ID"
@@ -29,7 +31,7 @@ START_TIME_TOLERANCE_S = 1.0
 KILL_ROUNDS_BOUND_S = 3.0
 POLL_S = 0.05
 TAIL_LINES = 20
-TAIL_CHARS = 4000
+TAIL_CHARS = OUTPUT_TAIL_MAX_CHARS
 CAFFEINATE_REAP_S = 2.0  # bound on reaping caffeinate once no agent runs (a real process)
 LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
 

@@ -23,7 +23,7 @@ import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
-from .client import Answer
+from .client import MAX_POLL_WAIT_S, Answer
 
 ROUTES = ("pull", "ack", "grant", "renew", "receipt", "marker", "sweep", "profiles")
 MARKER_PATH = re.compile(r"^/api/sessions/(?P<session>[^/]+)/marker/$")
@@ -215,7 +215,7 @@ class InMemoryService:
             canned = self._canned("pull", wait_s=wait_s)
             if canned is not None:
                 return canned
-            end = self.clock.monotonic() + max(0.0, min(25.0, wait_s))
+            end = self.clock.monotonic() + max(0.0, min(MAX_POLL_WAIT_S, wait_s))
             while True:
                 with self._lock:
                     self._arrived.clear()

@@ -7,8 +7,8 @@ as a login service (``tasks_app.worker.service``).
 on PATH or not, resume support) and exits 1 when one is broken; it needs no pairing.
 
 A thin wrapper: everything lives in ``tasks_app.worker`` (no Django ORM there).
-Environment for tests and tuning: ``RUNSTEAD_WORKER_POLL_S`` (long-poll wait, <= 25,
-default 25), ``RUNSTEAD_WORKER_BACKOFF_BASE_S`` (first retry delay, default 1; the cap is
+Environment for tests and tuning: ``RUNSTEAD_WORKER_POLL_S`` (long-poll wait, at most and by
+default ``LONG_POLL_MAX_S``, 25), ``RUNSTEAD_WORKER_BACKOFF_BASE_S`` (first retry delay, default 1; the cap is
 60 s), ``RUNSTEAD_WORKER_FAULT`` (crash tests only, see ``tasks_app.worker.faults``).
 Exit codes: 0 done, 1 bad usage/config, 2 state directory in use (W5), 3 token revoked.
 """
@@ -16,6 +16,8 @@ import os
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
+
+from tasks_app.protocol import LONG_POLL_MAX_S
 
 
 def _env_float(name: str, default: float) -> float:
@@ -71,7 +73,7 @@ class Command(BaseCommand):
             sys.exit(0 if ok else 1)
         worker_options = WorkerOptions(
             server=options["server"] or "",
-            poll_wait_s=min(25.0, _env_float("RUNSTEAD_WORKER_POLL_S", 25.0)),
+            poll_wait_s=min(LONG_POLL_MAX_S, _env_float("RUNSTEAD_WORKER_POLL_S", LONG_POLL_MAX_S)),
             once=options["once"],
             backoff_base_s=_env_float("RUNSTEAD_WORKER_BACKOFF_BASE_S", 1.0),
         )

@@ -1,4 +1,8 @@
-"""The one sender of board events (B2): after commit, to the owner's group only."""
+"""The one sender of board events (B2): after commit, to the owner's group only.
+
+Low level on purpose: both apps send through it (task and machine events from
+``tasks_app``, session and marker events from ``sessions_app``), and it imports neither.
+"""
 import logging
 
 from asgiref.sync import async_to_sync

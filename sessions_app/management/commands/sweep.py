@@ -5,7 +5,7 @@ import threading
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
-from tasks_app.services.sweeps import sweep_once, sweep_pass
+from sessions_app.sweep import sweep_once, sweep_pass
 
 
 class Command(BaseCommand):
