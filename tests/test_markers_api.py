@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 
-from sessions_app import rules, services
+from sessions_app import rules
 from sessions_app.models import EndedTurn, Marker, Session
 from tests.conftest import machine_api, owner_api
 from tests.sessions_events import T0, Board, at, board, board_events, make_task, new_id  # noqa: F401
