@@ -104,8 +104,11 @@ def test_s2_many_processes_refreshing_one_change_publish_one_status_event(make_o
     assert errors == []
     assert sorted(won) == [False] * 5 + [True]
     events = reader.drain()
-    assert [(e["type"], e["session_id"], e["status"]) for e in events] == [("session.status", sid, "idle")]
-    assert events[0]["version"] == Session.objects.get(pk=sid).version
+    # Beside the status, going idle emits one N1 session_idle notification, also once.
+    statuses = [e for e in events if e["type"] != "notification"]
+    assert [(e["type"], e["session_id"], e["status"]) for e in statuses] == [("session.status", sid, "idle")]
+    assert statuses[0]["version"] == Session.objects.get(pk=sid).version
+    assert [e["notification"]["kind"] for e in events if e["type"] == "notification"] == ["session_idle"]
     assert other_reader.drain(quiet_s=0.2) == []
 
 
@@ -144,7 +147,9 @@ def test_s2_two_service_processes_sweeping_publish_one_status_event(make_owner):
     assert [p.returncode for p in procs] == [0, 0], results
     assert sum(int(out.strip()) for out, _ in results) == 3
     events = reader.drain()
-    assert sorted((e["session_id"], e["status"]) for e in events) == sorted((sid, "idle") for sid in sids)
+    statuses = [e for e in events if e["type"] == "session.status"]
+    assert sorted((e["session_id"], e["status"]) for e in statuses) == sorted((sid, "idle") for sid in sids)
+    assert [e["type"] for e in events if e["type"] != "session.status"] == ["notification"] * len(sids)
     assert other_reader.drain(quiet_s=0.2) == []
     assert set(Session.objects.filter(pk__in=sids).values_list("status", flat=True)) == {"idle"}
 
