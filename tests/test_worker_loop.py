@@ -322,3 +322,45 @@ def test_l3_sleep_does_not_extend_deadline(rig):
     assert live_pids(rig.agent_pids()) == []
     worker.on_signal()
     wait_for(lambda: result, what="worker exit")
+
+
+def test_u1_query_answered_from_local_record_or_no_record(rig):
+    start = rig.submit("instant")
+    assert rig.run_once() == 0
+    known, unknown = rig.service.query(start.operation_id), rig.service.query("0" * 8 + "-0000-4000-8000-" + "0" * 12)
+    assert rig.run_once() == 0
+    reports = {body["facts"]["query_id"]: body for body, _ in rig.service.receipts.values() if body["kind"] == "report"}
+    record = reports[known.payload["query_id"]]["facts"]["record"]
+    assert record["local_state"] == "ended" and record["final"]["stop_reason"] == "exit"
+    assert reports[unknown.payload["query_id"]]["facts"]["record"] is None
+    assert rig.starts() == 1  # a query never runs anything
+
+
+def test_j1_run_hooks_get_every_output_line_and_add_facts_without_replacing_j1_keys(rig):
+    """The seam for stream parsers (issue 11): per-run hooks see the agent's lines in
+    order, and their extra facts reach the final receipt."""
+    from tasks_app.worker.runner import RunHooks
+
+    class Collect(RunHooks):
+        wants_output = True
+
+        def __init__(self):
+            self.lines = []
+
+        def on_output(self, line):
+            self.lines.append(line)
+
+        def facts_extra(self):
+            return {"agent_result": {"lines": len(self.lines)}, "stop_reason": "overridden?"}
+
+    hooks = []
+    worker = make_worker(rig.tmp, rig.clock, roots=[str(rig.root)], connect=lambda: rig.service,
+                         options=WorkerOptions(server="memory://", once=True, poll_wait_s=0), profiles=PROFILES,
+                         hooks_for=lambda run: hooks.append(Collect()) or hooks[-1])
+    start = rig.submit("instant", prompt="hello")
+    result = rig.start(worker)
+    rig.threads[-1][1].join(timeout=30)
+    assert result == [0]
+    assert hooks[0].lines == ["agent started, prompt: hello", "agent done"]
+    facts = rig.service.receipt(start.operation_id, "final")["facts"]
+    assert facts["agent_result"] == {"lines": 2} and facts["stop_reason"] == "exit"
