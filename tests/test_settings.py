@@ -27,7 +27,7 @@ def test_o1_embedded_default_is_sqlite_in_memory_layer_debug():
 def test_o2_database_and_redis_urls_switch_backends():
     result = probe(DATABASE_URL="postgresql://u:p@127.0.0.1:5432/x", REDIS_URL="redis://127.0.0.1:6390/0")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[2:] == ["django.db.backends.postgresql", "channels_redis.core.RedisChannelLayer"]
+    assert result.stdout.split()[2:] == ["django.db.backends.postgresql", "config.channel_layer.RetryingRedisChannelLayer"]
 
 
 def test_o4_production_requires_secret_key_and_allowed_hosts():
@@ -54,4 +54,8 @@ def test_o4_l4_timings_accept_fractions_and_refuse_unsafe_lease():
 @pytest.mark.django_db
 def test_o3_postgres_pass_runs_on_postgresql_and_redis():
     assert connection.vendor == "postgresql"
-    assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "channels_redis.core.RedisChannelLayer"
+    assert settings.CHANNEL_LAYERS["default"]["BACKEND"] == "config.channel_layer.RetryingRedisChannelLayer"
+    from channels_redis.core import RedisChannelLayer
+    from django.utils.module_loading import import_string
+
+    assert issubclass(import_string(settings.CHANNEL_LAYERS["default"]["BACKEND"]), RedisChannelLayer)  # channels_redis underneath (FACTS)
