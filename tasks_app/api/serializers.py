@@ -10,6 +10,7 @@ from tasks_app.protocol import DEFAULT_MAX_RUNTIME_S, LONG_POLL_MAX_S
 from tasks_app.services.acceptance import folder_problem
 
 PROMPT_MAX_BYTES = 64 * 1024
+SEARCH_MAX_CHARS = 200  # B11: the longest prompt search (?q=)
 INT32_MAX = 2**31 - 1  # what the database's integer columns hold
 RECEIPT_KINDS = ("starting", "running", "final", "unknown", "report")
 # J1: why the process ended, as the worker reports it.
@@ -73,6 +74,15 @@ class TaskListQuery(PageQuery):
     state = serializers.ChoiceField(TaskState.choices, required=False)
     machine = serializers.UUIDField(required=False)
     session = serializers.UUIDField(required=False)
+    q = serializers.CharField(
+        required=False, min_length=1, max_length=SEARCH_MAX_CHARS, trim_whitespace=False,
+        help_text=f"B11: tasks whose prompt contains this text (case-insensitive), 1-{SEARCH_MAX_CHARS} characters",
+    )
+
+    def validate_q(self, value):
+        if "\x00" in value or not value.strip():
+            raise serializers.ValidationError("must be text to search for")
+        return value
 
 
 class MessagesQuery(StrictQuerySerializer):

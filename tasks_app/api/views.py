@@ -53,12 +53,15 @@ class TaskListCreate(generics.GenericAPIView):
 
     @extend_schema(operation_id="tasks_list", parameters=[s.TaskListQuery], responses={200: o.TaskOut(many=True), **errors()})
     def get(self, request):
-        """B11: newest first, ties broken by id; filters by state, machine and session."""
+        """B11: newest first, ties broken by id; filters by state, machine and session, and
+        ``q`` (prompt contains, case-insensitive); filters combine with AND."""
         params = valid_query(s.TaskListQuery, request)
         tasks = Task.objects.filter(owner=request.user)
         for name in ("state", "machine", "session"):
             if name in params:
                 tasks = tasks.filter(**{name: params[name]})
+        if "q" in params:
+            tasks = tasks.filter(prompt__icontains=params["q"])
         page = self.paginate_queryset(tasks)
         return self.get_paginated_response([task_dict(t) for t in page])
 
