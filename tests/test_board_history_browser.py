@@ -1,0 +1,131 @@
+"""History (B11) and follow-ups (B12) on the board in a real browser: headless Debian
+Chromium against a real daphne (tests/live.py), at 390x844 and on a desktop, light and
+dark (B6)."""
+import pytest
+
+import uuid
+
+from tests.live import live_daphne  # noqa: F401  (fixture)
+from tests.test_board_browser import api, chromium, new_page, wait_live  # noqa: F401  (fixtures)
+from tests.test_board_notify_browser import SCREENSHOTS, shot
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
+PAGE_SIZE = 20  # static/history.js
+
+
+def submit(url, owner, machine, grant, prompt):
+    """POST /api/tasks/ to the live daphne (so its board pushes the task), 60 s each so a
+    long history stays inside the default budget."""
+    with api(url, owner) as client:
+        response = client.post("/api/tasks/", headers={"Idempotency-Key": str(uuid.uuid4())}, json={
+            "machine": str(machine.id), "folder": grant.path, "agent": "demo", "prompt": prompt,
+            "exclusive": False, "max_runtime_s": 60})
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def make_history(url, owner, machine, grant, count):
+    """``count`` tasks "task 00".., every fifth cancelled, and one "find the needle"; returns
+    their ids in the documented order (newest first, ties broken by id)."""
+    from tasks_app.models import Task
+
+    for i in range(count):
+        task_id = submit(url, owner, machine, grant, f"task {i:02d}")
+        if i % 5 == 0:
+            with api(url, owner) as client:
+                assert client.post(f"/api/tasks/{task_id}/cancel/").status_code == 200
+    submit(url, owner, machine, grant, "find the needle here")
+    return [str(t.id) for t in Task.objects.order_by("-created_at", "-id")]
+
+
+def panel_shot(page, name):
+    """The history panel alone (the whole board is a very long picture)."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.locator("#history-panel").screenshot(path=str(SCREENSHOTS / name))
+
+
+def listed(page):
+    return page.eval_on_selector_all("#history-list > li", "els => els.map(e => e.dataset.taskId)")
+
+
+def assert_phone_layout(page):
+    widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert widths[0] <= widths[1], widths
+    small = page.evaluate("""Array.from(document.querySelectorAll(
+            '#history-panel button, #history-panel select, #history-panel input, #history-panel summary, #history-panel textarea'))
+        .filter(e => e.offsetParent !== null && e.getBoundingClientRect().height < 44).map(e => e.outerHTML.slice(0, 80))""")
+    assert small == []
+
+
+def test_b11_history_pages_with_load_more_filters_by_state_and_searches(live_daphne, new_page, owner, machine, grant):
+    from playwright.sync_api import expect
+
+    from tasks_app.models import Task
+
+    url = live_daphne()
+    order = make_history(url, owner, machine, grant, 25)
+    page = new_page(url, owner, **PHONE)
+    page.goto(url + "/")
+    wait_live(page)
+    rows = page.locator("#history-list > li")
+    expect(rows).to_have_count(PAGE_SIZE)
+    assert listed(page) == order[:PAGE_SIZE]
+    more = page.locator("#history-more")
+    expect(more).to_be_visible()
+    # Keyboard: the button is reachable and Enter loads the next page on the cursor.
+    more.focus()
+    page.keyboard.press("Enter")
+    expect(rows).to_have_count(len(order))
+    assert listed(page) == order  # the next page, in order, none repeated
+    expect(more).to_be_hidden()
+    expect(page.locator("#history-status")).to_have_text(f"{len(order)} tasks shown, all of them")
+    assert_phone_layout(page)
+    panel_shot(page, "history-phone.png")
+
+    page.locator("#history-filters select[name=state]").select_option("cancelled")
+    cancelled = [str(t.id) for t in Task.objects.filter(state="cancelled").order_by("-created_at", "-id")]
+    expect(rows).to_have_count(len(cancelled))
+    assert listed(page) == cancelled and len(cancelled) == 5
+    expect(rows.locator(".badge.state-accepted")).to_have_count(0)
+    expect(more).to_be_hidden()
+
+    page.locator("#history-filters select[name=state]").select_option("")
+    page.fill("#history-filters [name=q]", "NEEDLE")
+    page.keyboard.press("Enter")  # the search field submits the filter form
+    needle = Task.objects.get(prompt="find the needle here")
+    expect(rows).to_have_count(1)
+    assert listed(page) == [str(needle.id)]
+    expect(rows.first).to_contain_text("find the needle here")
+
+    # A live task that matches the filters goes on top; one that does not stays out.
+    submit(url, owner, machine, grant, "another needle")
+    submit(url, owner, machine, grant, "no match")
+    newest = Task.objects.get(prompt="another needle")
+    expect(rows).to_have_count(2)
+    assert listed(page) == [str(newest.id), str(needle.id)]
+
+    page.click("#history-clear")
+    expect(rows).to_have_count(PAGE_SIZE)
+    assert page.input_value("#history-filters [name=q]") == ""
+
+
+def test_b6_history_in_the_dark_on_a_phone_and_on_a_desktop(live_daphne, new_page, owner, machine, grant):
+    from playwright.sync_api import expect
+
+    url = live_daphne()
+    make_history(url, owner, machine, grant, 6)
+    page = new_page(url, owner, color_scheme="dark", **PHONE)
+    page.goto(url + "/")
+    wait_live(page)
+    expect(page.locator("#history-list > li")).to_have_count(7)
+    assert_phone_layout(page)
+    assert page.evaluate("getComputedStyle(document.getElementById('history-panel')).backgroundColor") == "rgb(27, 32, 39)"
+    panel_shot(page, "history-phone-dark.png")
+    desktop = new_page(url, owner, viewport={"width": 1280, "height": 900})
+    desktop.goto(url + "/")
+    wait_live(desktop)
+    expect(desktop.locator("#history-list > li")).to_have_count(7)
+    panel_shot(desktop, "history-desktop.png")
+    shot(desktop, "board-with-history-desktop.png")
