@@ -227,7 +227,7 @@
     if (!row) return;
     var t = row.task;
     var li = row.li || el("li", { className: "row task history-row" });
-    li.setAttribute("data-task-id", t.id);
+    li.setAttribute("data-history-task-id", t.id); // not data-task-id: the Tasks card owns that selector
     li.setAttribute("data-state", t.state);
     var body = rowBody(t);
     if (li.firstChild && li.firstChild.className === "history-body") li.replaceChild(body, li.firstChild);

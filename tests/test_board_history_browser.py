@@ -47,7 +47,7 @@ def panel_shot(page, name):
 
 
 def listed(page):
-    return page.eval_on_selector_all("#history-list > li", "els => els.map(e => e.dataset.taskId)")
+    return page.eval_on_selector_all("#history-list > li", "els => els.map(e => e.dataset.historyTaskId)")
 
 
 def assert_phone_layout(page):
