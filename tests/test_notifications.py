@@ -3,7 +3,6 @@ transaction of the change, and delivery by the notify loop to real local HTTP se
 (a webhook receiver, a Web Push endpoint that checks the VAPID JWT and decrypts the
 payload with keys made here)."""
 import base64
-import importlib.util
 import hashlib
 import hmac
 import json
@@ -200,7 +199,6 @@ def test_n1_kind_turned_off_writes_nothing(board, owner_client, at):
     assert Notification.objects.count() == 0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tasks_app.signals") is None, reason="runs once issue 10's task_changed seam is on main")
 def test_n1_task_end_and_unknown_are_announced(owner, machine, grant, at, django_capture_on_commit_callbacks):
     from tasks_app.services.transitions import task_transition
     from tests.sessions_events import make_task
@@ -212,6 +210,72 @@ def test_n1_task_end_and_unknown_are_announced(owner, machine, grant, at, django
         task_transition(task, from_states={"unknown"}, to="succeeded", reason="report", actor="worker", now=T0)
     kinds = sorted(Notification.objects.values_list("kind", "payload__state"))
     assert kinds == [("task_succeeded", "succeeded"), ("unknown", "unknown")]
+
+
+RUNNING_FACTS = {"pid": 7, "pgid": 7, "process_start_time": 1.0}
+
+
+def running_task(owner, machine, grant, prompt="ship it"):
+    """A task leased and running through the worker API (L1, R1)."""
+    from tests.factories import grant_lease, receipt, submit
+
+    task_id = submit(owner, machine, grant.path, prompt=prompt, exclusive=False).json()["id"]
+    assert grant_lease(machine, task_id).status_code == 201
+    assert receipt(machine, task_id, "running", RUNNING_FACTS).json() == {"outcome": "applied"}
+    return task_id
+
+
+def task_notifications():
+    return sorted(Notification.objects.values_list("kind", "payload__state", "payload__task_id"))
+
+
+def test_n1_final_receipts_announce_succeeded_and_failed(owner, machine, grant, at):
+    from tests.factories import final_facts, receipt
+
+    good = running_task(owner, machine, grant, "good one")
+    bad = running_task(owner, machine, grant, "bad one")
+    assert Notification.objects.count() == 0  # accepted, starting, running: nothing to tell
+    assert receipt(machine, good, "final", final_facts(exit_code=0)).json() == {"outcome": "applied"}
+    assert receipt(machine, bad, "final", final_facts(exit_code=1)).json() == {"outcome": "applied"}
+    assert task_notifications() == sorted([("task_succeeded", "succeeded", good), ("task_failed", "failed", bad)])
+    failed = Notification.objects.get(kind="task_failed")
+    assert failed.payload["title"] == "Task failed" and "bad one" in failed.payload["body"], failed.payload
+    # A replayed final receipt changes nothing and announces nothing again (R2, N3).
+    assert receipt(machine, bad, "final", final_facts(exit_code=1)).status_code == 200
+    assert Notification.objects.count() == 2
+
+
+def test_n1_lease_lost_is_announced_unknown_by_the_sweep_then_failed_lease_lost(owner, machine, grant, at):
+    """L6 then J6 row 4: the real sweep turns a lapsed lease into ``unknown`` ("needs your
+    decision"); the late final receipt (ended outside the lease) into ``failed_lease_lost``."""
+    from config import clock
+    from tasks_app.services.sweeps import expire_leases
+    from tests.factories import final_facts, receipt
+
+    task_id = running_task(owner, machine, grant)
+    at(59.9)
+    assert expire_leases(now=clock.now()) == 0
+    assert Notification.objects.count() == 0
+    at(60)
+    assert expire_leases(now=clock.now()) == 1
+    assert task_notifications() == [("unknown", "unknown", task_id)]
+    assert Notification.objects.get().payload["title"] == "Task needs your decision"
+    at(75)
+    late = receipt(machine, task_id, "final", final_facts(ended_within_lease=False, runtime_s=70.0))
+    assert late.json() == {"outcome": "applied"}
+    assert task_notifications() == [("task_failed", "failed_lease_lost", task_id), ("unknown", "unknown", task_id)]
+    assert Notification.objects.get(kind="task_failed").payload["title"] == "Task failed: lease lost"
+
+
+def test_n1_task_kinds_turned_off_write_nothing(owner, owner_client, machine, grant, at):
+    from tests.factories import final_facts, receipt
+
+    put_settings(owner_client, kinds={**ALL_ON, "task_failed": False})
+    bad = running_task(owner, machine, grant)
+    good = running_task(owner, machine, grant)
+    receipt(machine, bad, "final", final_facts(exit_code=2))
+    receipt(machine, good, "final", final_facts(exit_code=0))
+    assert task_notifications() == [("task_succeeded", "succeeded", good)]
 
 
 def test_k2_notification_reaches_only_its_owners_board_group(board, board_events, owner, other_owner, at):
