@@ -14,7 +14,7 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.live import BASE_DIR, database_env, live_daphne  # noqa: F401
-from tests.worker_harness import SHORT_TIMINGS
+from tests.worker_harness import SHORT_TIMINGS, wait_for
 
 
 def manage(*args, env=None, **kwargs):
@@ -102,8 +102,11 @@ def test_o1_h_task_runs_end_to_end_with_real_worker_and_board_events(live_daphne
         assert task["exit_code"] == 0 and task["stop_reason"] == "exit"
         assert "tests exit 0" in (repo / "NOTES.md").read_text()
         assert [r["kind"] for r in reversed(task["receipts"])][:3] == ["starting", "running", "final"]
-        time.sleep(0.5)
-        seen = [e["task"]["state"] for e in board.events if e.get("type") == "task" and e["task"]["id"] == task_id]
+        def seen_states():
+            return [e["task"]["state"] for e in board.events if e.get("type") == "task" and e["task"]["id"] == task_id]
+
+        wait_for(lambda: "succeeded" in seen_states(), timeout=5, what="the board's succeeded event")
+        seen = seen_states()
         assert seen[0] == "accepted" and seen[-1] == "succeeded"
         assert {"starting", "running"} <= set(seen)
         versions = [e["version"] for e in board.events if e.get("type") == "task" and e["task"]["id"] == task_id]

@@ -5,6 +5,7 @@ import json
 import signal
 import time
 import uuid
+from datetime import datetime
 
 import httpx
 import pytest
@@ -151,15 +152,21 @@ def test_r3_malformed_receipt_and_not_applied_are_not_resent(live):
     store.enqueue([{"event_id": b["event_id"], "kind": "final", "operation_id": op, "path": "/api/worker/receipts/",
                     "body": b} for b in (bad, late)], wall=time.time())
     store.close()
-    once = live.start_worker(once=True)
-    assert once.wait(timeout=30) == 0, live.log()
-    time.sleep(1.5)  # a retry would have happened by now (backoff base 0.2 s)
+    assert live.run_once() == 0, live.log()
     rows = {r["event_id"]: r for r in Store(str(live.state_dir / "worker.sqlite3")).outbox_rows()}
     assert rows["bad-1"]["status"] == "given_up" and rows["bad-1"]["attempts"] == 1
     assert rows["bad-1"]["answer"].startswith("400")
     assert rows["late-1"]["status"] == "done" and rows["late-1"]["attempts"] == 1
     assert json.loads(rows["late-1"]["answer"]) == {"outcome": "not_applied", "reason": "final"}
-    assert live.task(task_id)["state"] == "succeeded"
+    receipts = live.task(task_id)["receipts"]
+    # Not resent: a second --once run (it sends whatever is still queued, then exits) sent
+    # neither again; their outbox rows and the service's receipts are unchanged.
+    assert live.run_once() == 0, live.log()
+    after = {r["event_id"]: r for r in Store(str(live.state_dir / "worker.sqlite3")).outbox_rows()}
+    assert {event_id: after[event_id] for event_id in rows} == rows
+    assert [r["kind"] for event_id, r in after.items() if event_id not in rows] == ["sweep"]  # its own start (M5)
+    task = live.task(task_id)
+    assert task["state"] == "succeeded" and task["receipts"] == receipts
 
 
 def test_u1_query_known_finished_operation_settles_unknown_task_and_unknown_operation_reports_no_record(live):
@@ -243,11 +250,15 @@ def test_w8_at_most_max_concurrent_agents(live_daphne, make_owner, tmp_path):  #
         live.wait_state(first, "running")
         live.wait_state(second, "delivered")  # acknowledged (W2), waiting for the slot; the order is proven below
         assert live.wait_final(first)["state"] == "succeeded"
-        assert live.wait_final(second)["state"] == "succeeded"
+        second_task = live.wait_final(second)
+        assert second_task["state"] == "succeeded"
         store = Store(str(live.state_dir / "worker.sqlite3"))
         rec = {r["task_id"]: r for r in store.in_states("ended")}
         first_exit = json.loads((live.state_dir / "ops" / rec[first]["operation_id"] / "exit.json").read_text())
         assert rec[second]["spawned_wall"] >= first_exit["exit_wall"]  # never both at once
+        # ...and the second waited for the slot unleased: the service granted its lease
+        # (same host, same wall clock) only after the first agent had exited.
+        assert datetime.fromisoformat(second_task["lease"]["granted_at"]).timestamp() >= first_exit["exit_wall"]
         assert stop_worker(worker) == 0
     finally:
         live.close()

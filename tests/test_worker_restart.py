@@ -2,7 +2,9 @@
 
 Every test runs ``manage.py worker`` as a subprocess against a real daphne with short
 lease timings (tests.worker_harness.SHORT_TIMINGS). The test agent appends a line to a
-file on every start, so "ran at most once" is a line count.
+file on every start, so "ran at most once" is a line count. "It never ran again" is
+proven by one more worker run with ``--once`` that has exited after the service offered
+it the start message again (``never_runs_again``), not by waiting.
 """
 import os
 import signal
@@ -41,6 +43,24 @@ def final_facts(task):
     return [r for r in task["receipts"] if r["kind"] == "final"][0]["body"]["facts"]
 
 
+def never_runs_again(live, task_id, starts):
+    """X4, W3: with no other worker running, the service delivers the task's ``start``
+    again to a ``--once`` worker, which recognises it from its local record, acknowledges
+    it and exits (0) without starting the agent: the agent's start count, the worker's
+    local record, the task's state and lease are as they were, and the only receipts it
+    sent are ``report`` answers to a pending query (U1), which never run anything."""
+    before_task, before_record = live.task(task_id), live.local_record(task_id)
+    deliveries = live.redeliver_start(task_id)
+    assert live.run_once() == 0, live.log()
+    assert live.start_redelivered_and_acked(task_id, deliveries), live.log()  # it was offered the start again
+    assert live.starts() == starts
+    assert live.local_record(task_id) == before_record
+    after_task = live.task(task_id)
+    assert (after_task["state"], after_task["lease"]) == (before_task["state"], before_task["lease"])
+    seen = {r["event_id"] for r in before_task["receipts"]}
+    assert [r["kind"] for r in after_task["receipts"] if r["event_id"] not in seen and r["kind"] != "report"] == []
+
+
 def wait_final_receipt(live, task_id, timeout=20):
     return wait_for(lambda: (t := live.task(task_id)) and "final" in receipt_kinds(t) and t, timeout=timeout,
                     what=f"final receipt\n{live.log()}")
@@ -74,7 +94,8 @@ def test_x4_worker_dies_at_fault_point_restart_never_runs_twice(live, point, age
     else:
         task = live.wait_final(task_id)
         assert task["state"] in states, (task, live.log())
-    time.sleep(1.0)  # the restarted worker had every chance to run it again
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=20) == 0
     assert live.starts() == starts
     assert live_pids([p for p, _ in live.agent_pids()]) == []  # no leftover keeps running
     if point == "while_agent_runs":
@@ -82,8 +103,7 @@ def test_x4_worker_dies_at_fault_point_restart_never_runs_twice(live, point, age
         assert unknown_then_final(task), receipt_kinds(task)
     if point == "after_exit_before_final_receipt":
         assert task["exit_code"] == 0 and task["stop_reason"] == "exit"
-    second.send_signal(signal.SIGTERM)
-    assert second.wait(timeout=20) == 0
+    never_runs_again(live, task_id, starts)
 
 
 def test_x3_restart_after_sigkill_stops_agent_child_and_grandchild_and_reports_unknown_then_final(live):
@@ -102,11 +122,11 @@ def test_x3_restart_after_sigkill_stops_agent_child_and_grandchild_and_reports_u
     assert task["stop_reason"] == "worker_restart" and task["survivors"] == []
     assert unknown_then_final(task), receipt_kinds(task)
     assert task["signal"] == signal.SIGTERM  # the launcher recorded how the agent ended
-    time.sleep(1.0)
-    assert live_pids([p for p, _ in live.agent_pids()]) == []
-    assert live.starts() == 1
     restarted.send_signal(signal.SIGTERM)
     assert restarted.wait(timeout=20) == 0
+    assert live_pids([p for p, _ in live.agent_pids()]) == []
+    assert live.starts() == 1
+    never_runs_again(live, task_id, 1)
 
 
 def test_w3_duplicate_start_delivery_runs_once_before_and_after_restart(live_daphne, make_owner, tmp_path):  # noqa: F811
@@ -131,14 +151,11 @@ def test_w3_duplicate_start_delivery_runs_once_before_and_after_restart(live_dap
     assert task["state"] == "succeeded"
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0
-    redeliver()  # and once more to a freshly started worker
-    worker = live.start_worker()
-    wait_for(lambda: acked_again(3), what="third delivery acked")
-    time.sleep(1.0)
+    redeliver()  # and once more to a freshly started worker, which exits after its one pull
+    assert live.run_once() == 0, live.log()
+    assert acked_again(3)
     assert live.starts() == 1
     assert live.task(task_id)["state"] == "succeeded"
-    worker.send_signal(signal.SIGTERM)
-    assert worker.wait(timeout=20) == 0
     live.close()
 
 

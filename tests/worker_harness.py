@@ -243,3 +243,40 @@ class LiveSetup:
 
     def agent_pids(self) -> list[tuple[int, str]]:
         return recorded_pids(self.pids_file)
+
+    # --- "it never ran again" (X4, W3): a --once run that has exited ---------------------
+
+    def redeliver_start(self, task_id: str) -> int:
+        """Make the task's ``start`` message visible and unacknowledged again, as if the
+        service had never seen the ack (W2); returns its delivery count so far."""
+        from django.utils import timezone
+
+        from tasks_app.models import OutboxMessage
+
+        message = OutboxMessage.objects.get(operation__task_id=task_id, kind="start")
+        OutboxMessage.objects.filter(pk=message.pk).update(acked_at=None, visible_at=timezone.now())
+        return message.deliveries
+
+    def start_redelivered_and_acked(self, task_id: str, deliveries: int) -> bool:
+        from tasks_app.models import OutboxMessage
+
+        message = OutboxMessage.objects.get(operation__task_id=task_id, kind="start")
+        return message.acked_at is not None and message.deliveries == deliveries + 1
+
+    def run_once(self, timeout: float = 60.0) -> int:
+        """Run ``manage.py worker --once`` to its end: it recovers, pulls once, handles
+        what came (waiting for anything it started), flushes its reports and exits.
+        Returns its exit status. No other worker of this state directory may be running."""
+        assert all(proc.poll() is not None for proc in self.workers), "another worker still runs"
+        return self.start_worker(once=True).wait(timeout=timeout)
+
+    def local_record(self, task_id: str) -> dict | None:
+        """The worker's local record of the task's operation (its SQLite store), or None."""
+        from tasks_app.models import Operation
+
+        store = Store(str(self.state_dir / "worker.sqlite3"))
+        try:
+            row = store.get(str(Operation.objects.get(task_id=task_id).id))
+            return dict(row) if row is not None else None
+        finally:
+            store.close()
