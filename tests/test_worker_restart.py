@@ -244,7 +244,9 @@ def test_w5_token_never_in_agent_environment(live):
 def test_x3_agent_that_ended_while_worker_was_down_is_reported_with_launcher_exit_status(live):
     worker = live.start_worker()
     task_id = live.submit("fail")  # exits 3 after 0.2 s
-    live.wait_state(task_id, ("starting", "running"))
+    # Killed once the launcher's pid is committed (X2), so the restart finds a leftover
+    # that already ended (not a 'starting' record without a pid).
+    wait_for(lambda: (r := live.local_record(task_id)) and r["pid"], what="the launcher's pid committed")
     worker.kill()
     worker.wait(timeout=10)
     wait_for(lambda: list((live.state_dir / "ops").rglob("exit.json")), what="the launcher's exit record")

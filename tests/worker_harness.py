@@ -274,6 +274,8 @@ class LiveSetup:
         """The worker's local record of the task's operation (its SQLite store), or None."""
         from tasks_app.models import Operation
 
+        if not (self.state_dir / "worker.sqlite3").exists():
+            return None  # the worker has not made its store yet
         store = Store(str(self.state_dir / "worker.sqlite3"))
         try:
             row = store.get(str(Operation.objects.get(task_id=task_id).id))
