@@ -12,7 +12,8 @@ prefix on that Redis. Sections (``--sections``, comma separated; all by default)
   scratch database), service threads. Then tasks submitted meanwhile: acceptance latency
   (POST -> 201) and delivery latency (POST sent -> the simulated worker's pull answers
   with it).
-- ``http``: acceptance (new keys), replay (the same keys again, A2) and a bare
+- ``http``: acceptance (new keys; ``accept_owners``: each connection its own owner),
+  replay (the same keys again, A2) and a bare
   authenticated read (``GET /api/budget/``: token auth + one read) in each serving shape
   (``daphne``: one daphne process; ``gunicorn``: 2 workers x 4 threads, the production
   shape of ``/api/``), at 1, 8 and 32 connections.
@@ -24,6 +25,10 @@ Usage (after README's set-up)::
 
     DATABASE_URL=postgresql://runstead:runstead@127.0.0.1:5432/runstead \\
     REDIS_URL=redis://127.0.0.1:6390/0 .venv/bin/python bench/run.py --label after
+
+Tasks are submitted with ``exclusive: false``: every bench task stays unfinished, and the
+A8 folder check walks a machine's unfinished exclusive tasks, so exclusive bench tasks
+would measure a pile-up no real machine has.
 
 The client runs on the same machine and takes CPU from the server; the JSON records the
 machine's load average at the start so runs on a busy machine can be told apart.
@@ -277,7 +282,7 @@ async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float
     for k in range(tasks):
         machine = data["machines"][random.randrange(n)]
         body = json.dumps({"machine": machine, "folder": f"/bench/idle-{uuid.uuid4().hex}", "agent": "bench",
-                           "prompt": "p", "max_runtime_s": 1}).encode()
+                           "prompt": "p", "max_runtime_s": 1, "exclusive": False}).encode()
         sent = time.perf_counter()
         try:
             status, answer = await owner.request(
@@ -314,6 +319,9 @@ async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float
 
 def section_http(shapes: list[str], env: dict, duration_s: float, conns: list[int]) -> list[dict]:
     data = setup_data(1)
+    # "accept_owners": each connection submits as its own owner (acceptance serializes per
+    # owner on the budget row, A5), to tell the per-owner ceiling from the process's.
+    data["owners"] = [setup_data(1) for _ in range(max(conns))]
     rows = []
     for shape in shapes:
         try:
@@ -324,7 +332,7 @@ def section_http(shapes: list[str], env: dict, duration_s: float, conns: list[in
         try:
             for c in conns:
                 keys = []
-                for what in ("bare", "accept", "replay"):
+                for what in ("bare", "accept", "replay", "accept_owners"):
                     row = asyncio.run(_http(server, data, what, c, duration_s, keys))
                     rows.append({"shape": shape, "what": what, "connections": c, **row})
                     print(f"  http {shape} {what} x{c}: {row}", file=sys.stderr)
@@ -342,11 +350,15 @@ async def _http(server: Server, data: dict, what: str, c: int, duration_s: float
     async def client(idx: int):
         conn = Conn(server.port)
         j = idx
+        me = data["owners"][idx] if what == "accept_owners" else data
+        my_headers = {**headers, "Authorization": f"Token {me['token']}"}
         while time.perf_counter() < end:
             if what == "bare":
                 args = ("GET", "/api/budget/", headers, b"")
             else:
-                if what == "accept":
+                if what == "accept_owners":
+                    key = uuid.uuid4().hex
+                elif what == "accept":
                     key = uuid.uuid4().hex
                     keys.append(key)
                 else:
@@ -354,9 +366,9 @@ async def _http(server: Server, data: dict, what: str, c: int, duration_s: float
                         return
                     key = replay[j % len(replay)]
                     j += c
-                body = json.dumps({"machine": data["machines"][0], "folder": f"/bench/{key}", "agent": "bench",
-                                   "prompt": "p", "max_runtime_s": 1}).encode()
-                args = ("POST", "/api/tasks/", {**headers, "Idempotency-Key": key}, body)
+                body = json.dumps({"machine": me["machines"][0], "folder": f"/bench/{key}", "agent": "bench",
+                                   "prompt": "p", "max_runtime_s": 1, "exclusive": False}).encode()
+                args = ("POST", "/api/tasks/", {**my_headers, "Idempotency-Key": key}, body)
             t0 = time.perf_counter()
             try:
                 status, _ = await conn.request(*args, timeout=60)
@@ -504,8 +516,12 @@ def main() -> int:
     os.chdir(BASE_DIR)
     sys.path.insert(0, str(BASE_DIR))
 
+    import signal
+
     import psycopg
 
+    # SIGTERM ends the run like Ctrl-C: servers stopped, scratch database dropped.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     dbname = f"bench_{os.getpid()}"
     admin_url = os.environ["DATABASE_URL"]
     with psycopg.connect(admin_url, autocommit=True) as conn:

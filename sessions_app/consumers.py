@@ -5,7 +5,8 @@ terminal clients send ``Authorization: Token <key>`` (DRF token) instead. A brow
 put an Authorization header on a WebSocket, so a token connection skips the origin check
 without opening a cross-site hole. Anonymous connections are refused (the handshake gets
 HTTP 403). The consumer never reads or decides anything: it forwards ``board.event``
-messages sent by ``config.broadcast.broadcast`` as JSON text.
+messages sent by ``config.broadcast.broadcast`` as JSON text, through one
+``OwnerFeed`` per owner and process (one channel in the owner's group, fanned out here).
 
 The channel layer (Redis in production) may fail: a handshake then never answers 500. The
 socket opens and closes at once with LAYER_DOWN_CLOSE_CODE, which the page shows as
@@ -36,39 +37,121 @@ LAYER_DOWN_CLOSE_CODE = 4503
 log = logging.getLogger("runstead.board")
 
 
+class OwnerFeed:
+    """One owner's board sockets in one process behind ONE channel-layer channel in the
+    owner's group: a broadcast crosses Redis once per process and is fanned out here, not
+    once per socket (500 sockets: one Redis message, one JSON encoding)."""
+
+    def __init__(self, owner_id):
+        self.owner_id = owner_id
+        self.sockets: set = set()
+        self.channel = None
+        self.ready = asyncio.Event()
+        self.error = None
+        self.task = None
+
+    async def open(self, layer):
+        try:
+            self.channel = await layer.new_channel()
+            await layer.group_add(owner_group(self.owner_id), self.channel)
+        except Exception as exc:
+            self.error = exc
+            raise
+        finally:
+            self.ready.set()
+        self.task = asyncio.get_running_loop().create_task(self.run(layer))
+
+    async def run(self, layer):
+        while True:
+            try:
+                message = await layer.receive(self.channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("board: channel layer receive failed: %s", exc)
+                self.close_all()
+                return
+            if message.get("type") == "board.event":
+                text = json.dumps(message["event"])
+                for consumer in list(self.sockets):
+                    try:
+                        await consumer.send(text_data=text)
+                    except Exception:  # a socket that went away meanwhile
+                        self.sockets.discard(consumer)
+
+    def close_all(self):
+        """The layer failed: forget this feed and close its sockets with the retry code."""
+        if _feeds().get(self.owner_id) is self:
+            del _feeds()[self.owner_id]
+        for consumer in list(self.sockets):
+            asyncio.get_running_loop().create_task(consumer.board_layer_down({}))
+        self.sockets.clear()
+
+
+_hubs: dict = {}
+
+
+def _feeds() -> dict:
+    """This event loop's owner feeds (owner id -> OwnerFeed)."""
+    return _hubs.setdefault(asyncio.get_running_loop(), {})
+
+
+async def _feed_join(consumer, owner_id, layer) -> OwnerFeed:
+    feeds = _feeds()
+    feed = feeds.get(owner_id)
+    if feed is None:
+        feed = feeds[owner_id] = OwnerFeed(owner_id)
+        try:
+            await feed.open(layer)
+        except Exception:
+            if feeds.get(owner_id) is feed:
+                del feeds[owner_id]
+            raise
+    else:
+        await feed.ready.wait()
+        if feed.error is not None:
+            raise feed.error
+    feed.sockets.add(consumer)
+    return feed
+
+
+def _feed_leave(consumer, feed: OwnerFeed, layer) -> None:
+    feed.sockets.discard(consumer)
+    feeds = _feeds()
+    if feed.sockets or feeds.get(feed.owner_id) is not feed:
+        return
+    del feeds[feed.owner_id]
+    if feed.task is not None:
+        feed.task.cancel()
+
+    async def discard():
+        try:
+            await layer.group_discard(owner_group(feed.owner_id), feed.channel)
+        except Exception as exc:
+            log.warning("board: channel layer group_discard failed: %s", exc)
+
+    asyncio.get_running_loop().create_task(discard())
 
 
 class BoardConsumer(AsyncWebsocketConsumer):
-    """One owner's live board feed. Client messages are ignored."""
+    """One owner's live board feed. Client messages are ignored. Events come from the
+    owner's ``OwnerFeed`` in this process, not from a channel of its own."""
 
-    group = None
-    layer_down = False
+    feed = None
     opened = False
     closed = False
 
     async def __call__(self, scope, receive, send):
-        """channels' ``AsyncConsumer.__call__``, with a channel-layer receive whose failure
-        becomes a ``board.layer_down`` message instead of an exception that kills the
-        socket (a 500 during the handshake)."""
+        """channels' ``AsyncConsumer.__call__`` without a per-socket channel: the feed
+        receives for all of the owner's sockets, and a failure of the layer closes them
+        with LAYER_DOWN_CLOSE_CODE instead of killing them (a 500 during the handshake)."""
         self.scope = scope
         self.channel_layer = get_channel_layer(self.channel_layer_alias)
-        self.channel_name = await self.channel_layer.new_channel()
-        self.channel_receive = self._layer_receive
         self.base_send = send
         try:
-            await await_many_dispatch([receive, self.channel_receive], self.dispatch)
+            await await_many_dispatch([receive], self.dispatch)
         except StopConsumer:
             pass
-
-    async def _layer_receive(self):
-        if self.layer_down:
-            await asyncio.Event().wait()  # nothing more from a failed layer; the client reconnects
-        try:
-            return await self.channel_layer.receive(self.channel_name)
-        except Exception as exc:
-            self.layer_down = True
-            log.warning("board: channel layer receive failed: %s", exc)
-            return {"type": "board.layer_down"}
 
     async def connect(self):
         if self.closed:
@@ -77,14 +160,12 @@ class BoardConsumer(AsyncWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close()  # before accept: the handshake is refused with 403
             return
-        group = owner_group(user.pk)
         try:
-            await self.channel_layer.group_add(group, self.channel_name)
+            self.feed = await _feed_join(self, user.pk, self.channel_layer)
         except Exception as exc:
             log.warning("board: channel layer group_add failed: %s", exc)
             await self.board_layer_down({})
             return
-        self.group = group
         await self.accept()
         self.opened = True
 
@@ -100,19 +181,12 @@ class BoardConsumer(AsyncWebsocketConsumer):
         await self.close(code=LAYER_DOWN_CLOSE_CODE)
 
     async def disconnect(self, code):
-        if self.group is not None:
-            try:
-                await self.channel_layer.group_discard(self.group, self.channel_name)
-            except Exception as exc:
-                log.warning("board: channel layer group_discard failed: %s", exc)
+        if self.feed is not None:
+            _feed_leave(self, self.feed, self.channel_layer)
+            self.feed = None
 
     async def receive(self, text_data=None, bytes_data=None):
         """The board is one-way; whatever a client sends is dropped."""
-
-    async def board_event(self, message):
-        """Forward one board event (``message["event"]``, a dict with ``type``, ``version``
-        and ``server_time``) as a JSON text frame."""
-        await self.send(text_data=json.dumps(message["event"]))
 
 
 def _authorization_header(scope) -> str | None:
