@@ -323,3 +323,59 @@ def test_d1_200_waiting_workers_owner_answers_and_task_arrives_within_1s(live_da
 
     asyncio.run(scenario())
     assert Task.objects.filter(owner=owner).count() == 5
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+async def test_d1_pull_whose_client_disconnects_during_its_take_releases_the_message(owner, machine, grant, monkeypatch):
+    from asgiref.sync import sync_to_async
+    from django.utils import timezone
+
+    from tasks_app import longpoll
+    from tests.factories import submit
+
+    task_id = (await sync_to_async(submit)(owner, machine, grant.path)).json()["id"]
+    hidden = OutboxMessage.objects.filter(operation__task_id=task_id)
+    await hidden.aupdate(acked_at=timezone.now())  # the pull's first take finds nothing and waits
+    gone = asyncio.Event()
+    sent = []
+
+    async def receive():
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": longpoll.PATH, "method": "GET", "query_string": b"wait=25", "root_path": "",
+             "headers": [(b"authorization", f"Machine {machine.test_token}".encode()), (b"host", b"testserver")],
+             "client": ("127.0.0.1", 1), "server": ("testserver", 80)}
+    from tasks_app.services import messages
+
+    loop = asyncio.get_running_loop()
+    take = messages.messages_take
+
+    def take_then_client_gone(**kwargs):
+        taken = take(**kwargs)
+        if taken:
+            loop.call_soon_threadsafe(gone.set)  # the client goes away while the take runs
+            time.sleep(0.3)
+        return taken
+
+    monkeypatch.setattr(messages, "messages_take", take_then_client_gone)
+    pull = asyncio.create_task(longpoll.long_poll(scope, receive, send))
+    registry = None
+    for _ in range(200):
+        registry = longpoll._registries.get(asyncio.get_running_loop())
+        if registry and str(machine.pk) in registry.by_machine:
+            break
+        await asyncio.sleep(0.02)
+    assert registry and str(machine.pk) in registry.by_machine, "the pull never waited"
+    await hidden.aupdate(acked_at=None)
+    registry.wake(str(machine.pk))
+    await asyncio.wait_for(pull, 5)
+    assert sent == []  # nothing was answered to a client that is gone
+    message = await hidden.aget()
+    assert message.deliveries == 1  # it was taken...
+    assert message.acked_at is None and message.visible_at <= timezone.now(), "...and must be visible again"
+    assert str(machine.pk) not in registry.by_machine
