@@ -379,3 +379,6 @@ async def test_d1_pull_whose_client_disconnects_during_its_take_releases_the_mes
     assert message.deliveries == 1  # it was taken...
     assert message.acked_at is None and message.visible_at <= timezone.now(), "...and must be visible again"
     assert str(machine.pk) not in registry.by_machine
+    from django.db import connections
+
+    await sync_to_async(connections.close_all)()  # the ORM's thread: no session left at teardown
