@@ -11,7 +11,8 @@ background task), in three conditions, each with a fresh hook state directory:
 - ``down``: a closed port on this host (connection refused at once; the sender retries);
 - ``unreachable``: a non-routable address (10.255.255.1: connects hang until timeout).
 
-Prints median, p99 and max in milliseconds per condition. Usage::
+Prints median, p99 and max in milliseconds per condition, and (up) how long after the
+last hook the sender had delivered every write. Usage::
 
     .venv/bin/python bench/hook_latency.py --server http://127.0.0.1:8000 --token TOKEN [-n 200]
 
@@ -50,7 +51,7 @@ def payloads(n: int):
             yield {**(stop_bg if i % 20 == 1 else stop), "session_id": session, "prompt_id": f"p{i - 1}"}
 
 
-def measure(server: str, token: str, n: int) -> list[float]:
+def measure(server: str, token: str, n: int, drain: bool) -> tuple[list[float], float | None]:
     with tempfile.TemporaryDirectory(prefix="hook-bench-") as tmp:
         state_dir = Path(tmp) / "hooks"
         store.write_config(state_dir, server=server, token=token)
@@ -64,11 +65,19 @@ def measure(server: str, token: str, n: int) -> list[float]:
                 result = subprocess.run(argv, input=data, env=env, cwd="/", capture_output=True)
                 times.append((time.perf_counter() - start) * 1000)
                 assert result.returncode == 0 and result.stdout == b"", result
+            drained_s = None
+            if drain:  # the service is up: how long until the sender delivered everything
+                last = time.perf_counter()
+                with store.Outbox(state_dir) as outbox:
+                    while outbox.pending() and time.perf_counter() - last < 60:
+                        time.sleep(0.01)
+                    if not outbox.pending():
+                        drained_s = time.perf_counter() - last
         finally:
             pid = sender.sender_pid(state_dir)
             if pid:
                 os.kill(pid, signal.SIGTERM)
-        return times
+        return times, drained_s
 
 
 def main():
@@ -81,11 +90,14 @@ def main():
     if args.server:
         conditions.append(("up", args.server))
     conditions += [("down", "http://127.0.0.1:9"), ("unreachable", "http://10.255.255.1:8000")]
-    print(f"{'condition':<12} {'n':>5} {'median ms':>10} {'p99 ms':>8} {'max ms':>8}")
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{'condition':<12} {'n':>5} {'median ms':>10} {'p99 ms':>8} {'max ms':>8}  delivered")
     for name, server in conditions:
-        times = sorted(measure(server, args.token, args.n))
+        times, drained_s = measure(server, args.token, args.n, drain=name == "up")
+        times.sort()
         p99 = times[min(len(times) - 1, int(round(0.99 * (len(times) - 1))))]
-        print(f"{name:<12} {len(times):>5} {statistics.median(times):>10.1f} {p99:>8.1f} {times[-1]:>8.1f}")
+        tail = f"all {drained_s:.2f} s after the last hook" if drained_s is not None else "-"
+        print(f"{name:<12} {len(times):>5} {statistics.median(times):>10.1f} {p99:>8.1f} {times[-1]:>8.1f}  {tail}")
 
 
 if __name__ == "__main__":

@@ -15,13 +15,30 @@ class SessionStatus(models.TextChoices):
     IDLE = "idle"
 
 
+class Attention(models.TextChoices):
+    """I6: whether a session needs its owner."""
+
+    NONE = "", "none"
+    PERMISSION = "permission", "permission prompt"
+
+
 class Session(models.Model):
     """A chat session. ``status`` is stored and changed only by compare-and-set (S2);
-    ``version`` rises on every change of the row (B2)."""
+    ``version`` rises on every change of the row (B2).
+
+    I6: ``agent`` (the CLI that reports it: ``claude``, ``codex``, ``gemini``,
+    ``opencode``, or blank), ``cwd`` (its folder, absolute, or blank), ``attention``
+    (``""`` or ``permission``, with ``attention_message`` and ``attention_since``, UTC),
+    changed by compare-and-set on ``version`` like the status."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions")
     title = models.CharField(max_length=300, blank=True)
+    agent = models.CharField(max_length=20, blank=True, default="")
+    cwd = models.CharField(max_length=1024, blank=True, default="")
+    attention = models.CharField(max_length=20, choices=Attention.choices, blank=True, default=Attention.NONE)
+    attention_message = models.CharField(max_length=500, blank=True, default="")
+    attention_since = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=10, choices=SessionStatus.choices, default=SessionStatus.IDLE)
     status_since = models.DateTimeField()
     created_at = models.DateTimeField()
