@@ -135,6 +135,13 @@
     return s;
   }
 
+  // I6: agent, title, folder and "needs you" travel in the snapshot and in every
+  // session.status event; a field an event does not carry keeps its value.
+  var SESSION_INFO = ["title", "agent", "cwd", "attention", "attention_message", "attention_since"];
+  function copySessionInfo(s, source) {
+    SESSION_INFO.forEach(function (key) { if (source[key] !== undefined) s[key] = source[key]; });
+  }
+
   function setSessionStatus(s, status, since) {
     var was = s.status;
     s.status = status;
@@ -153,6 +160,7 @@
       board.deleted.delete(ev.session_id);
       var s = ensureSession(ev.session_id);
       setSessionStatus(s, ev.status, ev.since || ev.status_since || ev.server_time);
+      copySessionInfo(s, ev);
       s.version = ev.version;
       touch(s);
     } else if (ev.type === "session.deleted") {
@@ -230,6 +238,7 @@
       }
       var s = { id: item.id, title: item.title, status: cur ? cur.status : item.status,
                 status_since: item.status_since, version: item.version, markers: markers, touched: 0 };
+      copySessionInfo(s, item);
       setSessionStatus(s, item.status, item.status_since);
       return s;
     });
@@ -380,12 +389,31 @@
     return m ? m.name : "machine " + String(id || "").slice(0, 8);
   }
 
+  var AGENT_NAMES = { claude: "Claude Code", codex: "Codex", gemini: "Gemini CLI", opencode: "opencode", aider: "aider" };
+  var AGENT_ICONS = { claude: "✳", codex: "◎", gemini: "✦", opencode: "▣", aider: "◆" };
+
+  function folderName(cwd) {
+    var parts = String(cwd || "").replace(/\/+$/, "").split("/");
+    return parts[parts.length - 1] || cwd;
+  }
+
   function renderSession(s, nowMs) {
-    var li = el("li", { className: "row session", "data-session-id": s.id, "data-status": s.status },
+    var needsYou = s.attention === "permission";
+    var li = el("li", { className: "row session" + (needsYou ? " needs-you" : ""), "data-session-id": s.id,
+                        "data-status": s.status, "data-attention": s.attention || "" },
       el("div", { className: "line" },
         el("span", { className: "badge " + s.status, text: s.status }),
+        s.agent ? el("span", { className: "agent", "data-agent": s.agent, title: AGENT_NAMES[s.agent] || s.agent },
+          (AGENT_ICONS[s.agent] ? AGENT_ICONS[s.agent] + " " : "") + (AGENT_NAMES[s.agent] || s.agent)) : null,
         el("strong", { className: "title", text: sessionTitle(s) }),
+        s.cwd ? el("span", { className: "muted folder", title: s.cwd, text: folderName(s.cwd) }) : null,
         s.status_since ? el("span", { className: "muted" }, "since ", timeEl(s.status_since, fmtTime(s.status_since))) : null));
+    if (needsYou) {
+      li.appendChild(el("div", { className: "line attention" },
+        el("span", { className: "badge needs-you", text: "needs you" }),
+        el("span", { className: "attention-message", text: s.attention_message || "permission needed" }),
+        s.attention_since ? el("span", { className: "muted" }, " since ", timeEl(s.attention_since, fmtTime(s.attention_since))) : null));
+    }
     var badges = el("div", { className: "line markers" });
     var running = 0;
     Array.from(s.markers.values()).sort(function (a, b) { return (ms(a.started_at) || 0) - (ms(b.started_at) || 0); })
@@ -485,6 +513,8 @@
   function render() {
     var nowMs = now();
     var sessions = Array.from(board.sessions.values()).sort(function (a, b) {
+      var an = a.attention === "permission", bn = b.attention === "permission"; // I6: "needs you" first
+      if (an !== bn) return an ? -1 : 1;
       if ((a.status === "busy") !== (b.status === "busy")) return a.status === "busy" ? -1 : 1;
       return (ms(b.status_since) || 0) - (ms(a.status_since) || 0);
     });
