@@ -16,8 +16,8 @@ from django.db.models import Exists, F, OuterRef, Q
 
 from config.broadcast import broadcast
 from config.errors import ApplicationError
-from sessions_app.models import EndedTurn, Job, JobMode, Marker, MarkerState, Session, SessionStatus
-from sessions_app.notifications.services import notify_session_idle
+from sessions_app.models import Attention, EndedTurn, Job, JobMode, Marker, MarkerState, Session, SessionStatus
+from sessions_app.notifications.services import notify_session_attention, notify_session_idle
 from sessions_app.rules import counting_jobs_q, running_markers_q
 from sessions_app.shapes import marker_event, session_deleted_event, session_status_event
 from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Task
@@ -45,9 +45,12 @@ def session_is_busy(*, session_id: uuid.UUID, now: datetime) -> bool:
 # --- sessions ---------------------------------------------------------------------------
 
 
-def _session_get_or_create(*, owner, session_id: uuid.UUID, now: datetime, title: str) -> tuple[Session, bool]:
+def _session_get_or_create(
+    *, owner, session_id: uuid.UUID, now: datetime, title: str, agent: str = "", cwd: str = ""
+) -> tuple[Session, bool]:
     session, created = Session.objects.get_or_create(
-        id=session_id, defaults={"owner": owner, "title": title, "status_since": now, "created_at": now}
+        id=session_id,
+        defaults={"owner": owner, "title": title, "agent": agent, "cwd": cwd, "status_since": now, "created_at": now},
     )
     if session.owner_id != owner.pk:
         raise ApplicationError("not_found", "no such session", status_code=404)
@@ -62,13 +65,18 @@ def session_get_or_create(*, owner, session_id: uuid.UUID, now: datetime, title:
     return _session_get_or_create(owner=owner, session_id=session_id, now=now, title=title)[0]
 
 
-def session_create(*, owner, session_id: uuid.UUID | None, title: str, now: datetime) -> tuple[Session, bool]:
-    """``POST /api/sessions/``: create, idempotent on ``session_id`` (an existing session of
-    the owner is returned unchanged). Returns ``(session, created)``; 404 for another
-    owner's id."""
+def session_create(
+    *, owner, session_id: uuid.UUID | None, title: str, now: datetime, agent: str = "", cwd: str = ""
+) -> tuple[Session, bool]:
+    """``POST /api/sessions/``: create (with I6's ``agent`` and ``cwd``), idempotent on
+    ``session_id`` (an existing session of the owner is returned unchanged). Returns
+    ``(session, created)``; 404 for another owner's id."""
     if session_id is None:
-        return Session.objects.create(owner=owner, title=title, status_since=now, created_at=now), True
-    return _session_get_or_create(owner=owner, session_id=session_id, now=now, title=title)
+        session = Session.objects.create(
+            owner=owner, title=title, agent=agent, cwd=cwd, status_since=now, created_at=now
+        )
+        return session, True
+    return _session_get_or_create(owner=owner, session_id=session_id, now=now, title=title, agent=agent, cwd=cwd)
 
 
 def session_lock(*, owner, session_id: uuid.UUID) -> Session:
@@ -81,12 +89,42 @@ def session_lock(*, owner, session_id: uuid.UUID) -> Session:
     return session
 
 
-def session_rename(*, owner, session_id: uuid.UUID, title: str, now: datetime) -> Session:
-    """``PATCH /api/sessions/{id}/``: set the title; bumps ``version``."""
+def session_update(
+    *, owner, session_id: uuid.UUID, now: datetime, title: str | None = None, attention: str | None = None,
+    attention_message: str = "",
+) -> Session:
+    """``PATCH /api/sessions/{id}/``: rename (``title``) and/or set the session's attention
+    (I6: ``permission`` with ``attention_message``, or ``""`` to clear it; a cleared one
+    keeps no message, ``attention_since`` is the service time it was set). A change is a
+    compare-and-set on the row's ``version`` (it rises by one) under the session lock, and
+    is published once as a ``session.status`` event after commit (the status itself does
+    not change); the same values again change and publish nothing. Setting attention also
+    emits the N1 ``attention`` notification. 404 for a missing or another owner's id."""
     with transaction.atomic():
         session = session_lock(owner=owner, session_id=session_id)
-        Session.objects.filter(pk=session.pk).update(title=title, version=F("version") + 1)
+        changes = {}
+        if title is not None and title != session.title:
+            changes["title"] = title
+        raised = False
+        if attention is not None:
+            message = attention_message if attention else ""
+            if attention != session.attention:
+                changes.update(attention=attention, attention_message=message,
+                               attention_since=now if attention else None)
+                raised = attention != Attention.NONE
+            elif message != session.attention_message:
+                changes["attention_message"] = message
+        if not changes:
+            return session
+        won = Session.objects.filter(pk=session.pk, version=session.version).update(
+            version=F("version") + 1, **changes
+        )
+        if won != 1:  # the lock makes this unreachable; a lost race must not publish
+            raise ApplicationError("conflict", "the session changed meanwhile; try again", status_code=409)
         session.refresh_from_db()
+        broadcast(session.owner_id, session_status_event(session))
+        if raised:
+            notify_session_attention(session, now=now)
         return session
 
 

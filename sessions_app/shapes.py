@@ -39,13 +39,27 @@ def marker_event(marker, *, now: datetime) -> dict:
     return {"type": "marker", **marker_dict(marker, now=now)}
 
 
+def session_info(session) -> dict:
+    """I6, what a board shows of a session besides its status: ``{agent, title, cwd,
+    attention, attention_message, attention_since}``."""
+    return {
+        "agent": session.agent,
+        "title": session.title,
+        "cwd": session.cwd,
+        "attention": session.attention,
+        "attention_message": session.attention_message,
+        "attention_since": iso(session.attention_since),
+    }
+
+
 def session_dict(session, *, markers, now: datetime) -> dict:
     """One session with its markers (all of them, ended ones too, so a board can order
-    later events by version, B2): ``{id, title, status, status_since, version,
-    created_at, markers: [marker]}``."""
+    later events by version, B2): ``{id, title, agent, cwd, attention,
+    attention_message, attention_since, status, status_since, version, created_at,
+    markers: [marker]}``."""
     return {
         "id": str(session.id),
-        "title": session.title,
+        **session_info(session),
         "status": session.status,
         "status_since": iso(session.status_since),
         "version": session.version,
@@ -55,8 +69,13 @@ def session_dict(session, *, markers, now: datetime) -> dict:
 
 
 def session_status_event(session) -> dict:
-    """The ``session.status`` board event (S2): ``{type, session_id, status, version}``."""
-    return {"type": "session.status", "session_id": str(session.pk), "status": session.status, "version": session.version}
+    """The ``session.status`` board event (S2, I6): ``{type, session_id, status, version,
+    agent, title, cwd, attention, attention_message, attention_since}``; ``server_time``
+    is added by the broadcast."""
+    return {
+        "type": "session.status", "session_id": str(session.pk), "status": session.status, "version": session.version,
+        **session_info(session),
+    }
 
 
 def session_deleted_event(session_id, *, version: int) -> dict:

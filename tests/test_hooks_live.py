@@ -51,14 +51,18 @@ class Board(threading.Thread):
                     continue
 
     def of(self, session_id) -> list[tuple]:
-        """The session's marker and status events as ``(type, state-or-status, turn_id)``."""
+        """The session's marker events as ``("marker", state, turn_id)`` and its status
+        changes as ``("status", status)``, in arrival order. A ``session.status`` event
+        that repeats the status (a title or attention change, I6) is not a change."""
         out = []
+        status = None
         for e in list(self.events):
             if e.get("session_id") != str(session_id):
                 continue
             if e["type"] == "marker":
                 out.append(("marker", e["state"], e["turn_id"]))
-            elif e["type"] == "session.status":
+            elif e["type"] == "session.status" and e["status"] != status:
+                status = e["status"]
                 out.append(("status", e["status"]))
         return out
 
@@ -249,23 +253,46 @@ def test_i1_r4_service_down_hooks_stay_fast_then_every_write_arrives_once_in_ord
         # the retrying one must not deliver anything twice.
         back = DaphneServer({"RUNSTEAD_EMBEDDED_SWEEP": "0"}, port=port, log_dir=tmp_path)
         board = Board(back.url, token)
-        board.start()
-        assert board.connected.wait(10)
-        for _ in range(2):
-            subprocess.Popen([sys.executable, "-m", "sessions_app.hooks.sender", "--state-dir", str(state_dir)],
-                             env=env, cwd=BASE_DIR)
-        ensure_sender(state_dir)
-        expected = []
-        for i in range(1, 10):
-            expected += [("marker", "running", f"t{i}"), ("status", "busy"), ("marker", "ended", f"t{i}"),
-                         ("status", "idle")]
-        wait_until(lambda: len(board.of(rs)) >= len(expected), timeout=60)
-        assert board.of(rs) == expected
-        marker = Marker.objects.get(session_id=rs)
-        assert marker.version == 18  # 9 x (running, ended): each write applied once
-        assert EndedTurn.objects.filter(session_id=rs).count() == 9
-        assert Session.objects.get(pk=rs).status == "idle"
-        board.stop()
-        back.stop()
+        try:
+            board.start()
+            assert board.connected.wait(10)
+            for _ in range(2):
+                subprocess.Popen([sys.executable, "-m", "sessions_app.hooks.sender", "--state-dir", str(state_dir)],
+                                 env=env, cwd=BASE_DIR)
+            ensure_sender(state_dir)
+            expected = []
+            for i in range(1, 10):
+                expected += [("marker", "running", f"t{i}"), ("status", "busy"), ("marker", "ended", f"t{i}"),
+                             ("status", "idle")]
+            wait_until(lambda: len(board.of(rs)) >= len(expected), timeout=60)
+            assert board.of(rs) == expected
+            marker = Marker.objects.get(session_id=rs)
+            assert marker.version == 18  # 9 x (running, ended): each write applied once
+            assert EndedTurn.objects.filter(session_id=rs).count() == 9
+            assert Session.objects.get(pk=rs).status == "idle"
+        finally:
+            board.stop()
+            back.stop()
     finally:
         stop_sender(state_dir)
+
+
+def test_i6_permission_prompt_needs_you_until_the_turn_goes_on(rig):
+    sid = f"s-{uuid.uuid4()}"
+    rs = str(mapping.session_uuid("claude", sid))
+    rig.hook("claude", claude("session_start_startup", sid))
+    rig.hook("claude", claude("user_prompt_submit", sid, prompt_id="turn-1"))
+    rig.hook("claude", claude("notification_permission", sid))
+    rig.hook("claude", claude("stop", sid, prompt_id="turn-1"))
+    rig.board.wait_for(rs, ("status", "idle"))
+    statuses = [(e["status"], e["attention"], e["attention_message"]) for e in rig.board.events
+                if e["type"] == "session.status" and e["session_id"] == rs]
+    assert statuses == [
+        ("busy", "", ""),
+        ("busy", "", ""),  # the title from the first prompt
+        ("busy", "permission", "Claude needs your permission to use Bash"),  # needs you, still busy
+        ("busy", "", ""),  # Stop clears it first ...
+        ("idle", "", ""),  # ... then the turn's end
+    ]
+    assert all(e["agent"] == "claude" and e["cwd"] == "/Users/me/src/app" for e in rig.board.events
+               if e["type"] == "session.status" and e["session_id"] == rs)

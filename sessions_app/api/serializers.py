@@ -7,20 +7,47 @@ from rest_framework import serializers
 
 from config.strict import StrictSerializer
 
-from sessions_app.models import Job, JobMode, Marker, MarkerState, Session
+from sessions_app.models import Attention, Job, JobMode, Marker, MarkerState, Session
 
 # A device id names one app instance (M5): a machine id, or ``<hostname>:<session id>``.
 DEVICE_ID_RE = r"^[^/\s]{1,200}$"
 TOKEN_RE = r"^[^/\s]{1,100}$"
 
 
+# I6: the agent CLIs that report sessions (the hooks, SPEC I), blank for any other client.
+SESSION_AGENTS = ["", "claude", "codex", "gemini", "opencode", "aider"]
+
+
+def _absolute_or_blank(value: str) -> str:
+    if value and not value.startswith("/"):
+        raise serializers.ValidationError("must be an absolute path or blank")
+    if "\x00" in value:
+        raise serializers.ValidationError("must not contain NUL")
+    return value
+
+
 class SessionCreateIn(StrictSerializer):
     id = serializers.UUIDField(required=False)
     title = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+    agent = serializers.ChoiceField(choices=SESSION_AGENTS, required=False, default="")
+    cwd = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="",
+                                validators=[_absolute_or_blank], trim_whitespace=False)
 
 
-class SessionRenameIn(StrictSerializer):
-    title = serializers.CharField(max_length=300, allow_blank=True)
+class SessionUpdateIn(StrictSerializer):
+    """``PATCH /api/sessions/{id}/``: ``title`` and/or I6 ``attention`` (``""`` or
+    ``permission``) with ``attention_message`` (only with ``permission``)."""
+
+    title = serializers.CharField(max_length=300, allow_blank=True, required=False)
+    attention = serializers.ChoiceField(choices=Attention.values, allow_blank=True, required=False)
+    attention_message = serializers.CharField(max_length=500, allow_blank=True, required=False)
+
+    def validate(self, data):
+        if not data:
+            raise serializers.ValidationError("give title and/or attention")
+        if "attention_message" in data and data.get("attention") != Attention.PERMISSION:
+            raise serializers.ValidationError({"attention_message": "only with attention \"permission\""})
+        return data
 
 
 class MarkerIn(StrictSerializer):
@@ -77,7 +104,10 @@ class SessionOut(serializers.ModelSerializer):
 
     class Meta:
         model = Session
-        fields = ["id", "title", "status", "status_since", "version", "created_at", "markers"]
+        fields = [
+            "id", "title", "agent", "cwd", "attention", "attention_message", "attention_since", "status",
+            "status_since", "version", "created_at", "markers",
+        ]
 
 
 class MarkerWriteOut(serializers.Serializer):

@@ -41,7 +41,8 @@ class SessionListView(GenericAPIView):
         data = _valid(s.SessionCreateIn, request)
         now = clock.now()
         session, created = services.session_create(
-            owner=request.user, session_id=data.get("id"), title=data["title"], now=now
+            owner=request.user, session_id=data.get("id"), title=data["title"], agent=data["agent"], cwd=data["cwd"],
+            now=now,
         )
         return Response(session_out(session, now), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
@@ -58,11 +59,11 @@ class SessionDetailView(APIView):
         valid_query(NoQuery, request)
         return Response(session_out(self._get(request, session_id), clock.now()))
 
-    @extend_schema(request=s.SessionRenameIn, responses={200: s.SessionOut, **errors()})
+    @extend_schema(request=s.SessionUpdateIn, responses={200: s.SessionOut, **errors()})
     def patch(self, request, session_id):
-        data = _valid(s.SessionRenameIn, request)
+        data = _valid(s.SessionUpdateIn, request)
         now = clock.now()
-        services.session_rename(owner=request.user, session_id=session_id, title=data["title"], now=now)
+        services.session_update(owner=request.user, session_id=session_id, now=now, **data)
         return Response(session_out(self._get(request, session_id), now))
 
     @extend_schema(request=EmptyBody, responses={204: None, **errors()})
