@@ -320,3 +320,45 @@ def test_b5_done_sound_on_busy_to_idle_and_mute_is_remembered(live_daphne, new_p
         expect(row).to_have_attribute("data-status", "idle")
         page.wait_for_function("window.runsteadBoard.doneCount === 1")  # counted since the reload
         assert page.evaluate("window.runsteadBoard.beeps") == 0  # muted: no sound
+
+
+def test_i6_b11_needs_you_sessions_come_first_with_agent_title_folder_and_message(live_daphne, new_page, owner):
+    from playwright.sync_api import expect
+
+    url = live_daphne()
+    client = api(url, owner)
+    calm, waiting = str(uuid.uuid4()), str(uuid.uuid4())
+    assert client.post("/api/sessions/", json={"id": waiting, "title": "fix login", "agent": "claude",
+                                               "cwd": "/Users/me/src/shop"}).status_code == 201
+    assert client.post("/api/sessions/", json={"id": calm, "title": "refactor", "agent": "codex",
+                                               "cwd": "/Users/me/src/api"}).status_code == 201
+    # The calm one is busy (a turn runs); busy sessions would come first without I6.
+    client.put(f"/api/sessions/{calm}/marker/", json={"turn_id": "t1", "device_id": "mac:codex:x", "state": "running"})
+    page = new_page(url, owner)
+    page.goto(url + "/")
+    wait_live(page)
+    rows = page.locator("#session-list li.session")
+    expect(rows.first).to_have_attribute("data-session-id", calm)
+
+    # A permission prompt arrives as an event: that session moves to the top, with its message.
+    client.patch(f"/api/sessions/{waiting}/", json={"attention": "permission",
+                                                     "attention_message": "Claude needs your permission to use Bash"})
+    expect(rows.first).to_have_attribute("data-session-id", waiting)
+    top = rows.first
+    expect(top.locator(".badge.needs-you")).to_have_text("needs you")
+    expect(top.locator(".attention-message")).to_have_text("Claude needs your permission to use Bash")
+    expect(top.locator(".agent")).to_contain_text("Claude Code")
+    expect(top.locator(".title")).to_have_text("fix login")
+    expect(top.locator(".folder")).to_have_text("shop")
+    expect(top.locator(".folder")).to_have_attribute("title", "/Users/me/src/shop")
+
+    # Answered (the next prompt clears it): back below the busy one, no "needs you".
+    client.patch(f"/api/sessions/{waiting}/", json={"attention": ""})
+    expect(rows.first).to_have_attribute("data-session-id", calm)
+    expect(page.locator(".badge.needs-you")).to_have_count(0)
+    # After a reload the snapshot (B4) tells the same.
+    client.patch(f"/api/sessions/{waiting}/", json={"attention": "permission", "attention_message": "again"})
+    page.reload()
+    wait_live(page)
+    expect(rows.first).to_have_attribute("data-session-id", waiting)
+    expect(rows.first.locator(".attention-message")).to_have_text("again")
