@@ -101,6 +101,7 @@ class JobOut(serializers.ModelSerializer):
 
 class SessionOut(serializers.ModelSerializer):
     markers = MarkerOut(many=True, read_only=True)
+    attention = serializers.CharField(read_only=True, help_text='I6: "" or "permission" (needs you)')
 
     class Meta:
         model = Session
