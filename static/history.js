@@ -251,7 +251,7 @@
     renderRow(task.id);
     var list = $("history-list");
     var li = history.rows.get(task.id).li;
-    if (atTop) { history.order.unshift(task.id); list.insertBefore(li, list.firstChild); }
+    if (atTop) { history.order.unshift(task.id); list.insertBefore(li, list.firstChild); sayCount(); }
     else { history.order.push(task.id); list.appendChild(li); }
     $("history-empty").hidden = true;
     return true;
@@ -264,7 +264,7 @@
     var textarea = el("textarea", { name: "prompt", rows: "3", required: true, "aria-label": "Follow-up prompt" });
     var button = el("button", { type: "submit", text: "Send follow-up" });
     var status = el("p", { className: "muted", role: "status", "aria-live": "polite" });
-    details.appendChild(el("summary", { text: "Reply to " + (AGENT_NAMES[t.agent] || t.agent || "the agent") }));
+    details.appendChild(el("summary", { text: "↩ Reply to " + (AGENT_NAMES[t.agent] || t.agent || "the agent") }));
     form.appendChild(el("label", null, "Your answer (resumes the agent's session on " + machineName(t.machine) + ")", textarea));
     form.appendChild(el("div", { className: "actions" }, button));
     form.appendChild(status);
@@ -321,6 +321,11 @@
   }
 
   // ------------------------------------------------------------ paging
+  function sayCount() {
+    var n = history.order.length;
+    say(n + " task" + (n === 1 ? "" : "s") + " shown" + (history.next ? "" : ", all of them"), false);
+  }
+
   function load(reset) {
     if (reset) {
       history.generation++;
@@ -347,7 +352,7 @@
         history.pages++;
         history.next = res.data.next ? relative(res.data.next) : null;
         $("history-empty").hidden = history.order.length > 0;
-        say(history.order.length + " task" + (history.order.length === 1 ? "" : "s") + " shown" + (history.next ? "" : ", all of them"), false);
+        sayCount();
       })
       .catch(function () { if (generation === history.generation) say("Could not load the history; try again.", true); })
       .then(function () {
