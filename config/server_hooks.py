@@ -21,6 +21,7 @@ from django.conf import settings
 from sessions_app.notifications.delivery import notify_loop
 from sessions_app.sweep import sweep_loop
 from tasks_app.services.messages import server_stopping
+from tasks_app.wakeups import stop_all
 
 log = logging.getLogger("runstead.server")
 
@@ -37,7 +38,5 @@ def install() -> None:
     if settings.RUNSTEAD_EMBEDDED_NOTIFY:
         notify_interval_s = settings.RUNSTEAD_NOTIFY_INTERVAL_S
         reactor.callWhenRunning(lambda: asyncio.ensure_future(notify_loop(notify_interval_s)))
-    from tasks_app.longpoll import stop_all
-
     reactor.addSystemEventTrigger("before", "shutdown", server_stopping.set)
     reactor.addSystemEventTrigger("before", "shutdown", stop_all)

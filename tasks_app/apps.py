@@ -6,6 +6,7 @@ from django.db.models.signals import post_save
 def _give_new_owner_a_budget(sender, instance, created, raw=False, **kwargs):
     """A new owner starts with RUNSTEAD_DEFAULT_BUDGET_S seconds (glossary, "budget")."""
     if created and not raw:
+        # Imported here: Django imports this module before the app registry is ready.
         from tasks_app.models import Budget
 
         Budget.objects.get_or_create(owner=instance, defaults={"limit_s": settings.RUNSTEAD_DEFAULT_BUDGET_S})

@@ -29,20 +29,22 @@ import threading
 import time
 
 from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.db import connections
+
+from config import clock
+from tasks_app.api.views import PendingPull, WorkerMessages, messages_response
+from tasks_app.services import messages
+from tasks_app.services.messages import machines_with_visible_messages
+from tasks_app.wakeups import layer_is_remote, machine_group, registry_for
 
 log = logging.getLogger("runstead.longpoll")
 
 PATH = "/api/worker/messages/"
 LAYER_RETRY_S = 1.0
 GROUP_IDLE_DISCARD_S = 120.0
-
-
-def machine_group(machine_id) -> str:
-    """Channels group of one machine's waiting pulls."""
-    return f"machine.{machine_id}"
 
 
 def run_db(fn, *args, **kwargs):
@@ -94,7 +96,7 @@ class Waiters:
             waiter.wake("stopped")
         self.by_machine.setdefault(machine_id, set()).add(waiter)
         self._start()
-        if self._layer_remote() and machine_id not in self.joined:
+        if layer_is_remote() and machine_id not in self.joined:
             self._spawn(self._join(machine_id))
         self.joined[machine_id] = time.monotonic()
         return waiter
@@ -130,19 +132,10 @@ class Waiters:
             return
         self._started = True
         self.loop.create_task(self._recheck_loop())
-        if self._layer_remote():
+        if layer_is_remote():
             self.loop.create_task(self._reader_loop())
 
-    @staticmethod
-    def _layer_remote() -> bool:
-        from channels.layers import get_channel_layer
-
-        layer = get_channel_layer()
-        return layer is not None and not layer.__class__.__name__.startswith("InMemory")
-
     async def _join(self, machine_id: str):
-        from channels.layers import get_channel_layer
-
         layer = get_channel_layer()
         try:
             await self.channel_ready.wait()
@@ -152,8 +145,6 @@ class Waiters:
             self.joined.pop(machine_id, None)
 
     async def _reader_loop(self):
-        from channels.layers import get_channel_layer
-
         layer = get_channel_layer()
         # One channel per process, with channels_redis's default prefix so it shares the
         # process's one receive loop with the board consumers instead of competing with it.
@@ -174,13 +165,11 @@ class Waiters:
                 self.wake(message.get("machine_id", ""))
 
     async def _recheck_loop(self):
-        from tasks_app.services.messages import machines_with_visible_messages
-
         interval = settings.RUNSTEAD_LONGPOLL_RECHECK_S
         while True:
             await asyncio.sleep(interval)
             waiting = list(self.by_machine)
-            if self._layer_remote():
+            if layer_is_remote():
                 for machine_id in waiting:
                     if machine_id not in self.joined:
                         self._spawn(self._join(machine_id))
@@ -197,8 +186,6 @@ class Waiters:
                 self.wake(machine_id, "recheck")
 
     def _discard_idle_groups(self):
-        from channels.layers import get_channel_layer
-
         cutoff = time.monotonic() - GROUP_IDLE_DISCARD_S
         idle = [m for m, t in self.joined.items() if t < cutoff and m not in self.by_machine]
         layer = get_channel_layer()
@@ -215,36 +202,9 @@ async def _quiet(coro):
         pass
 
 
-_registries: dict[asyncio.AbstractEventLoop, Waiters] = {}
-_lock = threading.Lock()
-
-
 def waiters() -> Waiters:
-    """This event loop's registry (created on first use)."""
-    loop = asyncio.get_running_loop()
-    with _lock:
-        registry = _registries.get(loop)
-        if registry is None:
-            registry = _registries[loop] = Waiters(loop)
-        return registry
-
-
-def wake_local(machine_id) -> None:
-    """Wake this process's pulls of ``machine_id`` from any thread (D1)."""
-    with _lock:
-        registries = list(_registries.values())
-    for registry in registries:
-        if not registry.loop.is_closed():
-            registry.loop.call_soon_threadsafe(registry.wake, str(machine_id))
-
-
-def stop_all() -> None:
-    """The server is stopping: every waiting pull answers (empty) at once."""
-    with _lock:
-        registries = list(_registries.values())
-    for registry in registries:
-        if not registry.loop.is_closed():
-            registry.loop.call_soon_threadsafe(registry.stop)
+    """This event loop's registry (created on first use, kept in ``tasks_app.wakeups``)."""
+    return registry_for(asyncio.get_running_loop(), Waiters)
 
 
 # --- the ASGI endpoint ------------------------------------------------------------------
@@ -264,8 +224,6 @@ def route(django_app):
 def _begin(scope):
     """Run the DRF view in this (pool) thread; returns the rendered response, or the
     ``PendingPull`` it answered with when the pull has to wait."""
-    from tasks_app.api.views import WorkerMessages
-
     request = ASGIRequest(scope, io.BytesIO(b""))
     request.runstead_async_pull = True
     response = WorkerMessages.as_view()(request)
@@ -290,9 +248,6 @@ async def _disconnected(receive):
 
 async def long_poll(scope, receive, send):
     """One pull (see the module docstring)."""
-    from tasks_app.api.views import PendingPull, messages_response
-    from tasks_app.services import messages
-
     disconnect = asyncio.ensure_future(_disconnected(receive))
     waiter = None
     registry = None
@@ -335,9 +290,6 @@ async def long_poll(scope, receive, send):
 async def _take_shielded(machine_id):
     """Take the machine's visible messages; if this pull is cancelled meanwhile (the
     server stops), what the thread took is released, not lost for the visibility window."""
-    from config import clock
-    from tasks_app.services import messages
-
     future = asyncio.ensure_future(run_db(messages.messages_take, machine_id=machine_id, now=clock.now(), new_pull=False))
     try:
         return await asyncio.shield(future)
@@ -354,8 +306,6 @@ async def _take_shielded(machine_id):
 
 
 def _release_now(machine_id, ids):
-    from tasks_app.services import messages
-
     try:
         messages.messages_release(machine_id=machine_id, message_ids=ids)
     finally:

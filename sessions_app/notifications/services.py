@@ -17,6 +17,7 @@ from datetime import datetime
 
 from django.db import IntegrityError, transaction
 
+from config import clock
 from config.errors import ApplicationError
 from config.broadcast import broadcast
 from sessions_app.notifications.models import (
@@ -147,8 +148,6 @@ def vapid_key(*, now: datetime | None = None) -> VapidKey:
         return row
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
-
-    from config import clock
 
     private = ec.generate_private_key(ec.SECP256R1())
     pem = private.private_bytes(

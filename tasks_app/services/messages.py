@@ -13,6 +13,7 @@ from config.errors import ApplicationError
 from tasks_app.models import Machine, MessageKind, OutboxMessage, Task, TaskState
 from tasks_app.protocol import LONG_POLL_MAX_S
 from tasks_app.services.transitions import TransitionConflict, task_transition
+from tasks_app.wakeups import machine_notify
 
 POLL_SLICE_S = 0.2
 BATCH = 20
@@ -90,33 +91,6 @@ def machines_with_visible_messages(machine_ids) -> set[str]:
             ).values_list("machine_id", flat=True).distinct()
         )
     return found
-
-
-def machine_notify(machine_id) -> None:
-    """Wake the machine's waiting pulls: those of this process directly, those of other
-    processes through the channel layer group ``machine.<id>`` (Redis). Best effort: a
-    layer failure is logged and the long-poll's safety re-check delivers instead (D1);
-    nothing that calls this depends on Redis being up."""
-    from tasks_app import longpoll
-
-    longpoll.wake_local(machine_id)
-    if not longpoll.Waiters._layer_remote():
-        return
-    from asgiref.sync import async_to_sync
-    from channels.layers import get_channel_layer
-
-    try:
-        async_to_sync(get_channel_layer().group_send)(
-            longpoll.machine_group(machine_id), {"type": "machine.wake", "machine_id": str(machine_id)}
-        )
-    except Exception as exc:
-        log.warning("machine wake-up over the channel layer failed (%s); the re-check delivers", exc)
-
-
-def machine_notify_after_commit(machine_id) -> None:
-    """``machine_notify`` once the current transaction commits (D1: the message is
-    visible to the pull it wakes)."""
-    transaction.on_commit(lambda: machine_notify(machine_id), robust=True)
 
 
 def message_ack(*, machine: Machine, message_id, now: datetime) -> None:

@@ -23,6 +23,7 @@ from tasks_app.models import (
 )
 from tasks_app.shapes import task_event
 from tasks_app.signals import task_changed
+from tasks_app.wakeups import machine_notify_after_commit
 
 
 class TransitionConflict(Exception):
@@ -135,8 +136,6 @@ def message_send(task: Task, *, kind: str, now: datetime, **extra) -> OutboxMess
             session_id=str(task.session_id) if task.session_id else None,
             deep_research=task.deep_research,
         )
-    from tasks_app.services.messages import machine_notify_after_commit  # messages imports this module
-
     message = OutboxMessage.objects.create(
         machine_id=task.machine_id, operation=operation, kind=kind, payload=payload, created_at=now, visible_at=now
     )
