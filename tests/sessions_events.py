@@ -10,7 +10,6 @@ from datetime import datetime, timedelta, UTC
 
 import pytest
 from channels.layers import InMemoryChannelLayer, channel_layers
-from django.db import transaction
 
 from sessions_app import services
 from config.broadcast import owner_group
@@ -142,15 +141,3 @@ def make_task(owner, machine, grant, session_id, state="accepted", **extra):
     )
     Operation.objects.create(task=task, created_at=now)
     return task
-
-
-def set_task_state(task, state, capture):
-    """What the task code does in each transition: change the row, then refresh S1."""
-    from tasks_app.models import Task
-
-    with capture(execute=True):
-        with transaction.atomic():
-            Task.objects.filter(pk=task.pk).update(state=state)
-            services.session_refresh_status(session_id=task.session_id, now=datetime.now(UTC))
-
-

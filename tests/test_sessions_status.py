@@ -8,7 +8,37 @@ from django.db import transaction
 from sessions_app import services
 from sessions_app.models import Job, Marker, Session
 from tests.conftest import machine_api, owner_api
-from tests.sessions_events import T0, at, board, board_events, make_task, new_id, set_task_state  # noqa: F401
+from tasks_app.models import Task
+from tasks_app.services.sweeps import expire_leases
+from tests.factories import final_facts, grant_lease, receipt, submit
+from tests.sessions_events import T0, at, board, board_events, make_task, new_id  # noqa: F401
+
+RUNNING = {"pid": 4242, "pgid": 4242, "process_start_time": 1.0}
+
+
+def accept_in_session(board, owner, machine, grant, sid) -> str:
+    """POST /api/tasks/ with ``session`` (A1), committed; returns the task id."""
+    with board.capture(execute=True):
+        answer = submit(owner, machine, grant.path, session=sid)
+    assert answer.status_code == 201, answer.content
+    return answer.json()["id"]
+
+
+def run_under_lease(board, machine, task_id) -> str:
+    """The worker's lease grant and ``running`` receipt, through the machine API; returns
+    the lease id."""
+    with board.capture(execute=True):
+        lease = grant_lease(machine, task_id)
+    assert lease.status_code == 201, lease.content
+    with board.capture(execute=True):
+        assert receipt(machine, task_id, "running", RUNNING).status_code == 200
+    return lease.json()["lease_id"]
+
+
+def final_receipt(board, machine, task_id, lease_id, **facts) -> None:
+    with board.capture(execute=True):
+        answer = receipt(machine, task_id, "final", final_facts(lease_id=lease_id, **facts))
+    assert answer.status_code == 200, answer.content
 
 
 # --- the sequences of issue 7 -----------------------------------------------------------
@@ -132,13 +162,15 @@ def test_s5_stop_with_held_job_cancels_it_and_goes_idle(board, board_events, own
 def test_s5_stop_leaves_session_busy_while_leased_task_still_runs(board, board_events, owner, machine, grant):
     sid = new_id()
     board.marker(sid, "t", "running")
-    task = make_task(owner, machine, grant, sid, state="running")
+    task_id = accept_in_session(board, owner, machine, grant, sid)
+    lease_id = run_under_lease(board, machine, task_id)
     answer = board.stop(sid)
     assert answer["tasks_cancelled"] == 1
-    task.refresh_from_db()
+    task = Task.objects.get(pk=task_id)
     assert task.state == "running" and task.cancel_requested_at is not None  # J7: waits for the facts
     assert board_events.statuses(owner, sid) == ["busy"]
-    set_task_state(task, "cancelled", board.capture)
+    final_receipt(board, machine, task_id, lease_id, exit_code=None, signal=15, stop_reason="cancel")
+    assert Task.objects.get(pk=task_id).state == "cancelled"
     assert board_events.statuses(owner, sid) == ["busy", "idle"]
 
 
@@ -214,17 +246,43 @@ def test_s6_active_settles_a_lapsed_marker_even_before_the_sweep(board, board_ev
     assert board.sweep(T0 + timedelta(days=1)) == 0  # already settled, published once
 
 
-def test_s1_task_keeps_session_busy_and_unknown_does_not(board, board_events, owner, machine, grant):
+def test_s1_task_accept_makes_session_busy_final_receipt_idle(board, board_events, owner, machine, grant):
+    """S1 through the real paths: acceptance (POST /api/tasks/ with a session) makes the
+    session busy; lease grant and ``running`` keep it busy; the final receipt makes it
+    idle. Each change is published once, after commit (S2)."""
     sid = new_id()
-    board.client.post("/api/sessions/", {"id": sid, "title": "t"}, format="json")
-    task = make_task(owner, machine, grant, sid, state="accepted")
-    set_task_state(task, "accepted", board.capture)
+    task_id = accept_in_session(board, owner, machine, grant, sid)
+    assert Session.objects.get(pk=sid).status == "busy"
     assert board_events.statuses(owner, sid) == ["busy"]
-    for state in ("delivered", "starting", "running"):
-        set_task_state(task, state, board.capture)
+    lease_id = run_under_lease(board, machine, task_id)
+    assert Task.objects.get(pk=task_id).state == "running"
     assert board_events.statuses(owner, sid) == ["busy"]
-    set_task_state(task, "unknown", board.capture)
+    final_receipt(board, machine, task_id, lease_id)
+    assert Task.objects.get(pk=task_id).state == "succeeded"
+    assert Session.objects.get(pk=sid).status == "idle"
     assert board_events.statuses(owner, sid) == ["busy", "idle"]
+
+
+def test_s1_unknown_task_does_not_keep_its_session_busy(board, board_events, owner, machine, grant, at, settings):
+    sid = new_id()
+    task_id = accept_in_session(board, owner, machine, grant, sid)
+    run_under_lease(board, machine, task_id)
+    at(settings.RUNSTEAD_LEASE_DURATION_S + 1)
+    with board.capture(execute=True):
+        assert expire_leases(now=T0 + timedelta(seconds=settings.RUNSTEAD_LEASE_DURATION_S + 1)) == 1
+    assert Task.objects.get(pk=task_id).state == "unknown"
+    assert board_events.statuses(owner, sid) == ["busy", "idle"]
+
+
+def test_s1_accept_with_another_owners_session_is_refused_and_publishes_nothing(
+    board, board_events, owner, other_owner, machine, grant
+):
+    theirs = Session.objects.create(owner=other_owner, title="theirs", status_since=T0, created_at=T0)
+    with board.capture(execute=True):
+        answer = submit(owner, machine, grant.path, session=str(theirs.id))
+    assert (answer.status_code, answer.json()["error"]) == (404, "not_found")
+    assert not Task.objects.filter(owner=owner).exists()
+    assert board_events.of(owner) == [] and board_events.of(other_owner) == []
 
 
 def test_s2_refresh_without_change_publishes_nothing(board, board_events, owner, at):
