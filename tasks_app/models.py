@@ -168,6 +168,16 @@ class Task(models.Model):
     survivors = models.JSONField(default=list, blank=True)
     output_tail = models.TextField(blank=True)
     facts = models.JSONField(null=True, blank=True)
+    # G2/G3/G5: what the agent itself reported, and what changed in the repository.
+    agent_session_id = models.CharField(max_length=200, blank=True)
+    agent_result = models.JSONField(null=True, blank=True)  # {is_error, subtype, summary}
+    usage = models.JSONField(null=True, blank=True)  # {turns, tool_calls, input_tokens, output_tokens, cost_usd}
+    evidence = models.JSONField(default=dict, blank=True)  # {"git": {...}} or {}
+    # G4: the latest live progress {seq, at, last_message, output_tail, usage}; never history.
+    progress = models.JSONField(null=True, blank=True)
+    progress_seq = models.PositiveBigIntegerField(default=0)
+    # G6: the final task whose agent session this one continues.
+    continued_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     version = models.PositiveBigIntegerField(default=1)
 
     class Meta:

@@ -32,7 +32,11 @@ def judge(facts: dict, *, leased: bool) -> Verdict:
     exit_code = facts.get("exit_code")
     signal = facts.get("signal")
     if not leased or started is False:
-        return Verdict(TaskState.NOT_STARTED, RELEASE, 1, "never leased" if not leased else "process not started")
+        refused = facts.get("refused_reason")
+        reason = "never leased" if not leased else "process not started"
+        if refused:
+            reason = f"refused by the worker: {refused}"  # W4, G1, G6
+        return Verdict(TaskState.NOT_STARTED, RELEASE, 1, reason)
     if started is not True or (exit_code is None and signal is None):
         return Verdict(None, KEEP, 2, "process start or exit status unknown")
     if stop == "cancel":

@@ -1,0 +1,175 @@
+"""Real agent CLIs' path end to end (SPEC G1-G6): a real daphne, a real worker
+subprocess, and fake CLIs on the worker's PATH: ``claude`` is scripts/fake_claude.py
+(Claude Code's stream-json, a tool call that commits in the repository), steered by its
+environment. Board events are read from a real ``/ws/board/`` socket.
+"""
+import json
+import os
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from websockets.sync.client import connect
+
+from tests.live import live_daphne  # noqa: F401  (fixture)
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+FAKE_CLAUDE = BASE_DIR / "scripts" / "fake_claude.py"
+
+
+class BoardListener(threading.Thread):
+    """Collects the owner's board events (token header auth, as a terminal client)."""
+
+    def __init__(self, url: str, token: str):
+        super().__init__(daemon=True)
+        self.url = url.replace("http://", "ws://") + "/ws/board/"
+        self.token = token
+        self.events: list[dict] = []
+        self.connected = threading.Event()
+        self.closing = threading.Event()
+
+    def run(self):
+        with connect(self.url, additional_headers={"Authorization": f"Token {self.token}"}) as ws:
+            self.connected.set()
+            while not self.closing.is_set():
+                try:
+                    self.events.append({**json.loads(ws.recv(timeout=0.2)), "_seen": time.monotonic()})
+                except TimeoutError:
+                    continue
+
+    def stop(self):
+        self.closing.set()
+        self.join(5)
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@e", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def agents(live_daphne, make_owner, tmp_path):  # noqa: F811
+    """A paired worker whose config has preset profiles and whose PATH has a fake
+    ``claude`` (and no ``gemini``)."""
+    setup = LiveSetup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path)
+    git(setup.repo, "init", "-q")
+    (setup.repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    git(setup.repo, "add", "calc.py")
+    git(setup.repo, "commit", "-qm", "start")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "claude").symlink_to(FAKE_CLAUDE)
+    setup.record = tmp_path / "claude-argv.jsonl"
+    common = f'FAKE_CLAUDE_RECORD = "{setup.record}", FAKE_CLAUDE_PAUSE_S = "0.2"'
+    setup.config.write_text(
+        f'allowed_roots = ["{setup.root}"]\n'
+        '[profiles.claude]\npreset = "claude"\n'
+        f'env = {{ {common} }}\n'
+        '[profiles.claude-slow]\npreset = "claude"\n'
+        f'env = {{ {common.replace("0.2", "0.6")}, FAKE_CLAUDE_TURNS = "6", FAKE_CLAUDE_COMMIT = "0" }}\n'
+        '[profiles.claude-error]\npreset = "claude"\n'
+        f'env = {{ {common}, FAKE_CLAUDE_RESULT = "api_error" }}\n'
+        '[profiles.gemini]\npreset = "gemini"\n'
+        f'[profiles.aider]\npreset = "aider"\nbinary = "{FAKE_CLAUDE}"\n'
+    )
+    setup.start_worker(env={"PATH": f"{bindir}:{os.environ['PATH']}"})
+    yield setup
+    setup.close()
+
+
+def test_g3_success_carries_usage_session_and_git_evidence(agents):
+    start_head = git(agents.repo, "rev-parse", "HEAD")
+    task_id = agents.submit("claude", prompt="fix the failing test")
+    task = agents.wait_final(task_id, timeout=40)
+    assert task["state"] == "succeeded", task
+    assert task["agent_result"] == {"is_error": False, "subtype": "success",
+                                    "summary": "Done: 'fix the failing test' is handled; I committed my notes."}
+    usage = task["usage"]
+    assert (usage["turns"], usage["tool_calls"]) == (3, 2)
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0 and usage["cost_usd"] > 0
+    assert uuid.UUID(task["agent_session_id"])
+    evidence = task["evidence"]["git"]
+    assert evidence["start_head"] == start_head and evidence["end_head"] == git(agents.repo, "rev-parse", "HEAD")
+    assert evidence["commits"] == 2 and len(evidence["subjects"]) == 2
+    assert (evidence["files_changed"], evidence["dirty"]) == (1, [])
+    assert task["progress"] is not None  # the last progress stays on the task
+
+
+def test_g3_exit_zero_with_is_error_is_failed(agents):
+    task = agents.wait_final(agents.submit("claude-error"), timeout=30)
+    assert (task["state"], task["exit_code"]) == ("failed", 0)
+    assert task["state_reason"] == "agent reported api_error"
+    assert task["agent_result"]["is_error"] is True
+
+
+def test_g1_missing_binary_is_a_refused_start_agent_not_found(agents):
+    task = agents.wait_final(agents.submit("gemini"), timeout=20)
+    assert task["state"] == "not_started"
+    final = next(r for r in task["receipts"] if r["kind"] == "final")
+    assert final["facts"]["process_started"] is False
+    assert final["facts"]["refused_reason"] == "agent_not_found"
+    assert "gemini" in task["output_tail"] and "not found" in task["output_tail"]
+    assert "agent_not_found" in task["state_reason"]
+
+
+def test_g4_live_progress_reaches_the_board_while_running(agents):
+    board = BoardListener(agents.url, agents.owner.auth_token.key)
+    board.start()
+    assert board.connected.wait(10)
+    try:
+        task_id = agents.submit("claude-slow", prompt="watch me")
+        task = agents.wait_final(task_id, timeout=40)
+        time.sleep(0.3)
+    finally:
+        board.stop()
+    assert task["state"] == "succeeded"
+    progress = [e for e in board.events if e.get("type") == "task.progress" and e["task_id"] == task_id]
+    final_at = next(e["_seen"] for e in board.events if e.get("type") == "task" and e["task"]["id"] == task_id
+                    and e["task"]["state"] == "succeeded")
+    during = [e for e in progress if e["_seen"] < final_at]
+    assert len(during) >= 3, progress
+    seqs = [e["progress"]["seq"] for e in during]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    turns = [e["progress"]["usage"]["turns"] for e in during]
+    assert turns == sorted(turns) and turns[-1] > turns[0]  # turns rise while it works
+    assert any("Turn" in (e["progress"]["last_message"] or "") for e in during)
+    versions = [e["version"] for e in during]
+    assert versions == sorted(versions)
+    # G4: at most once a second (the worker's pace; arrival is local, jitter is ms)
+    gaps = [b["_seen"] - a["_seen"] for a, b in zip(during, during[1:])]
+    assert min(gaps) >= 0.9, gaps
+
+
+def test_g6_follow_up_passes_the_session_id_to_resume(agents):
+    first = agents.wait_final(agents.submit("claude", prompt="first"), timeout=40)
+    assert first["state"] == "succeeded"
+    session = first["agent_session_id"]
+    resp = agents.api.post("/api/tasks/", json={"machine": agents.machine_id, "folder": str(agents.repo),
+                                                "agent": "claude", "prompt": "and the docs",
+                                                "continue_task": first["id"]},
+                           headers={"Idempotency-Key": str(uuid.uuid4())})
+    assert resp.status_code == 201, resp.text
+    second = agents.wait_final(resp.json()["id"], timeout=40)
+    assert second["state"] == "succeeded"
+    assert second["agent_session_id"] == session
+    argv = json.loads(agents.record.read_text().splitlines()[-1])["argv"]
+    assert argv[argv.index("--resume") + 1] == session
+    assert argv[-2:] == ["--", "and the docs"]
+
+
+def test_g6_profile_that_cannot_resume_refuses_resume_unsupported(agents):
+    first = agents.wait_final(agents.submit("claude", prompt="first"), timeout=40)
+    resp = agents.api.post("/api/tasks/", json={"machine": agents.machine_id, "folder": str(agents.repo),
+                                                "agent": "aider", "prompt": "go on", "continue_task": first["id"]},
+                           headers={"Idempotency-Key": str(uuid.uuid4())})
+    assert resp.status_code == 201, resp.text
+    task = agents.wait_final(resp.json()["id"], timeout=20)
+    assert task["state"] == "not_started"
+    final = next(r for r in task["receipts"] if r["kind"] == "final")
+    assert final["facts"]["refused_reason"] == "resume_unsupported"
