@@ -4,6 +4,7 @@ from django.views.generic import RedirectView
 
 from config.schema import SchemaView
 from sessions_app.notifications import pwa
+from tasks_app import pages
 
 urlpatterns = [
     path("admin", RedirectView.as_view(url="/admin/")),
@@ -15,5 +16,8 @@ urlpatterns = [
     path("api/", include("sessions_app.notifications.urls")),
     path("sw.js", pwa.service_worker, name="service-worker"),
     path("manifest.webmanifest", pwa.manifest, name="manifest"),
+    path("tasks/<uuid:task_id>/", pages.task_page, name="task-page"),
+    path("tasks/<uuid:task_id>/data/", pages.task_page_data, name="task-page-data"),
+    path("tasks/<uuid:task_id>/decide/", pages.task_decide_page, name="task-decide"),
     path("", include("sessions_app.urls")),
 ]

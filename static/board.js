@@ -188,9 +188,25 @@
         if (started) task = Object.assign({}, task, { started_at: started });
       }
       applyRow(board.tasks, task, ev.version);
+    } else if (ev.type === "task.progress" && ev.task_id) {
+      // G4: live progress of a running task; older than what is shown -> ignored.
+      var current = board.tasks.get(ev.task_id);
+      if (!current) { scheduleHydrate(); return; }
+      if (!isNewer(current, ev.version)) return;
+      board.tasks.set(ev.task_id, touch(Object.assign({}, current, { progress: ev.progress, version: ev.version })));
     } else if (ev.type === "machine" && ev.machine) {
       applyRow(board.machines, ev.machine, ev.version);
     }
+  }
+
+  /** "3 turns · 2 tool calls · $0.0123" from a usage object (G3, G4). */
+  function usageText(u) {
+    if (!u) return "";
+    var parts = [];
+    if (u.turns !== null && u.turns !== undefined) parts.push(u.turns + " turn" + (u.turns === 1 ? "" : "s"));
+    if (u.tool_calls !== null && u.tool_calls !== undefined) parts.push(u.tool_calls + " tool call" + (u.tool_calls === 1 ? "" : "s"));
+    if (u.cost_usd !== null && u.cost_usd !== undefined) parts.push("$" + Number(u.cost_usd).toFixed(u.cost_usd < 1 ? 4 : 2));
+    return parts.join(" · ");
   }
 
   function applyRow(map, row, version) {
@@ -448,14 +464,14 @@
     var li = el("li", { className: "row task", "data-task-id": t.id, "data-state": t.state },
       el("div", { className: "line" },
         el("span", { className: "badge state-" + t.state, text: t.state.replace(/_/g, " ") }),
-        el("strong", { text: t.agent || "" }),
+        el("a", { className: "task-link", href: "/tasks/" + encodeURIComponent(t.id) + "/" }, el("strong", { text: t.agent || "" })),
         el("span", { className: "muted" }, "on " + machineName(machineId)),
         t.created_at ? el("span", { className: "muted" }, timeEl(t.created_at, fmtTime(t.created_at))) : null),
       el("div", { className: "mono wrap folder", text: t.folder || "" }));
     if (t.prompt) li.appendChild(el("div", { className: "prompt wrap", text: t.prompt.length > 240 ? t.prompt.slice(0, 240) + "…" : t.prompt }));
     if (t.state === "unknown") {
       li.appendChild(el("div", { className: "line" },
-        el("a", { className: "decide", href: "/admin/tasks_app/task/" + encodeURIComponent(t.id) + "/change/", text: "needs your decision" }),
+        el("a", { className: "decide", href: "/tasks/" + encodeURIComponent(t.id) + "/", text: "needs your decision" }),
         el("span", { className: "muted", text: "outcome unknown: the service will not guess" })));
     }
     var facts = taskFacts(t);
@@ -472,7 +488,12 @@
           (m.last_heard_at ? "since " : ""), m.last_heard_at ? timeEl(m.last_heard_at, fmtTime(m.last_heard_at)) : "(never heard from)"));
       }
     }
-    var tail = (t.output_tail || "").replace(/\s+$/, "");
+    var usage = (t.progress && LEASED[t.state] ? t.progress.usage : null) || t.usage;
+    var lastMessage = t.progress && t.progress.last_message;
+    if (usage) li.appendChild(el("div", { className: "facts usage", text: usageText(usage) }));
+    if (lastMessage && (LEASED[t.state] || !t.agent_result)) li.appendChild(el("div", { className: "last-message wrap", text: lastMessage.length > 300 ? lastMessage.slice(0, 300) + "…" : lastMessage }));
+    if (t.agent_result && t.agent_result.summary) li.appendChild(el("div", { className: "last-message wrap", text: (t.agent_result.is_error ? "agent error: " : "") + t.agent_result.summary.slice(0, 300) }));
+    var tail = ((t.progress && LEASED[t.state] && t.progress.output_tail) || t.output_tail || "").replace(/\s+$/, "");
     if (tail) li.appendChild(el("pre", { className: "tail", text: tail.split("\n").slice(-OUTPUT_LINES).join("\n") }));
     return li;
   }

@@ -112,8 +112,8 @@ def test_g1_missing_binary_is_a_refused_start_agent_not_found(agents):
     task = agents.wait_final(agents.submit("gemini"), timeout=20)
     assert task["state"] == "not_started"
     final = next(r for r in task["receipts"] if r["kind"] == "final")
-    assert final["facts"]["process_started"] is False
-    assert final["facts"]["refused_reason"] == "agent_not_found"
+    assert final["body"]["facts"]["process_started"] is False
+    assert final["body"]["facts"]["refused_reason"] == "agent_not_found"
     assert "gemini" in task["output_tail"] and "not found" in task["output_tail"]
     assert "agent_not_found" in task["state_reason"]
 
@@ -172,4 +172,4 @@ def test_g6_profile_that_cannot_resume_refuses_resume_unsupported(agents):
     task = agents.wait_final(resp.json()["id"], timeout=20)
     assert task["state"] == "not_started"
     final = next(r for r in task["receipts"] if r["kind"] == "final")
-    assert final["facts"]["refused_reason"] == "resume_unsupported"
+    assert final["body"]["facts"]["refused_reason"] == "resume_unsupported"

@@ -209,7 +209,7 @@ def test_b6_phone_viewport_has_no_horizontal_scroll_in_dark_scheme(live_daphne, 
     widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
     assert widths[0] <= widths[1], widths
     href = page.get_attribute("#decisions a.decide", "href")
-    assert href.endswith(f"/admin/tasks_app/task/{Task.objects.get().id}/change/")
+    assert href.endswith(f"/tasks/{Task.objects.get().id}/")  # B9: decisions on the task page
     background = page.evaluate("getComputedStyle(document.body).backgroundColor")
     assert background == "rgb(17, 20, 24)"  # the dark scheme's --bg
 

@@ -5,6 +5,7 @@ from rest_framework import serializers
 
 from config.pagination import PageQuery
 from config.strict import QueryFloatField, StrictQuerySerializer, StrictSerializer
+from tasks_app.agent_facts import FactsError, clean_agent_facts
 from tasks_app.models import TaskState
 from tasks_app.protocol import DEFAULT_MAX_RUNTIME_S, LONG_POLL_MAX_S
 from tasks_app.services.acceptance import folder_problem
@@ -33,6 +34,7 @@ class TaskCreateSerializer(StrictSerializer):
     deep_research = serializers.BooleanField(default=False)
     max_runtime_s = serializers.IntegerField(default=DEFAULT_MAX_RUNTIME_S, min_value=1, max_value=7 * 86400)
     exclusive = serializers.BooleanField(default=True)
+    continue_task = serializers.UUIDField(required=False)  # G6
 
     def validate_prompt(self, value):
         if "\x00" in value:
@@ -175,3 +177,7 @@ def _validate_final_facts(facts: dict) -> None:
         raise serializers.ValidationError({"facts": ["survivors must be a list of objects with a pid"]})
     if facts.get("output_tail") is not None and not isinstance(facts["output_tail"], str):
         raise serializers.ValidationError({"facts": ["output_tail must be a string"]})
+    try:
+        clean_agent_facts(facts)  # G1-G5 keys
+    except FactsError as exc:
+        raise serializers.ValidationError({"facts": [str(exc)]})

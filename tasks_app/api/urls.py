@@ -1,6 +1,7 @@
 from django.urls import path
 
 from tasks_app.api import profiles as p
+from tasks_app.api import progress as g
 from tasks_app.api import views as v
 
 urlpatterns = [
@@ -21,4 +22,5 @@ urlpatterns = [
     path("worker/leases/<uuid:lease_id>/renew/", v.WorkerLeaseRenew.as_view()),
     path("worker/receipts/", v.WorkerReceipts.as_view()),
     path("worker/profiles/", p.WorkerProfiles.as_view()),
+    path("worker/progress/", g.WorkerProgress.as_view()),
 ]

@@ -13,6 +13,7 @@ from rest_framework.renderers import JSONRenderer
 
 from config.errors import ApplicationError
 from tasks_app.models import (
+    FINAL_STATES,
     Budget,
     Grant,
     IdempotencyRecord,
@@ -146,6 +147,20 @@ def _claim_key(*, owner_id, key, digest, now) -> int | None:
     return row[0] if row else None
 
 
+def _continued_task(*, owner, machine, task_id) -> Task | None:
+    """G6: the task a follow-up continues: a final task of the same owner and machine whose
+    facts carry an agent session id. Anything else (another owner's task included) is the
+    same 400 ``continue_invalid``, so ids leak nothing."""
+    if task_id is None:
+        return None
+    task = Task.objects.filter(pk=task_id, owner=owner, machine=machine, state__in=FINAL_STATES).exclude(
+        agent_session_id="").first()
+    if task is None:
+        raise ApplicationError("continue_invalid", "continue_task must be a final task of yours on this machine "
+                               "whose agent reported a session id")
+    return task
+
+
 def _create_task(*, owner, data, now) -> Task:
     folder = normalize_folder(data["folder"])
     machine_id = data["machine"]
@@ -154,6 +169,8 @@ def _create_task(*, owner, data, now) -> Task:
     if not machines:
         raise ApplicationError("machine_forbidden", "no such machine among yours", status_code=403)
     machine = machines[0]
+    # A6: a bad follow-up is a bad body (400), checked once the machine is known to be the owner's.
+    continued_from = _continued_task(owner=owner, machine=machine, task_id=data.get("continue_task"))
     grants = for_key_share(Grant.objects.filter(machine_id=machine.pk, revoked_at__isnull=True).order_by("pk"))
     covering = [g for g in grants if path_within(folder, g.path)]
     if not covering:
@@ -200,6 +217,7 @@ def _create_task(*, owner, data, now) -> Task:
         exclusive=data["exclusive"],
         holds_lock=data["exclusive"],
         reserved_s=reserve,
+        continued_from=continued_from,
         created_at=now,
         updated_at=now,
     )

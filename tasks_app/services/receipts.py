@@ -8,6 +8,7 @@ from datetime import datetime
 from django.db import transaction
 from rest_framework.renderers import JSONRenderer
 
+from tasks_app.agent_facts import clean_agent_facts
 from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Lease, Machine, Receipt, Task, TaskState
 from tasks_app.services.judging import RELEASE, judge
 from tasks_app.services.locking import lock_budget, retry_on_deadlock
@@ -109,6 +110,13 @@ def _apply_running(task: Task, facts: dict, *, actor: str, now: datetime) -> dic
     return APPLIED
 
 
+def _agent_fields(facts: dict) -> dict:
+    """G3/G5 facts as task fields (validated at the API; bounded here)."""
+    agent = clean_agent_facts(facts)
+    return {"agent_result": agent["agent_result"], "usage": agent["usage"],
+            "agent_session_id": agent["agent_session_id"] or "", "evidence": agent["evidence"]}
+
+
 def _apply_final(task: Task, facts: dict, *, actor: str, now: datetime, via: str) -> dict:
     """J6 via ``judge``; J2/J3 follow from the facts themselves (ended_within_lease)."""
     leased = Lease.objects.filter(task=task).exists()
@@ -122,6 +130,7 @@ def _apply_final(task: Task, facts: dict, *, actor: str, now: datetime, via: str
         "survivors": survivors,
         "output_tail": (facts.get("output_tail") or task.output_tail or "")[-OUTPUT_TAIL_MAX_CHARS:],
         "facts": facts,
+        **_agent_fields(facts),
     }
     Lease.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, end_reason="final")
     if verdict.state is None:  # J6 row 2: stays (or becomes) unknown, budget kept

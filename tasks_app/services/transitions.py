@@ -136,6 +136,8 @@ def message_send(task: Task, *, kind: str, now: datetime, **extra) -> OutboxMess
             session_id=str(task.session_id) if task.session_id else None,
             deep_research=task.deep_research,
         )
+        if task.continued_from_id:  # G6: the agent session this follow-up continues
+            payload["agent_session_id"] = task.continued_from.agent_session_id
     message = OutboxMessage.objects.create(
         machine_id=task.machine_id, operation=operation, kind=kind, payload=payload, created_at=now, visible_at=now
     )
