@@ -16,6 +16,53 @@ class SurvivorOut(serializers.Serializer):
     cmdline = serializers.CharField(required=False, help_text="at most 200 characters")
 
 
+class AgentResultOut(serializers.Serializer):
+    """G3: the agent's own verdict."""
+
+    is_error = serializers.BooleanField()
+    subtype = serializers.CharField()
+    summary = serializers.CharField(help_text="at most 4 KiB")
+
+
+class UsageOut(serializers.Serializer):
+    """G3: what the agent reported using; each null where the CLI does not say."""
+
+    turns = serializers.IntegerField(allow_null=True)
+    tool_calls = serializers.IntegerField(allow_null=True)
+    input_tokens = serializers.IntegerField(allow_null=True, help_text="every input token read, cached or not")
+    output_tokens = serializers.IntegerField(allow_null=True)
+    cost_usd = serializers.FloatField(allow_null=True)
+
+
+class ProgressOut(serializers.Serializer):
+    """G4: the latest live progress of a running task."""
+
+    seq = serializers.IntegerField()
+    at = serializers.DateTimeField()
+    last_message = serializers.CharField(allow_null=True)
+    output_tail = serializers.CharField()
+    usage = UsageOut(allow_null=True)
+
+
+class GitEvidenceOut(serializers.Serializer):
+    """G5: what changed in the folder's git work tree since the task started."""
+
+    start_head = serializers.CharField(allow_null=True)
+    end_head = serializers.CharField(allow_null=True)
+    commits = serializers.IntegerField(allow_null=True)
+    subjects = serializers.ListField(child=serializers.CharField(), help_text="up to 20, newest first")
+    files_changed = serializers.IntegerField(allow_null=True)
+    insertions = serializers.IntegerField(allow_null=True)
+    deletions = serializers.IntegerField(allow_null=True)
+    dirty = serializers.ListField(child=serializers.CharField(), help_text="up to 50 paths")
+    dirty_count = serializers.IntegerField(allow_null=True)
+    start_dirty = serializers.IntegerField(allow_null=True)
+
+
+class EvidenceOut(serializers.Serializer):
+    git = GitEvidenceOut(required=False)
+
+
 class TaskOut(serializers.Serializer):
     """A task as ``GET /api/tasks/`` lists it and ``task`` board events carry it (H, B1)."""
 
@@ -45,6 +92,12 @@ class TaskOut(serializers.Serializer):
     survivors = SurvivorOut(many=True)
     output_tail = serializers.CharField()
     holds_lock = serializers.BooleanField(help_text="whether it holds its folder lock (A8)")
+    agent_session_id = serializers.CharField(allow_null=True, help_text="the agent's own session id (G2, G6)")
+    agent_result = AgentResultOut(allow_null=True)
+    usage = UsageOut(allow_null=True)
+    progress = ProgressOut(allow_null=True)
+    evidence = EvidenceOut()
+    continue_task = serializers.UUIDField(allow_null=True, help_text="the task this follow-up continues (G6)")
     version = serializers.IntegerField()
 
 

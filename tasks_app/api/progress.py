@@ -1,12 +1,13 @@
 """``POST /api/worker/progress/`` (SPEC G4, H): a machine's live progress of a running task."""
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 
 from config import clock
+from config.schema import errors
 from config.strict import NoQuery, valid_body, valid_query
 from tasks_app.agent_facts import FactsError, clean_usage
-from tasks_app.api.serializers import StrictSerializer
+from config.strict import StrictSerializer
 from tasks_app.api.views import MachineView
 from tasks_app.auth import request_machine
 from tasks_app.services.progress import progress_apply
@@ -30,15 +31,16 @@ class ProgressSerializer(StrictSerializer):
             raise serializers.ValidationError(str(exc))
 
 
-_ANSWER = inline_serializer("ProgressAnswer", {"outcome": serializers.CharField(), "reason": serializers.CharField(
-    required=False)})
+class ProgressAnswerOut(serializers.Serializer):
+    outcome = serializers.ChoiceField(["applied", "not_applied"])
+    reason = serializers.ChoiceField(["stale_seq", "final"], required=False)
 
 
 class WorkerProgress(MachineView):
     """G4: the latest progress is kept on the task and pushed as ``task.progress``; a seq
     not above the last, or a final task, answers ``not_applied``."""
 
-    @extend_schema(request=ProgressSerializer, responses={200: _ANSWER})
+    @extend_schema(request=ProgressSerializer, responses={200: ProgressAnswerOut, **errors()})
     def post(self, request):
         valid_query(NoQuery, request)
         data = valid_body(ProgressSerializer, request)

@@ -15,11 +15,10 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models import F
 
-from config.broadcast import broadcast
+from sessions_app.broadcast import broadcast
 from config.errors import ApplicationError
 from tasks_app.models import FINAL_STATES, Machine, Operation, Task
 from tasks_app.services.leases import OUTPUT_TAIL_MAX
-from tasks_app.shapes import iso
 
 LAST_MESSAGE_MAX_BYTES = 4096
 
@@ -47,7 +46,7 @@ def progress_apply(*, machine: Machine, operation_id, seq: int, output_tail: str
     task = operation.task
     progress = {
         "seq": seq,
-        "at": iso(now),
+        "at": now.isoformat(),
         "last_message": _cap_bytes(last_message, LAST_MESSAGE_MAX_BYTES) if last_message else None,
         "output_tail": (output_tail or "")[-OUTPUT_TAIL_MAX:],
         "usage": usage,
