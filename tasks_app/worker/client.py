@@ -24,6 +24,7 @@ from tasks_app.protocol import LONG_POLL_MAX_S
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
 REQUEST_TIMEOUT_S = 10.0
+PROGRESS_TIMEOUT_S = 5.0  # G4: a stuck progress call gives up; the next replaces it
 POLL_SLACK_S = 10.0  # a long-poll's HTTP timeout is its wait plus this
 MAX_POLL_WAIT_S = float(LONG_POLL_MAX_S)  # the service's long-poll maximum (H)
 
@@ -117,6 +118,9 @@ class Service(Protocol):
     def lease_renew(self, lease_id: str, *, output_tail: str, timeout_s: float) -> Answer:
         """``POST /api/worker/leases/{id}/renew/`` -> lease terms, 409 refusal (L2, L5, L10)."""
 
+    def progress(self, body: dict) -> Answer:
+        """G4: ``POST /api/worker/progress/`` (best effort, never retried)."""
+
     def send(self, method: str, path: str, body: dict) -> Answer:
         """One durable outbox row: a receipt (``POST /api/worker/receipts/``, R1-R3), a
         session marker (``PUT /api/sessions/{id}/marker/``, M8) or a device sweep (M5)."""
@@ -147,6 +151,9 @@ class HttpService:
     def lease_renew(self, lease_id: str, *, output_tail: str, timeout_s: float) -> Answer:
         return self.client.request("POST", f"/api/worker/leases/{lease_id}/renew/", {"output_tail": output_tail},
                                    timeout_s=timeout_s)
+
+    def progress(self, body: dict) -> Answer:
+        return self.client.request("POST", "/api/worker/progress/", body, timeout_s=PROGRESS_TIMEOUT_S)
 
     def send(self, method: str, path: str, body: dict) -> Answer:
         return self.client.request(method, path, body)

@@ -207,8 +207,21 @@ def inside(path: str, root: str) -> bool:
         return False
 
 
-def check_start(config: WorkerConfig, payload: dict) -> tuple[Profile, str] | str:
-    """W4: the profile and the real folder for a ``start`` payload, or a refusal reason.
+class Refusal(str):
+    """A refusal's text; ``code`` is its H ``refused_reason`` (None where H has none)."""
+
+    code: str | None = None
+
+    def __new__(cls, text: str, code: str | None = None):
+        self = super().__new__(cls, text)
+        self.code = code
+        return self
+
+
+def check_start(config: WorkerConfig, payload: dict) -> tuple[Profile, str] | Refusal:
+    """W4: the profile and the real folder for a ``start`` payload, or a ``Refusal``
+    (text, with ``code`` ``profile_unknown``, ``folder_outside_roots`` or
+    ``folder_outside_grant`` where one applies).
 
     The folder must be absolute, an existing directory, and its realpath must lie inside
     one of the locally allowed roots AND inside the realpath of the message's grant root
@@ -216,21 +229,21 @@ def check_start(config: WorkerConfig, payload: dict) -> tuple[Profile, str] | st
     """
     profile = config.profiles.get(payload.get("agent"))
     if profile is None:
-        return f"unknown agent profile {payload.get('agent')!r} (not in the worker's config)"
+        return Refusal(f"unknown agent profile {payload.get('agent')!r} (not in the worker's config)", "profile_unknown")
     folder = payload.get("folder")
     grant_root = payload.get("grant_root")
     if not isinstance(folder, str) or not os.path.isabs(folder):
-        return "folder is not an absolute path"
+        return Refusal("folder is not an absolute path")
     if not isinstance(grant_root, str) or not os.path.isabs(grant_root):
-        return "grant root is not an absolute path"
+        return Refusal("grant root is not an absolute path")
     prompt = payload.get("prompt")
     if not isinstance(prompt, str) or "\x00" in prompt:
-        return "prompt is not a string without NUL"
+        return Refusal("prompt is not a string without NUL")
     real = os.path.realpath(folder)
     if not any(inside(real, root) for root in config.allowed_roots):
-        return f"folder {real} is outside the worker's allowed roots"
+        return Refusal(f"folder {real} is outside the worker's allowed roots", "folder_outside_roots")
     if not inside(real, os.path.realpath(grant_root)):
-        return f"folder {real} is outside the grant root {grant_root}"
+        return Refusal(f"folder {real} is outside the grant root {grant_root}", "folder_outside_grant")
     if not os.path.isdir(real):
-        return f"folder {real} is not a directory"
+        return Refusal(f"folder {real} is not a directory")
     return profile, real

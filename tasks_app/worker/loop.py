@@ -8,6 +8,8 @@ Module map (each part gets one ``WorkerContext``, ``context.py``):
   (L4, L8), final facts (J1);
 - ``renewer.py``  one renewal thread per running agent (L3, L5, L10);
 - ``sender.py``   the durable outbox, backoff capped at 60 s, same event id (R3, R4);
+- ``progress.py`` live progress, at most once a second, on its own thread (G4, W8);
+- ``observe.py``  the agent's stream parsed (G2) and git evidence (G5);
 - ``recovery.py`` what a previous worker left (X3, X4);
 - ``wire.py``     the shapes of receipts, markers, sweeps and final facts;
 - ``client.py``   the ``Service`` the parts talk to (HTTP; ``testing.py`` has one in memory).
@@ -29,6 +31,7 @@ from .clock import SYSTEM_CLOCK, Clock, boot_id
 from .config import WorkerConfig
 from .context import WorkerContext
 from .poller import POLL_WAIT_S, Poller
+from .progress import ProgressSender
 from .recovery import recover
 from .renewer import Renewer
 from .runner import Runner
@@ -77,8 +80,10 @@ class Worker:
         )
         self.backoff = backoff or Backoff(options.backoff_base_s, options.backoff_cap_s)
         self.renewer = Renewer(self.ctx)
+        self.progress = ProgressSender(self._post_progress)
+        self._progress_service = None
         self.runner = Runner(self.ctx, backoff=self.backoff, renewer=self.renewer, idle_guard=idle_guard,
-                             hooks_for=hooks_for)
+                             hooks_for=hooks_for, progress=self.progress)
         self.sender = Sender(self.ctx, backoff=self.backoff)
         self.poller = Poller(self.ctx, start_run=self.runner.start, backoff=self.backoff,
                              wait_s=options.poll_wait_s)
@@ -101,6 +106,15 @@ class Worker:
     @property
     def config(self) -> WorkerConfig:
         return self.ctx.config
+
+    def _post_progress(self, body: dict) -> None:
+        """G4, on the progress thread only: its own service connection, so a slow or
+        failing progress call holds up nothing else (W8). Best effort, never retried."""
+        if self._progress_service is None:
+            self._progress_service = self.ctx.connect()
+        answer = self._progress_service.progress(body)
+        if answer.kind == "revoked":
+            self.ctx.on_revoked()
 
     def recover(self) -> None:
         """X3, X4: settle what a previous worker left (``recovery.recover``)."""
@@ -130,6 +144,7 @@ class Worker:
         ctx.enqueue([sweep_item(ctx.identity)])  # M5: close markers a previous run left running
         ctx.enqueue([profiles_item(ctx.config)])  # B10: the board's task form offers these profiles
         self.sender.start()
+        self.progress.start()
         self.recover()
         for record in ctx.store.in_states("received"):
             self.runner.start(record["operation_id"], json.loads(record["payload"]))
@@ -148,6 +163,7 @@ class Worker:
         finally:
             ctx.exiting.set()  # the sender stops (in-process tests run several workers in turn)
             ctx.outbox_wake.set()
+            self.progress.stop()
 
     def wait_for_work_to_end(self) -> None:
         ctx, clock = self.ctx, self.clock

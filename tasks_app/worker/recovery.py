@@ -22,6 +22,7 @@ import os
 
 from . import process
 from .context import WorkerContext
+from .observe import recovered_extras
 from .lease import Deadline, LeaseTerms, SentAt, record_slept_s
 from .wire import final_facts, marker_item, receipt_item
 
@@ -40,6 +41,19 @@ def recover(ctx: WorkerContext) -> None:
             recover_one(ctx, record)
         except Exception:
             log.exception("operation %s: recovery failed", record["operation_id"])
+
+
+def _agent_extras(ctx: WorkerContext, payload: dict, op_dir: str) -> dict:
+    """The agent facts of an operation a previous worker ran: its output file re-parsed
+    with the profile's parser, git evidence from the recorded start (observe.py)."""
+    profile = ctx.config.profiles.get(payload.get("agent"))
+    folder = payload.get("folder")
+    try:
+        return recovered_extras(parser=profile.parser if profile else "text", op_dir=op_dir,
+                                folder=os.path.realpath(folder) if isinstance(folder, str) else None)
+    except Exception:
+        log.exception("agent facts of %s could not be recovered", op_dir)
+        return {}
 
 
 def recover_one(ctx: WorkerContext, record: dict) -> None:
@@ -98,6 +112,8 @@ def recover_one(ctx: WorkerContext, record: dict) -> None:
         else:
             facts = final_facts(process_started=True, lease_id=record["lease_id"], stop_reason="worker_restart",
                                 survivors=survivors, output_tail=process.output_tail(op_dir))
+    if facts.get("process_started") is not False:
+        facts = {**_agent_extras(ctx, payload, op_dir), **facts}  # G2-G5 from what it left
     items.append(receipt_item(ctx.identity, operation_id=operation_id, kind="final", facts=facts, slept=slept))
     if record["turn_id"] and payload.get("session_id"):
         items.append(marker_item(ctx.identity, session_id=str(payload["session_id"]), turn_id=record["turn_id"],

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import threading
 import uuid
@@ -34,6 +33,8 @@ from collections.abc import Callable
 from . import faults, process
 from .client import Backoff
 from .config import check_start
+from .observe import AgentObserver
+from .presets import ResumeUnsupported
 from .context import WorkerContext
 from .lease import KILL, OK, TERM, Deadline, LeaseTerms, SentAt, slept_s
 from .renewer import Renewer
@@ -115,6 +116,9 @@ class Run:
     turn_id: str | None = None
     hooks: RunHooks = field(default_factory=RunHooks)
     follower: OutputFollower | None = None
+    observer: AgentObserver | None = None  # G2-G5: parser, output follower, git evidence
+    progress_sent: dict | None = None  # G4: the last progress offered (offers go only on change)
+    progress_offset: int = 0  # output bytes seen at the last offer (none yet: no progress)
     known: dict = field(default_factory=dict)
     finished: threading.Event = field(default_factory=threading.Event)
     wake: threading.Event = field(default_factory=threading.Event)
@@ -138,8 +142,9 @@ class Runner:
     def __init__(self, ctx: WorkerContext, *, backoff: Backoff, renewer: Renewer | None = None,
                  hooks_for: Callable[[Run], RunHooks] | None = None, watch_interval_s: float = WATCH_INTERVAL_S,
                  snapshot_every_s: float = DESCENDANT_SNAPSHOT_S, slot_poll_s: float = SLOT_POLL_S,
-                 lease_retry_cap_s: float = LEASE_RETRY_CAP_S, idle_guard=None):
+                 lease_retry_cap_s: float = LEASE_RETRY_CAP_S, idle_guard=None, progress=None):
         self.ctx = ctx
+        self.progress = progress  # a progress.ProgressSender (G4), or None
         self.backoff = backoff
         self.renewer = renewer or Renewer(ctx)
         self.hooks_for = hooks_for or (lambda run: RunHooks())
@@ -179,11 +184,15 @@ class Runner:
 
     # --- before the spawn (W4, W8, L1) -------------------------------------------------------
 
-    def refuse(self, run: Run, reason: str, stop_reason: str = "refused", lease_id: str | None = None) -> None:
-        """A start that never spawned: final receipt with ``process_started: false`` (W4)."""
+    def refuse(self, run: Run, reason: str, stop_reason: str = "refused", lease_id: str | None = None,
+               code: str | None = None) -> None:
+        """A start that never spawned: final receipt with ``process_started: false`` (W4);
+        ``code`` is H's ``refused_reason`` (``agent_not_found``, ``resume_unsupported``, ...)."""
         log.warning("operation %s refused: %s", run.operation_id, reason)
+        code = code or getattr(reason, "code", None)
         facts = final_facts(process_started=False, stop_reason=stop_reason, lease_id=lease_id, runtime_s=0.0,
-                            output_tail=f"refused by the worker: {reason}")
+                            output_tail=f"refused by the worker: {reason}",
+                            extra={"refused_reason": code} if code else None)
         self.ctx.store.mark_ended(run.operation_id, final=facts, wall=self.ctx.clock.wall(), outbox=[
             receipt_item(self.ctx.identity, operation_id=run.operation_id, kind="final", facts=facts, slept=0.0)])
         self.ctx.wake_sender()
@@ -199,11 +208,23 @@ class Runner:
         if isinstance(checked, str):
             return self.refuse(run, checked)
         profile, folder = checked
-        argv = profile.command(prompt=run.payload["prompt"], folder=folder)
         env = process.agent_env(os.environ, profile_env=profile.env, operation_id=run.operation_id,
                                 task_id=str(run.payload.get("task_id", "")), token=ctx.identity.token)
-        if shutil.which(argv[0], path=env.get("PATH")) is None and not os.path.isabs(argv[0]):
-            return self.refuse(run, f"agent executable {argv[0]!r} not found")
+        # G1: the binary is looked up on the agent's PATH when the task starts.
+        binary = profile.find_binary(env.get("PATH"))
+        if binary is None:
+            where = "" if os.sep in profile.executable else " on the worker's PATH"
+            return self.refuse(run, f"agent executable {profile.executable!r} not found{where} "
+                                    f"(profile {profile.name!r}; set binary = \"/abs/path\" in its config)",
+                               code="agent_not_found")
+        try:
+            argv = profile.command(prompt=run.payload["prompt"], folder=folder, binary=binary,
+                                   agent_session_id=run.payload.get("agent_session_id") or None)
+        except ResumeUnsupported:
+            return self.refuse(run, f"profile {profile.name!r} cannot resume an agent session (follow-up refused)",
+                               code="resume_unsupported")
+        run.observer = AgentObserver(parser=profile.parser, op_dir=run.op_dir, folder=folder)
+        run.observer.record_git_start()  # G5, before the lease: a slow git costs no lease time
         # W8: at most max_concurrent agents; a queued start waits here, unleased.
         while not self.slots.acquire(blocking=False):
             if ctx.draining.is_set():
@@ -319,6 +340,7 @@ class Runner:
             if follower is not None:
                 for line in follower.read_lines():
                     run.hooks.on_output(line)
+            self.observe(run)
             if run.proc.poll() is not None:
                 run.exited = SentAt.now(clock)
                 return
@@ -345,6 +367,21 @@ class Runner:
                 self.snapshot(run)
             clock.wait(run.wake, self.watch_interval_s)
             run.wake.clear()
+
+    def observe(self, run: Run) -> None:
+        """G2: feed new output to the parser; G4: offer progress when something changed
+        (the progress sender posts at most once a second from its own thread)."""
+        observer = run.observer
+        if observer is None:
+            return
+        observer.poll()
+        if self.progress is None or observer.offset == run.progress_offset:
+            return
+        run.progress_offset = observer.offset
+        payload = observer.progress(process.output_tail(run.op_dir))
+        if payload != run.progress_sent:
+            run.progress_sent = payload
+            self.progress.offer(run.operation_id, payload)
 
     def snapshot(self, run: Run) -> None:
         changed = False
@@ -378,6 +415,13 @@ class Runner:
         if run.follower is not None:
             for line in run.follower.rest():
                 run.hooks.on_output(line)
+        extra = dict(run.hooks.facts_extra())
+        if run.observer is not None:
+            if self.progress is not None:
+                self.progress.forget(run.operation_id)  # the final receipt says it all
+            run.observer.finish()
+            run.observer.record_git_end()
+            extra.update(run.observer.final_extras())
         exit_facts = process.read_json(os.path.join(run.op_dir, "exit.json")) or {}
         # When the agent ended: the launcher's record (more precise than our observation),
         # if its times are comparable with our clock; else when the watch saw it end.
@@ -404,7 +448,7 @@ class Runner:
             process_started=process_started, exit_code=exit_code, signal_=sig, lease_id=run.deadline.terms.lease_id,
             ended_within_lease=within, runtime_s=ended.wall - run.spawned.wall,
             stop_reason=run.stop_reason or "exit", survivors=survivors, output_tail=process.output_tail(run.op_dir),
-            extra=run.hooks.facts_extra(),
+            extra=extra,
         )
         outbox = [receipt_item(ctx.identity, operation_id=run.operation_id, kind="final", facts=facts,
                                slept=slept_s(run.granted, clock))]

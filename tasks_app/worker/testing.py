@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from .client import MAX_POLL_WAIT_S, Answer
 
-ROUTES = ("pull", "ack", "grant", "renew", "receipt", "marker", "sweep", "profiles")
+ROUTES = ("pull", "ack", "grant", "renew", "receipt", "marker", "sweep", "profiles", "progress")
 MARKER_PATH = re.compile(r"^/api/sessions/(?P<session>[^/]+)/marker/$")
 SWEEP_PATH = re.compile(r"^/api/devices/(?P<device>[^/]+)/sweep/$")
 RECEIPT_KEYS = {"event_id", "generation", "operation_id", "kind", "slept_s", "facts"}
@@ -101,6 +101,9 @@ class InMemoryService:
         self.pull_gate = threading.Event()  # cleared by hold_pulls(): pulls block (real time)
         self.pull_gate.set()
         self.pulls_in_flight = 0
+        self.progress_posts: list[tuple[float, dict]] = []  # G4: (monotonic, body)
+        self.progress_gate = threading.Event()  # cleared: progress calls block (a slow service)
+        self.progress_gate.set()
 
     # --- the service's side, driven by the test -----------------------------------------------
 
@@ -307,6 +310,18 @@ class InMemoryService:
             lease.renewals.append((self.clock.monotonic(), output_tail))
             self._record("renew", 200, lease_id=lease_id)
             return answer(200, self._body(lease))
+
+    def progress(self, body: dict) -> Answer:
+        """G4: recorded in ``self.progress_posts``; while ``progress_gate`` is cleared
+        every progress call blocks (a slow service), without holding the lock."""
+        self.progress_gate.wait()
+        canned = self._canned("progress", body=body)
+        if canned is not None:
+            return canned
+        with self._lock:
+            self.progress_posts.append((self.clock.monotonic(), body))
+            self._record("progress", 200, body=body)
+        return answer(200, {"outcome": "applied"})
 
     def send(self, method: str, path: str, body: dict) -> Answer:
         if method == "POST" and path == "/api/worker/receipts/":
