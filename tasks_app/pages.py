@@ -19,16 +19,12 @@ from config import clock
 from config.errors import ApplicationError
 from tasks_app.models import Task
 from tasks_app.services.decisions import DECISIONS, task_ask_again, task_decide
-from tasks_app.api.serializers import serialize_task as task_dict
+from tasks_app.shapes import iso, task_dict
 from tasks_app.worker.git_evidence import describe
 
 # L9: a receipt whose slept_s is at least this is shown as "paused by sleep".
 SLEEP_SHOWN_S = 5.0
 PAGE_RECEIPTS = 50
-
-
-def iso(value) -> str | None:
-    return value.isoformat() if value is not None else None
 
 
 def timeline(task: Task) -> list[dict]:

@@ -142,7 +142,22 @@ def task_dict(task) -> dict:
         "survivors": task.survivors,
         "output_tail": task.output_tail,
         "holds_lock": task.holds_lock,
+        **agent_dict(task),
         "version": task.version,
+    }
+
+
+def agent_dict(task) -> dict:
+    """The G2-G6 part of the task shape (H "Task JSON"): ``agent_session_id``,
+    ``agent_result``, ``usage``, ``progress`` (G4, the latest), ``evidence`` (G5) and
+    ``continue_task`` (G6, the task this follow-up continues)."""
+    return {
+        "agent_session_id": task.agent_session_id or None,
+        "agent_result": task.agent_result,
+        "usage": task.usage,
+        "progress": task.progress,
+        "evidence": task.evidence or {},
+        "continue_task": str(task.continued_from_id) if task.continued_from_id else None,
     }
 
 

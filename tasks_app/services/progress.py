@@ -15,10 +15,10 @@ from datetime import datetime
 from django.db import transaction
 from django.db.models import F
 
-from sessions_app.broadcast import broadcast
+from config.broadcast import broadcast
 from config.errors import ApplicationError
 from tasks_app.models import FINAL_STATES, Machine, Operation, Task
-from tasks_app.services.leases import OUTPUT_TAIL_MAX
+from tasks_app.protocol import OUTPUT_TAIL_MAX_CHARS as OUTPUT_TAIL_MAX
 
 LAST_MESSAGE_MAX_BYTES = 4096
 
