@@ -8,7 +8,11 @@ each, a text block and a tool call, like a busy agent):
 2. a live agent: a child process writes ``--rate`` events per second for ``--seconds``
    into an output file while an ``AgentObserver`` polls it 5 times a second (as the
    worker's watch loop does); prints this process's CPU use (user + system) as a
-   percentage of one core over the run.
+   percentage of one core over the run;
+3. the whole worker: an in-process ``Worker`` (all its threads: poller, runner with
+   the watch loop and parser, renewer, progress sender, outbox sender) against
+   ``InMemoryService`` runs a profile (``parser = "claude"``) whose agent prints the same
+   stream on stdout; CPU of this process only (the agent is a child, not counted).
 
 Usage: ``.venv/bin/python scripts/measure_parser_cpu.py [--rate 2000] [--seconds 10]``
 """
@@ -94,6 +98,46 @@ def live(rate: float, seconds: float) -> dict:
             "cpu_percent_of_one_core": 100 * used / wall, "turns_parsed": facts["usage"]["turns"]}
 
 
+def whole_worker(rate: float, seconds: float) -> dict:
+    import tomllib
+    import uuid
+
+    from tasks_app.worker.clock import SYSTEM_CLOCK
+    from tasks_app.worker.config import parse_config
+    from tasks_app.worker.loop import Worker, WorkerOptions
+    from tasks_app.worker.store import StateDir, Store
+    from tasks_app.worker.testing import InMemoryService
+
+    writer = WRITER.replace('with open(path, "ab", buffering=0) as f:', 'with open(1, "wb", buffering=0, closefd=False) as f:')
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp, "root")
+        root.mkdir()
+        state = StateDir(str(Path(tmp, "state")))
+        state.ensure()
+        state.write_identity(machine_id=str(uuid.uuid4()), generation=1, name="bench", server="memory://", token="t")
+        config = parse_config(tomllib.loads(
+            f'allowed_roots = ["{root}"]\n[profiles.fast]\nparser = "claude"\n'
+            f"argv = {json.dumps([sys.executable, '-c', writer, str(rate), str(seconds), '-'])}\n"))
+        service = InMemoryService(SYSTEM_CLOCK, duration_s=60, renew_every_s=15, margin_s=5, kill_grace_s=5)
+        worker = Worker(state=state, store=Store(state.db_path), identity=state.read_identity(), config=config,
+                        options=WorkerOptions(server="memory://", poll_wait_s=0.5), clock=SYSTEM_CLOCK,
+                        connect=lambda: service)
+        import threading
+
+        thread = threading.Thread(target=worker.run, daemon=True)
+        start_cpu, start_wall = cpu(), time.monotonic()
+        thread.start()
+        start = service.add_start(folder=str(root), grant_root=str(root), agent="fast")
+        while service.receipt(start.operation_id, "final") is None:
+            time.sleep(0.05)
+        used, wall = cpu() - start_cpu, time.monotonic() - start_wall
+        worker.on_signal()
+        thread.join(10)
+        final = service.receipt(start.operation_id, "final")["facts"]
+        return {"wall_s": wall, "cpu_s": used, "cpu_percent_of_one_core": 100 * used / wall,
+                "turns": final["usage"]["turns"], "progress_posts": len(service.progress_posts)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate", type=float, default=2000, help="events per second written by the fake agent")
@@ -106,6 +150,9 @@ def main() -> None:
     print(f"live: {result['events']} events ({result['mb']:.1f} MB) in {result['wall_s']:.1f} s; "
           f"observer CPU {result['cpu_s']:.2f} s = {result['cpu_percent_of_one_core']:.1f}% of one core; "
           f"turns parsed {result['turns_parsed']}")
+    result = whole_worker(args.rate, args.seconds)
+    print(f"whole worker: {result['turns']} events parsed in {result['wall_s']:.1f} s; worker CPU {result['cpu_s']:.2f} s "
+          f"= {result['cpu_percent_of_one_core']:.1f}% of one core; {result['progress_posts']} progress posts")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from tasks_app.models import (
 from tasks_app.services.decisions import task_ask_again, task_clear_survivor_lock, task_decide
 from tasks_app.services.pairing import pairing_code_create
 from tasks_app.services.revocation import grant_revoke, machine_unpair
+from tasks_app.worker.git_evidence import describe
 
 
 def _actor(request) -> str:
@@ -83,7 +84,12 @@ class TaskAdmin(OwnerScopedAdmin):
         "ask_again",
         "clear_survivor_lock",
     ]
-    readonly_fields = [f.name for f in Task._meta.fields]
+    readonly_fields = ["git_evidence", *[f.name for f in Task._meta.fields]]
+
+    @admin.display(description="git evidence (G5)")
+    def git_evidence(self, obj):
+        """U4: "2 commits, 5 files changed since the task started (+10 -3)"."""
+        return describe((obj.evidence or {}).get("git"))
 
     def get_ordering(self, request):
         # Unknown tasks first (U3). The changelist takes its ordering from here, not from

@@ -215,3 +215,12 @@ def test_l8_clear_survivor_lock_action(owner, machine, grant, grant_root, pinned
     task = Task.objects.get(pk=task_id)
     assert (task.state, task.holds_lock) == ("cancelled", False)
     assert TaskEvent.objects.filter(task=task).last().actor == "owner:alice"
+
+
+def test_u4_g5_change_page_shows_git_evidence_in_words(owner, machine, grant, grant_root, pinned, admin_client_for):
+    task_id = unknown_task(owner, machine, grant_root, pinned, slept_s=0.0)
+    git = {"start_head": "a" * 40, "end_head": "b" * 40, "commits": 2, "subjects": ["one", "two"], "files_changed": 5,
+           "insertions": 7, "deletions": 1, "dirty": [], "dirty_count": 0, "start_dirty": 0}
+    Task.objects.filter(pk=task_id).update(evidence={"git": git})
+    html = admin_client_for(owner).get(f"{CHANGELIST}{task_id}/change/").content.decode()
+    assert "2 commits, 5 files changed since the task started (+7 -1)" in html

@@ -415,13 +415,14 @@ class Runner:
         if run.follower is not None:
             for line in run.follower.rest():
                 run.hooks.on_output(line)
-        extra = dict(run.hooks.facts_extra())
+        extra = {}
         if run.observer is not None:
             if self.progress is not None:
                 self.progress.forget(run.operation_id)  # the final receipt says it all
             run.observer.finish()
             run.observer.record_git_end()
             extra.update(run.observer.final_extras())
+        extra.update(run.hooks.facts_extra())  # an extension's own facts win over the observer's
         exit_facts = process.read_json(os.path.join(run.op_dir, "exit.json")) or {}
         # When the agent ended: the launcher's record (more precise than our observation),
         # if its times are comparable with our clock; else when the watch saw it end.
