@@ -364,13 +364,12 @@ async def test_d1_pull_whose_client_disconnects_during_its_take_releases_the_mes
 
     monkeypatch.setattr(messages, "messages_take", take_then_client_gone)
     pull = asyncio.create_task(longpoll.long_poll(scope, receive, send))
-    registry = None
+    registry = longpoll.waiters()  # this loop's registry, the one the pull registers in
     for _ in range(200):
-        registry = longpoll._registries.get(asyncio.get_running_loop())
-        if registry and str(machine.pk) in registry.by_machine:
+        if str(machine.pk) in registry.by_machine:
             break
         await asyncio.sleep(0.02)
-    assert registry and str(machine.pk) in registry.by_machine, "the pull never waited"
+    assert str(machine.pk) in registry.by_machine, "the pull never waited"
     await hidden.aupdate(acked_at=None)
     registry.wake(str(machine.pk))
     await asyncio.wait_for(pull, 5)
