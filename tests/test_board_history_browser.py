@@ -129,3 +129,101 @@ def test_b6_history_in_the_dark_on_a_phone_and_on_a_desktop(live_daphne, new_pag
     expect(desktop.locator("#history-list > li")).to_have_count(7)
     panel_shot(desktop, "history-desktop.png")
     shot(desktop, "board-with-history-desktop.png")
+
+
+def finished_with_agent_session(url, owner, machine, grant, session_id):
+    """A task in ``session_id`` that ran and ended ``succeeded`` with the agent's own session
+    id in its final facts (G2), driven through daphne's worker API. Not exclusive, so its
+    follow-ups (which keep its settings) may run side by side in the folder."""
+    import httpx
+
+    task_id = None
+    with api(url, owner) as client:
+        assert client.post("/api/sessions/", json={"id": session_id, "title": "Fix login", "agent": "claude",
+                                                   "cwd": grant.path + "/webapp"}).status_code == 201
+        response = client.post("/api/tasks/", headers={"Idempotency-Key": str(uuid.uuid4())}, json={
+            "machine": str(machine.id), "folder": grant.path, "agent": "claude", "prompt": "fix the login bug",
+            "session": session_id, "max_runtime_s": 600, "exclusive": False})
+        assert response.status_code == 201, response.text
+        task_id = response.json()["id"]
+    from tests.factories import final_facts, operation_id
+
+    operation = operation_id(task_id)
+    with httpx.Client(base_url=url, headers={"Authorization": f"Machine {machine.test_token}"}, timeout=10) as worker:
+        assert worker.post("/api/worker/leases/", json={"operation_id": operation}).status_code == 201
+
+        def send(kind, facts):
+            body = {"event_id": str(uuid.uuid4()), "generation": machine.generation, "operation_id": operation,
+                    "kind": kind, "slept_s": 0.0, "facts": facts}
+            answer = worker.post("/api/worker/receipts/", json=body)
+            assert answer.json() == {"outcome": "applied"}, answer.text
+
+        send("running", {"pid": 7, "pgid": 7, "process_start_time": 1.0})
+        send("final", final_facts(agent_session_id="claude-session-1"))
+    return task_id
+
+
+def test_b12_follow_up_from_a_final_task_creates_one_task_per_form(live_daphne, new_page, owner, machine, grant):
+    from playwright.sync_api import expect
+
+    from tasks_app.models import Task
+
+    url = live_daphne()
+    session_id = str(uuid.uuid4())
+    first = finished_with_agent_session(url, owner, machine, grant, session_id)
+    plain = submit(url, owner, machine, grant, "no agent session here")  # accepted: no reply box
+    page = new_page(url, owner, **PHONE)
+    page.goto(url + "/")
+    wait_live(page)
+    row = page.locator(f"#history-list > li[data-history-task-id='{first}']")
+    expect(row).to_have_attribute("data-state", "succeeded")
+    expect(page.locator(f"#history-list > li[data-history-task-id='{plain}'] details.follow-up")).to_have_count(0)
+    expect(row.locator(".session-of")).to_have_text("session: Fix login · Claude Code · webapp")  # title, agent, folder
+    expect(page.locator(f"#history-filters select[name=session] option[value='{session_id}']")).to_have_text(
+        "Fix login · Claude Code · webapp")
+    box = row.locator("details.follow-up")
+    box.locator("summary").focus()
+    page.keyboard.press("Enter")  # keyboard opens the box
+    expect(box.locator("textarea")).to_be_visible()
+    box.locator("textarea").fill("now add a test for it")
+    assert_phone_layout(page)
+    box.locator("button[type=submit]").dblclick()
+    expect(box.locator("[role=status]")).to_have_text("Follow-up accepted.")
+    follow_ups = Task.objects.filter(continued_from_id=first)
+    assert follow_ups.count() == 1
+    follow_up = follow_ups.get()
+    assert (follow_up.machine_id, follow_up.folder, follow_up.agent, str(follow_up.session_id), follow_up.prompt) == (
+        machine.id, grant.path, "claude", session_id, "now add a test for it")
+    # The new task is on top of the history, marked as a follow-up.
+    expect(page.locator("#history-list > li").first).to_have_attribute("data-history-task-id", str(follow_up.id))
+    expect(page.locator("#history-status")).to_have_text("3 tasks shown, all of them")
+    box.locator("textarea").fill("and update the changelog")
+    box.scroll_into_view_if_needed()
+    panel_shot(page, "followup-phone.png")
+
+    # The service's answer is lost once: the box keeps its key, so sending again replays.
+    lost = []
+
+    def lose_first_answer(route):
+        if route.request.method == "POST" and not lost:
+            lost.append(route.fetch().status)  # the service accepts it...
+            route.abort()  # ...and the page never hears back
+        else:
+            route.continue_()
+
+    page.route("**/api/tasks/", lose_first_answer)
+    box.locator("button[type=submit]").click()
+    expect(box.locator("[role=status]")).to_have_text("Network error; send again (it will not create a second task).")
+    assert lost == [201] and follow_ups.count() == 2
+    box.locator("button[type=submit]").click()
+    expect(box.locator("[role=status]")).to_have_text("Follow-up accepted.")
+    assert follow_ups.count() == 2  # replayed (A2), not a third task
+    assert sorted(follow_ups.values_list("prompt", flat=True)) == ["and update the changelog", "now add a test for it"]
+
+    desktop = new_page(url, owner, viewport={"width": 1280, "height": 900})
+    desktop.goto(url + "/")
+    wait_live(desktop)
+    desk_box = desktop.locator(f"#history-list > li[data-history-task-id='{first}'] details.follow-up")
+    desk_box.locator("summary").click()
+    desk_box.locator("textarea").fill("one more thing")
+    panel_shot(desktop, "followup-desktop.png")
