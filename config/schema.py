@@ -3,6 +3,7 @@ every operation declares, so a client generated from ``/api/schema/`` can read r
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework import serializers
+from rest_framework.renderers import JSONRenderer
 
 
 class ErrorOut(serializers.Serializer):
@@ -42,3 +43,10 @@ def errors(*extra: int) -> dict:
 @extend_schema_view(get=extend_schema(exclude=True))
 class SchemaView(SpectacularAPIView):
     """``GET /api/schema/``: the OpenAPI document, which leaves itself out."""
+
+    def handle_exception(self, exc):
+        """Refusals under ``/api/`` are JSON ``{"error", "detail"}`` (H), not a YAML body in
+        the document's media type."""
+        response = super().handle_exception(exc)
+        self.request.accepted_renderer, self.request.accepted_media_type = JSONRenderer(), "application/json"
+        return response

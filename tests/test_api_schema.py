@@ -144,3 +144,12 @@ def test_h_real_answers_carry_the_declared_fields(schema, owner, machine, grant,
     sid = str(uuid.uuid4())
     session = api.post("/api/sessions/", {"id": sid, "title": "t"}, format="json").json()
     assert set(session) == declared_fields(schema, "/api/sessions/", "post", "201")
+
+
+@pytest.mark.django_db
+def test_h_schema_refusal_is_json_error_shape(client):
+    """POST /api/schema/ (405) answers the JSON error shape, not YAML in the OpenAPI type."""
+    response = client.post("/api/schema/")
+    assert response.status_code == 405
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {"error": "method_not_allowed", "detail": 'Method "POST" not allowed.'}

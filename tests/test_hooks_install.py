@@ -172,8 +172,15 @@ def test_i5_management_command_prints_changes_and_fails_clearly(dirs, capsys):
     call_command("install_hooks", "claude", "--server", "http://s", "--token", "t", "--config-dir", str(config_dir),
                  "--state-dir", str(state_dir))
     out = capsys.readouterr().out
-    assert f"{config_dir / 'settings.json'}: created" in out and "config.json: updated" in out
+    assert f"{config_dir / 'settings.json'}: created" in out and "config.json: created" in out
     (config_dir / "settings.json").write_text("{")
     with pytest.raises(CommandError, match="not valid JSON"):
         call_command("install_hooks", "claude", "--server", "http://s", "--config-dir", str(config_dir),
                      "--state-dir", str(state_dir))
+
+
+def test_i5_install_refuses_a_server_that_is_not_an_http_url(tmp_path):
+    with pytest.raises(CommandError, match="http"):
+        call_command("install_hooks", "claude", "--server", "notaurl", "--token", "t",
+                     "--config-dir", str(tmp_path / "cli"), "--state-dir", str(tmp_path / "state"))
+    assert not (tmp_path / "cli").exists() and not (tmp_path / "state").exists()

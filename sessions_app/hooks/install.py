@@ -276,7 +276,8 @@ def install(agent: str, *, server: str, token: str | None = None, config_dir: Pa
             raise InstallError("no owner token: pass --token (it is kept in the hook state directory, mode 0600)")
         if existing != {"server": server, "token": token}:
             path = store.write_config(state_dir, server=server, token=token)
-            report.changes.append(Change(path, "updated", "server URL and owner token, mode 0600"))
+            action = "updated" if existing else "created"
+            report.changes.append(Change(path, action, "server URL and owner token, mode 0600"))
         else:
             report.changes.append(Change(state_dir / store.CONFIG_NAME, "unchanged"))
     for path, old, new, detail in plans:

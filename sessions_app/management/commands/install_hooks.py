@@ -1,6 +1,7 @@
 """``python manage.py install_hooks AGENT --server URL [--token T] [--config-dir DIR]
 [--state-dir DIR] [--uninstall]`` (SPEC I5). The work is in ``sessions_app.hooks.install``."""
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -22,8 +23,10 @@ class Command(BaseCommand):
         parser.add_argument("--uninstall", action="store_true", help="remove only RunStead's entries")
 
     def handle(self, *args, **options):
-        if not options["uninstall"] and not options["server"]:
-            raise CommandError("--server is required")
+        if not options["uninstall"]:
+            server = urlsplit(options["server"] or "")
+            if server.scheme not in ("http", "https") or not server.netloc:
+                raise CommandError("--server needs the service's http(s) URL, e.g. --server https://runstead.example.com")
         try:
             report = install(
                 options["agent"], server=options["server"], token=options["token"],

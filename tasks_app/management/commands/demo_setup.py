@@ -16,9 +16,11 @@ from django.core.management.base import BaseCommand
 from rest_framework.authtoken.models import Token
 
 from config import clock
+from tasks_app.auth import token_digest
 from tasks_app.models import Budget, Machine
 from tasks_app.services.pairing import pairing_code_create
 from tasks_app.services.revocation import grant_create
+from tasks_app.worker.store import StateDir
 
 DEMO_USER = "demo"
 DEMO_PASSWORD = "demo"
@@ -65,10 +67,17 @@ class Command(BaseCommand):
             self.stdout.write(code)
             return
         if grant:
-            machines = list(Machine.objects.filter(owner=user, paired=True).order_by("-last_heard_at"))
-            for machine in machines:
+            # The machine this state directory is paired as, if its token is still valid
+            # here (a deleted database leaves a stale token behind: ./run pairs again).
+            identity = StateDir(state_dir).read_identity()
+            machine = None
+            if identity is not None:
+                machine = Machine.objects.filter(
+                    pk=identity.machine_id, owner=user, paired=True, token_hash=token_digest(identity.token)
+                ).first()
+            if machine is not None:  # idempotent: an active grant is returned again
                 grant_create(owner=user, machine_id=machine.id, path=str(demo_dir), now=now)
-            self.stdout.write(json.dumps({"machine": str(machines[0].id) if machines else None}))
+            self.stdout.write(json.dumps({"machine": str(machine.id) if machine else None}))
             return
         self._repo(demo_dir)
         config = Path(state_dir).resolve().with_name("worker-config.toml")

@@ -11,6 +11,8 @@ import httpx
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from tasks_app.protocol import DEFAULT_MAX_RUNTIME_S
+
 
 class Command(BaseCommand):
     help = "Submit a task to a RunStead service (POST /api/tasks/)."
@@ -22,7 +24,7 @@ class Command(BaseCommand):
         parser.add_argument("--machine")
         parser.add_argument("--folder")
         parser.add_argument("--agent", default="demo")
-        parser.add_argument("--max-runtime", type=int, default=600)
+        parser.add_argument("--max-runtime", type=int, default=DEFAULT_MAX_RUNTIME_S, help="seconds")
         parser.add_argument("--key", help="Idempotency-Key (default: a new UUID)")
 
     def handle(self, *args, prompt, server, token, machine, folder, agent, max_runtime, key, **options):
@@ -37,13 +39,22 @@ class Command(BaseCommand):
         if not all([server, token, machine, folder]):
             raise CommandError("need --server, --token, --machine and --folder (or run ./run first)")
         key = key or str(uuid.uuid4())
-        response = httpx.post(
-            f"{server.rstrip('/')}/api/tasks/",
-            json={"machine": machine, "folder": folder, "agent": agent, "prompt": prompt, "max_runtime_s": max_runtime},
-            headers={"Authorization": f"Token {token}", "Idempotency-Key": key},
-            timeout=30,
-        )
+        try:
+            response = httpx.post(
+                f"{server.rstrip('/')}/api/tasks/",
+                json={"machine": machine, "folder": folder, "agent": agent, "prompt": prompt, "max_runtime_s": max_runtime},
+                headers={"Authorization": f"Token {token}", "Idempotency-Key": key},
+                timeout=30,
+            )
+        except httpx.HTTPError as exc:
+            # The same key may be sent again once the service is reachable (A2 replays it).
+            raise CommandError(f"could not reach {server}: {exc} (retry with --key {key})") from None
         self.stdout.write(f"HTTP {response.status_code} (Idempotency-Key {key})")
-        self.stdout.write(json.dumps(response.json(), indent=2))
+        try:
+            body = response.json()
+        except ValueError:
+            body = response.text
+        self.stdout.write(json.dumps(body, indent=2))
         if response.status_code >= 400:
-            raise CommandError("task refused")
+            error = body.get("error") if isinstance(body, dict) else None
+            raise CommandError(f"task refused: {error or response.status_code}")
