@@ -8,13 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tasks_app.worker import service
+from tasks_app.worker import login_service
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
 def test_d4_launch_agent_plist_restarts_the_worker_and_logs_under_library_logs(tmp_path):
-    path = service.install([sys.executable, "manage.py", "worker", "--state-dir", "/Users/a/.runstead"],
+    path = login_service.install([sys.executable, "manage.py", "worker", "--state-dir", "/Users/a/.runstead"],
                            workdir="/opt/runstead", out=lambda _m: None, platform="darwin", home=tmp_path)
     assert path == tmp_path / "Library" / "LaunchAgents" / "dev.runstead.worker.plist"
     plist = plistlib.loads(path.read_bytes())
@@ -27,7 +27,7 @@ def test_d4_launch_agent_plist_restarts_the_worker_and_logs_under_library_logs(t
     assert (tmp_path / "Library" / "Logs" / "RunStead").is_dir()
     assert plist["EnvironmentVariables"]["PATH"] == os.environ["PATH"]
     assert plist["WorkingDirectory"] == "/opt/runstead"
-    service.uninstall(out=lambda _m: None, platform="darwin", home=tmp_path)
+    login_service.uninstall(out=lambda _m: None, platform="darwin", home=tmp_path)
     assert not path.exists()
 
 

@@ -1,7 +1,7 @@
 """``python manage.py worker --server URL [--state-dir DIR] [--config FILE] [--once]`` (SPEC O4).
 
 ``--install-service`` / ``--uninstall-service`` (D4) install or remove this command line
-as a login service (``tasks_app.worker.service``).
+as a login service (``tasks_app.worker.login_service``).
 
 ``--check`` (G1) prints every profile as resolved (argv template, parser, binary found
 on PATH or not, resume support) and exits 1 when one is broken; it needs no pairing.
@@ -95,11 +95,11 @@ class Command(BaseCommand):
         """D4: write and load (or stop and remove) the login service for this command line."""
         from django.conf import settings
 
-        from tasks_app.worker import service
+        from tasks_app.worker import login_service
 
         out = lambda msg: self.stdout.write(msg)  # noqa: E731
         if options["uninstall_service"]:
-            service.uninstall(out=out)
+            login_service.uninstall(out=out)
             return
         if options["once"] or options["check"]:
             raise CommandError("--install-service runs the worker loop: drop --once and --check")
@@ -109,4 +109,4 @@ class Command(BaseCommand):
             argv += ["--server", options["server"]]
         if options["config"]:
             argv += ["--config", os.path.abspath(os.path.expanduser(options["config"]))]
-        service.install(argv, workdir=str(settings.BASE_DIR), out=out)
+        login_service.install(argv, workdir=str(settings.BASE_DIR), out=out)

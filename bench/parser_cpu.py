@@ -14,7 +14,7 @@ each, a text block and a tool call, like a busy agent):
    ``InMemoryService`` runs a profile (``parser = "claude"``) whose agent prints the same
    stream on stdout; CPU of this process only (the agent is a child, not counted).
 
-Usage: ``.venv/bin/python scripts/measure_parser_cpu.py [--rate 2000] [--seconds 10]``
+Usage: ``.venv/bin/python bench/parser_cpu.py [--rate 2000] [--seconds 10]``
 """
 import argparse
 import json
