@@ -42,7 +42,10 @@ def errors(*extra: int) -> dict:
 
 @extend_schema_view(get=extend_schema(exclude=True))
 class SchemaView(SpectacularAPIView):
-    """``GET /api/schema/``: the OpenAPI document, which leaves itself out."""
+    """``GET /api/schema/``: the OpenAPI document, which leaves itself out. Public, and
+    no credential is read: a stale token gets the document, not a 401 (K2 matrix)."""
+
+    authentication_classes = []
 
     def handle_exception(self, exc):
         """Refusals under ``/api/`` are JSON ``{"error", "detail"}`` (H), not a YAML body in

@@ -3,7 +3,7 @@ its own URL, so it is served from the root) and ``/manifest.webmanifest``. Both 
 they hold no data."""
 from django.conf import settings
 from django.http import HttpResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 
 _STATIC = settings.BASE_DIR / "static"
 
@@ -14,11 +14,11 @@ def _file(name: str, content_type: str) -> HttpResponse:
     return response
 
 
-@require_GET
+@require_safe
 def service_worker(request):
     return _file("sw.js", "text/javascript; charset=utf-8")
 
 
-@require_GET
+@require_safe
 def manifest(request):
     return _file("manifest.webmanifest", "application/manifest+json")

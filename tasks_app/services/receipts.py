@@ -40,8 +40,10 @@ def receipt_apply(*, machine: Machine, receipt: dict, now: datetime) -> tuple[in
             return stored.response_status, stored.response_body
         task = Task.objects.filter(machine=machine, operation__id=receipt["operation_id"]).first()
         if task is None:
-            status, answer = 404, {"error": "not_found", "detail": "no such operation for this machine"}
-        elif receipt["generation"] < current.generation:
+            # Not stored: a refusal changes nothing (K3), and the answer is the same
+            # bytes on every delivery anyway (R1).
+            return 404, JSONRenderer().render({"error": "not_found", "detail": "no such operation for this machine"}).decode()
+        if receipt["generation"] < current.generation:
             task_record(task, reason=f"{receipt['kind']} receipt of old generation {receipt['generation']}", actor=actor_machine(machine), now=now)
             status, answer = 200, not_applied("old_generation")  # R2
         else:
