@@ -33,6 +33,11 @@ from config.broadcast import owner_group
 TOKEN_KEYWORD = "Token"
 # Close code of a socket that the service cannot feed because its channel layer is down.
 LAYER_DOWN_CLOSE_CODE = 4503
+# K3: the board takes no client messages. One that arrives closes the socket: 1008 (policy
+# violation), or 1009 (too big) past this many bytes. daphne bounds a frame before that.
+CLIENT_MESSAGE_MAX_BYTES = 4096
+CLIENT_UNEXPECTED_CLOSE_CODE = 1008
+CLIENT_TOO_BIG_CLOSE_CODE = 1009
 
 log = logging.getLogger("runstead.board")
 
@@ -134,8 +139,8 @@ def _feed_leave(consumer, feed: OwnerFeed, layer) -> None:
 
 
 class BoardConsumer(AsyncWebsocketConsumer):
-    """One owner's live board feed. Client messages are ignored. Events come from the
-    owner's ``OwnerFeed`` in this process, not from a channel of its own."""
+    """One owner's live board feed. A client message closes the socket (K3). Events come
+    from the owner's ``OwnerFeed`` in this process, not from a channel of its own."""
 
     feed = None
     opened = False
@@ -186,7 +191,14 @@ class BoardConsumer(AsyncWebsocketConsumer):
             self.feed = None
 
     async def receive(self, text_data=None, bytes_data=None):
-        """The board is one-way; whatever a client sends is dropped."""
+        """The board is one-way (K3: client messages bounded): any message from the client
+        closes the socket, with CLIENT_TOO_BIG_CLOSE_CODE when it is over
+        CLIENT_MESSAGE_MAX_BYTES, else CLIENT_UNEXPECTED_CLOSE_CODE. Nothing is parsed or
+        kept; the page never sends, and it reconnects and hydrates (B4) if it ever did."""
+        size = len(text_data.encode()) if text_data is not None else len(bytes_data or b"")
+        code = CLIENT_TOO_BIG_CLOSE_CODE if size > CLIENT_MESSAGE_MAX_BYTES else CLIENT_UNEXPECTED_CLOSE_CODE
+        log.info("board: closing a socket that sent a %s-byte message", size)
+        await self.close(code=code)
 
 
 def _authorization_header(scope) -> str | None:

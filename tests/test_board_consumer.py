@@ -124,8 +124,18 @@ async def test_k1_bad_token_or_machine_token_is_refused_even_with_a_cookie(owner
         assert not connected, header
 
 
-async def test_b2_client_messages_are_ignored(owner):
+async def test_k3_a_client_message_closes_the_one_way_board(owner):
+    """The board takes nothing from the client: a message closes the socket (1008), an
+    oversized one with 1009, and nothing is echoed or kept."""
     communicator = await browser(owner)
     await communicator.send_to(text_data='{"type": "task", "task": {"id": "x"}, "version": 1}')
-    assert await communicator.receive_nothing(timeout=0.2)
+    assert await communicator.receive_output(timeout=1) == {"type": "websocket.close", "code": 1008}
+    await communicator.disconnect()
+    communicator = await browser(owner)
+    await communicator.send_to(text_data="x" * 5000)
+    assert await communicator.receive_output(timeout=1) == {"type": "websocket.close", "code": 1009}
+    await communicator.disconnect()
+    communicator = await browser(owner)
+    await communicator.send_to(bytes_data=b"\x00" * 10)
+    assert await communicator.receive_output(timeout=1) == {"type": "websocket.close", "code": 1008}
     await communicator.disconnect()
