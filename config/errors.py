@@ -13,13 +13,17 @@ from rest_framework.parsers import JSONParser
 
 
 class ApplicationError(Exception):
-    """A refusal with an error code and an HTTP status; ``extra`` joins the body."""
+    """A refusal with an error code and an HTTP status; ``extra`` joins the body and
+    ``headers`` the response."""
 
     status_code = 400
 
-    def __init__(self, code: str, detail: str = "", status_code: int | None = None, **extra):
+    headers: dict | None = None  # response headers, e.g. Retry-After on a 429
+
+    def __init__(self, code: str, detail: str = "", status_code: int | None = None, headers: dict | None = None, **extra):
         super().__init__(detail or code)
         self.code = code
+        self.headers = headers
         self.detail = detail or code.replace("_", " ")
         if status_code is not None:
             self.status_code = status_code

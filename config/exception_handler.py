@@ -4,6 +4,8 @@ the API is ``{"error": "<code>", "detail": "<human text>"}`` plus optional field
 Kept apart from ``config/errors.py`` because it needs ``rest_framework.views``, which
 imports the authentication classes that import ``config.errors``.
 """
+import math
+
 from django.core.exceptions import RequestDataTooBig
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -20,9 +22,14 @@ def exception_handler(exc, context):
     ``body_too_large`` (413); ``not_found`` (404); otherwise DRF's code, e.g.
     ``not_authenticated`` (401), ``authentication_failed`` (401), ``permission_denied``
     (403), ``method_not_allowed`` (405), ``not_acceptable`` (406),
-    ``unsupported_media_type`` (415), ``throttled`` (429, with ``Retry-After``)."""
+    ``unsupported_media_type`` (415); ``rate_limited`` (429, with ``retry_after_s`` and a
+    ``Retry-After`` header, whole seconds) for a throttle (config/throttling.py)."""
     if isinstance(exc, ApplicationError):
-        return Response(exc.body(), status=exc.status_code)
+        return Response(exc.body(), status=exc.status_code, headers=exc.headers)
+    if isinstance(exc, exceptions.Throttled):
+        wait = max(1, math.ceil(exc.wait or 1))
+        return Response({"error": "rate_limited", "detail": f"too many requests, retry in {wait} s",
+                         "retry_after_s": wait}, status=429, headers={"Retry-After": str(wait)})
     if isinstance(exc, RequestDataTooBig):
         return Response({"error": "body_too_large", "detail": str(exc)}, status=413)
     response = drf_exception_handler(exc, context)

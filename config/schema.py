@@ -16,6 +16,7 @@ class ErrorOut(serializers.Serializer):
     fields = serializers.DictField(required=False, help_text="on invalid: the problems per field")
     task_id = serializers.UUIDField(required=False, help_text="on folder_locked: the task that holds the lock")
     reason = serializers.CharField(required=False, help_text="on a refused lease or renewal: the L5 reason")
+    retry_after_s = serializers.IntegerField(required=False, help_text="on 429: seconds to wait, as in Retry-After")
 
 
 _ERROR_TEXT = {
@@ -28,7 +29,7 @@ _ERROR_TEXT = {
     413: "body too large",
     415: "not JSON",
     422: "idempotency key reused with another body",
-    429: "too many attempts",
+    429: "too many requests (rate_limited, too_many_attempts); Retry-After says when to retry, in seconds",
 }
 
 COMMON_ERRORS = (400, 401, 403, 404, 405, 415)

@@ -195,6 +195,11 @@ RUNSTEAD_SWEEP_INTERVAL_S = env_seconds("RUNSTEAD_SWEEP_INTERVAL_S", 1)
 RUNSTEAD_LONGPOLL_RECHECK_S = env_seconds("RUNSTEAD_LONGPOLL_RECHECK_S", 5)
 RUNSTEAD_MACHINE_OFFLINE_S = env_seconds("RUNSTEAD_MACHINE_OFFLINE_S", 90)
 RUNSTEAD_PAIRING_CODE_TTL_S = env_seconds("RUNSTEAD_PAIRING_CODE_TTL_S", 600)
+# K3 rate limits (config/throttling.py), "N/period" with period s, min, hour or day: task
+# acceptances per owner (a person or a script; a double click is one task anyway, A2) and
+# progress reports per machine (G4: at most one a second per running task, 4 tasks).
+RUNSTEAD_ACCEPT_RATE = env_str("RUNSTEAD_ACCEPT_RATE", "120/min")
+RUNSTEAD_PROGRESS_RATE = env_str("RUNSTEAD_PROGRESS_RATE", "600/min")
 # In-process sweep thread inside each daphne process (see tasks_app/apps.py); "0" turns it off.
 RUNSTEAD_EMBEDDED_SWEEP = env_str("RUNSTEAD_EMBEDDED_SWEEP", "1") != "0"
 # N3: the notification delivery loop inside daphne (off: run `manage.py notify`), its poll interval,

@@ -28,6 +28,17 @@ def _fast_password_hashing(request, settings):
         settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_rate_limits():
+    """Rate limits (config/throttling.py) count in the cache, which outlives a test;
+    owner and machine ids repeat across tests, so each test starts with clean counters."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
+    cache.clear()
+
+
 PINNED_AT = "2026-03-01T00:00:00Z"
 
 

@@ -13,6 +13,7 @@ from config import clock
 from config.schema import errors
 from config.pagination import PageQuery
 from config.strict import EmptyBody, NoQuery, valid_body, valid_query
+from config.throttling import OwnerAcceptRate
 from tasks_app.api import outputs as o
 from tasks_app.api import serializers as s
 from tasks_app.auth import IsMachine, request_machine
@@ -51,6 +52,10 @@ class TaskListCreate(generics.GenericAPIView):
     serializer_class = s.TaskCreateSerializer
     query_serializer_class = s.TaskListQuery
 
+    def get_throttles(self):
+        """Acceptances are rate-limited per owner (K3, ``RUNSTEAD_ACCEPT_RATE``); reads are not."""
+        return [OwnerAcceptRate()] if self.request.method == "POST" else []
+
     @extend_schema(operation_id="tasks_list", parameters=[s.TaskListQuery], responses={200: o.TaskOut(many=True), **errors()})
     def get(self, request):
         """B11: newest first, ties broken by id; filters by state, machine and session, and
@@ -67,7 +72,7 @@ class TaskListCreate(generics.GenericAPIView):
 
     @extend_schema(
         request=s.TaskCreateSerializer,
-        responses={201: o.TaskOut, **errors(409, 413, 422)},
+        responses={201: o.TaskOut, **errors(409, 413, 422, 429)},
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key", str, OpenApiParameter.HEADER, required=True,

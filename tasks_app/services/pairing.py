@@ -50,7 +50,8 @@ def machine_pair(*, code: str, name: str = "", client: str = "", now: datetime) 
     (machine, token). Raises ApplicationError 400 ``pairing_code_invalid`` or 429."""
     recent_failures = PairingAttempt.objects.filter(client=client, at__gte=now - timedelta(minutes=1), ok=False).count()
     if recent_failures >= MAX_FAILED_ATTEMPTS_PER_MINUTE:
-        raise ApplicationError("too_many_attempts", "too many pairing attempts, wait a minute", status_code=429)
+        raise ApplicationError("too_many_attempts", "too many pairing attempts, wait a minute", status_code=429,
+                               headers={"Retry-After": "60"}, retry_after_s=60)
     with transaction.atomic():
         row = (
             PairingCode.objects.select_for_update()
