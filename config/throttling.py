@@ -1,4 +1,5 @@
-"""Rate limits as a brake (K1, K3): DRF throttles keyed by owner or by machine, with their
+"""Rate limits as a brake (K1, K3): DRF throttles (the apps key them by owner or machine,
+e.g. tasks_app/api/throttling.py), with their
 rates read from settings on every request (so tests and operators set them through the
 environment), answering 429 ``{"error": "rate_limited", "detail", "retry_after_s"}`` with
 a ``Retry-After`` header (seconds) through ``config.exception_handler``.
@@ -18,31 +19,3 @@ class SettingsRateThrottle(SimpleRateThrottle):
 
     def get_rate(self):
         return getattr(settings, self.rate_setting)
-
-
-class OwnerAcceptRate(SettingsRateThrottle):
-    """Acceptances (``POST /api/tasks/``) per owner: ``RUNSTEAD_ACCEPT_RATE``."""
-
-    scope = "accept"
-    rate_setting = "RUNSTEAD_ACCEPT_RATE"
-
-    def get_cache_key(self, request, view):
-        return f"runstead:rate:{self.scope}:owner:{request.user.pk}"
-
-
-class MachineRate(SettingsRateThrottle):
-    """Calls of one machine token to an endpoint family (``scope``) per machine."""
-
-    def get_cache_key(self, request, view):
-        from tasks_app.auth import request_machine
-
-        machine = request_machine(request)
-        return f"runstead:rate:{self.scope}:machine:{machine.pk}" if machine else None
-
-
-class MachineProgressRate(MachineRate):
-    """Progress reports (``POST /api/worker/progress/``, G4) per machine:
-    ``RUNSTEAD_PROGRESS_RATE``."""
-
-    scope = "progress"
-    rate_setting = "RUNSTEAD_PROGRESS_RATE"

@@ -13,9 +13,9 @@ from config import clock
 from config.schema import errors
 from config.pagination import PageQuery
 from config.strict import EmptyBody, NoQuery, valid_body, valid_query
-from config.throttling import OwnerAcceptRate
 from tasks_app.api import outputs as o
 from tasks_app.api import serializers as s
+from tasks_app.api.throttling import OwnerAcceptRate
 from tasks_app.auth import IsMachine, request_machine
 from tasks_app.models import Budget, Grant, Machine, Task
 from tasks_app.services import acceptance, cancel, leases, messages, pairing, receipts, revocation
