@@ -156,3 +156,28 @@ def test_k3_body_over_the_limit_is_refused_before_parsing(who, path, owner, mach
     assert table_digest() == before
     small = client.generic("POST", path, b"{", content_type="application/json", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()))
     assert (small.status_code, small.json()["error"]) == (400, "malformed_json")
+
+
+def test_k3_progress_is_rate_limited_per_machine_with_retry_after(owner, machine, grant, make_machine, settings, pinned):
+    from tests.factories import grant_lease, operation_id, receipt
+
+    settings.RUNSTEAD_PROGRESS_RATE = "2/min"
+    task_id = submit(owner, machine, grant.path).json()["id"]
+    grant_lease(machine, task_id)
+    assert receipt(machine, task_id, "running", {"pid": 7}).json() == {"outcome": "applied"}
+    op = operation_id(task_id)
+
+    def progress(who, seq):
+        body = {"operation_id": op, "seq": seq, "output_tail": f"line {seq}", "last_message": None, "usage": None}
+        return machine_api(who).post("/api/worker/progress/", body, format="json")
+
+    assert [progress(machine, seq).status_code for seq in (1, 2)] == [200, 200]
+    before = table_digest()
+    limited = progress(machine, 3)
+    assert limited.status_code == 429 and limited["Retry-After"] == "60"
+    assert limited.json()["error"] == "rate_limited" and limited.json()["retry_after_s"] == 60
+    assert table_digest() == before
+    sibling = make_machine(owner, name="desk")
+    assert progress(sibling, 4).status_code == 404  # counted per machine: the sibling is not braked
+    pinned.shift(61)
+    assert progress(machine, 3).status_code == 200

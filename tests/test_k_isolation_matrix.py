@@ -178,6 +178,10 @@ ROWS = {
     "api/worker/receipts/": Row(MACHINE, bodies={"POST": _receipt},
                                 machine_other={"POST": 404, "OPTIONS": "self"}, sibling={"POST": 404, "OPTIONS": "self"},
                                 self_status={"OPTIONS": 200}),
+    "api/worker/progress/": Row(MACHINE, bodies={"POST": lambda w: {"operation_id": w["op"], "seq": 1, "output_tail": "x",
+                                                                  "last_message": None, "usage": None}},
+                                machine_other={"POST": 404, "OPTIONS": "self"}, sibling={"POST": 404, "OPTIONS": "self"},
+                                self_status={"OPTIONS": 200}),
     "api/worker/profiles/": Row(MACHINE, bodies={"PUT": lambda w: {"profiles": [{"name": "x", "preset": None}]}},
                                 machine_other="self", sibling="self", self_status={"PUT": 200, "OPTIONS": 200}),
     # pairing code (K1): no credential counts; a body without a code is refused before any attempt is counted
@@ -202,6 +206,10 @@ ROWS = {
     "accounts/reset/done/": Row(PUBLIC, public_status={"GET": 200, "HEAD": 200, "OPTIONS": 200}),
     # login required (browser pages); no token logs a browser in
     "": Row(PAGE, methods=("GET",), other="self", self_status={"GET": 200}),
+    "tasks/<uuid:task_id>/": Row(PAGE, kwargs=_task, methods=("GET",)),
+    "tasks/<uuid:task_id>/data/": Row(PAGE, kwargs=_task, methods=("GET",)),
+    "tasks/<uuid:task_id>/decide/": Row(PAGE, kwargs=_task, methods=("POST",),
+                                        bodies={"POST": lambda w: {"decision": "abandoned"}}),
     "accounts/logout/": Row(PAGE, bodies={"POST": lambda w: {}}, other="self", self_status={"POST": 302, "OPTIONS": 200},
                              options_open=True),
     "admin/logout/": Row(PAGE, methods=("POST",), bodies={"POST": lambda w: {}}, other="self", self_status={"POST": 302}),
@@ -475,7 +483,7 @@ def send(w, identity: str, method: str, path: str, body, headers: dict):
         return getattr(client, method.lower())(path, **extra)
     if method == "OPTIONS":
         return client.options(path, **extra)
-    if path.startswith("/accounts/") or path.startswith("/admin/"):
+    if path.startswith(("/accounts/", "/admin/", "/tasks/")):
         return client.generic(method, path, _form(body), content_type="application/x-www-form-urlencoded", **extra)
     return client.generic(method, path, data or "", content_type="application/json", **extra)
 
@@ -522,6 +530,10 @@ def check_cell(w, baseline, route, pattern, row, identity, method) -> str | None
         _, status, code = want
         if response.status_code != status:
             problems.append(f"{label}: {response.status_code} (want {status} {code}) {text[:200]}")
+        elif row.who == PAGE:  # an HTML page's 404: nothing of the victim's object on it
+            leaked = [i for i in victim_ids(w) if i in text and i not in path]
+            if leaked:
+                problems.append(f"{label}: the page names the victim's {leaked}")
         elif method != "HEAD":
             try:
                 payload = response.json()

@@ -8,6 +8,7 @@ from config.schema import errors
 from config.strict import NoQuery, valid_body, valid_query
 from tasks_app.agent_facts import FactsError, clean_usage
 from config.strict import StrictSerializer
+from tasks_app.api.throttling import MachineProgressRate
 from tasks_app.api.views import MachineView
 from tasks_app.auth import request_machine
 from tasks_app.services.progress import progress_apply
@@ -40,7 +41,9 @@ class WorkerProgress(MachineView):
     """G4: the latest progress is kept on the task and pushed as ``task.progress``; a seq
     not above the last, or a final task, answers ``not_applied``."""
 
-    @extend_schema(request=ProgressSerializer, responses={200: ProgressAnswerOut, **errors()})
+    throttle_classes = [MachineProgressRate]  # K3: per machine, RUNSTEAD_PROGRESS_RATE
+
+    @extend_schema(request=ProgressSerializer, responses={200: ProgressAnswerOut, **errors(429)})
     def post(self, request):
         valid_query(NoQuery, request)
         data = valid_body(ProgressSerializer, request)
