@@ -32,7 +32,9 @@ _ERROR_TEXT = {
     429: "too many requests (rate_limited, too_many_attempts); Retry-After says when to retry, in seconds",
 }
 
-COMMON_ERRORS = (400, 401, 403, 404, 405, 415)
+# 413: any request body over DATA_UPLOAD_MAX_MEMORY_SIZE, refused before parsing (K3;
+# found undocumented on POST /api/worker/progress/ by the schemathesis run).
+COMMON_ERRORS = (400, 401, 403, 404, 405, 413, 415)
 
 
 def errors(*extra: int) -> dict:
