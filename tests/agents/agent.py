@@ -10,6 +10,8 @@
   child that calls setsid() and so leaves the group), ``forks`` (keeps forking sleeping
   children, at most ``AGENT_FORKS`` (default 150, <= 200), half of them setsid()).
 - ``AGENT_IGNORE_TERM=1``: the main process ignores SIGTERM.
+- ``AGENT_ENV_DUMP``: a file; the main process writes its whole environment there as JSON
+  (W5: what an agent can see).
 
 It prints a line per second so output tails have something to show. Argument 1 (the
 prompt) is echoed.
@@ -45,6 +47,11 @@ def sleeper(role, seconds=60.0, new_session=False):
 def main():
     note("AGENT_STARTS", f"start {os.getpid()} {time.time()}")
     note("AGENT_PIDS", f"{os.getpid()} main")
+    if os.environ.get("AGENT_ENV_DUMP"):
+        import json
+
+        with open(os.environ["AGENT_ENV_DUMP"], "w") as f:
+            json.dump(dict(os.environ), f)
     print(f"agent started, prompt: {sys.argv[1] if len(sys.argv) > 1 else ''}", flush=True)
     if os.environ.get("AGENT_IGNORE_TERM") == "1":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
