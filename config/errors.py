@@ -43,13 +43,14 @@ class StrictJSONParser(JSONParser):
             raise exceptions.ParseError("JSON nested too deeply")
 
 
-_API_HTML_ERRORS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+_API_HTML_ERRORS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "body_too_large",
+                    500: "server_error"}
 
 
 def api_responses(get_response):
     """Middleware. Under ``/api/`` an error page that Django rendered as HTML (an unknown
-    path, an id that is not a UUID) becomes ``{"error", "detail"}`` JSON (K3), whatever
-    DEBUG is; and a HEAD answer carries headers only (daphne sends what it is given)."""
+    path, an id that is not a UUID, a 500 from an exception) becomes ``{"error", "detail"}``
+    JSON (K3), whatever DEBUG is (a 500's stack trace goes to the log, never to a client); and a HEAD answer carries headers only (daphne sends what it is given)."""
 
     def middleware(request):
         response = get_response(request)
