@@ -41,44 +41,15 @@
   window.runsteadBoard = board;
   board.hydrate = function () { return hydrate(); }; // other panels re-read after their own writes
 
-  // ---------------------------------------------------------------- helpers
-  function $(id) { return document.getElementById(id); }
-
-  function el(tag, attrs) {
-    var node = document.createElement(tag);
-    if (attrs) {
-      Object.keys(attrs).forEach(function (k) {
-        var v = attrs[k];
-        if (v === null || v === undefined || v === false) return;
-        if (k === "text") node.textContent = v;
-        else if (k === "className") node.className = v;
-        else node.setAttribute(k, v === true ? "" : String(v));
-      });
-    }
-    for (var i = 2; i < arguments.length; i++) {
-      var c = arguments[i];
-      if (c === null || c === undefined || c === false) continue;
-      node.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
-    }
-    return node;
-  }
+  // ---------------------------------------------------------------- helpers (common.js)
+  var C = window.RunStead;
+  var $ = C.$, el = C.el, ms = C.ms, fmtDuration = C.fmtDuration, newKey = C.newKey;
 
   function now() { return Date.now() + board.offsetMs; }
 
   function noteServerTime(iso) {
-    var t = iso ? Date.parse(iso) : NaN;
-    if (!isNaN(t)) board.offsetMs = t - Date.now();
-  }
-
-  function ms(iso) { var t = iso ? Date.parse(iso) : NaN; return isNaN(t) ? null : t; }
-
-  function fmtDuration(seconds) {
-    if (seconds === null || seconds === undefined || isNaN(seconds)) return "";
-    var s = Math.max(0, Math.round(seconds));
-    if (s < 60) return s + "s";
-    if (s < 3600) return Math.floor(s / 60) + "m " + (s % 60) + "s";
-    if (s < 86400) return Math.floor(s / 3600) + "h " + Math.floor((s % 3600) / 60) + "m";
-    return Math.floor(s / 86400) + "d " + Math.floor((s % 86400) / 3600) + "h";
+    var t = ms(iso);
+    if (t !== null) board.offsetMs = t - Date.now();
   }
 
   function fmtAge(iso) {
@@ -87,14 +58,7 @@
   }
 
   /** Local wall time in the browser's time zone (B6); the date only when not today. */
-  function fmtTime(iso) {
-    var t = ms(iso);
-    if (t === null) return "";
-    var d = new Date(t);
-    var today = new Date(now());
-    if (d.toDateString() === today.toDateString()) return d.toLocaleTimeString();
-    return d.toLocaleString();
-  }
+  function fmtTime(iso) { return C.fmtTime(iso, now()); }
 
   function timeEl(iso, text) {
     return el("time", { datetime: iso, title: iso ? new Date(ms(iso)).toString() : null, text: text });
@@ -561,14 +525,6 @@
   var form = null;
   var submitting = false;
 
-  /** A fresh idempotency key: 128 random bits, hex (getRandomValues works outside
-   *  secure contexts too, unlike randomUUID). */
-  function newKey() {
-    var bytes = new Uint8Array(16);
-    window.crypto.getRandomValues(bytes);
-    return Array.from(bytes, function (b) { return b.toString(16).padStart(2, "0"); }).join("");
-  }
-
   function renderFormOptions(machines) {
     if (!form) return;
     var select = form.elements.machine;
@@ -608,11 +564,7 @@
     }
   }
 
-  function formStatus(text, isError) {
-    var p = $("form-status");
-    p.textContent = text;
-    p.className = isError ? "error" : "muted";
-  }
+  function formStatus(text, isError) { C.tell($("form-status"), text, isError); }
 
   function submitTask(e) {
     e.preventDefault();
@@ -629,16 +581,7 @@
     var button = form.querySelector("button[type=submit]");
     button.disabled = true;
     formStatus("Sending…", false);
-    fetch("/api/tasks/", {
-      method: "POST",
-      credentials: "same-origin",
-      headers: { "Content-Type": "application/json", Accept: "application/json",
-                 "Idempotency-Key": key, "X-CSRFToken": form.dataset.csrf },
-      body: JSON.stringify(body),
-    })
-      .then(function (r) {
-        return r.json().catch(function () { return {}; }).then(function (data) { return { status: r.status, data: data }; });
-      })
+    C.api("POST", "/api/tasks/", body, { "Idempotency-Key": key })
       .then(function (res) {
         if (res.status >= 200 && res.status < 300) {
           if (res.data && res.data.id) applyRow(board.tasks, res.data, res.data.version);
@@ -655,8 +598,7 @@
           formStatus("This form was already submitted with different content; check the task list, then submit again for a new task.", true);
           return;
         }
-        var fields = d.fields ? " " + JSON.stringify(d.fields) : "";
-        formStatus((d.error || "HTTP " + res.status) + ": " + (d.detail || "") + fields, true);
+        formStatus(C.errorText(res.status, d), true);
       })
       .catch(function () {
         // The service may have accepted it: keep the key so a resubmit replays (A2).

@@ -37,60 +37,12 @@
   };
   window.runsteadHistory = history;
 
-  function $(id) { return document.getElementById(id); }
+  var C = window.RunStead; // common.js
+  var $ = C.$, el = C.el, ms = C.ms, fmtTime = C.fmtTime, fmtDuration = C.fmtDuration, newKey = C.newKey,
+    errorText = C.errorText;
   function board() { return window.runsteadBoard || { machines: new Map(), sessions: new Map(), offsetMs: 0 }; }
 
-  function el(tag, attrs) {
-    var node = document.createElement(tag);
-    Object.keys(attrs || {}).forEach(function (k) {
-      var v = attrs[k];
-      if (v === null || v === undefined || v === false) return;
-      if (k === "text") node.textContent = v;
-      else if (k === "className") node.className = v;
-      else node.setAttribute(k, v === true ? "" : String(v));
-    });
-    for (var i = 2; i < arguments.length; i++) {
-      var c = arguments[i];
-      if (c === null || c === undefined || c === false) continue;
-      node.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
-    }
-    return node;
-  }
-
-  function ms(iso) { var t = iso ? Date.parse(iso) : NaN; return isNaN(t) ? null : t; }
-
-  /** Local wall time in the browser's time zone (B6); the date too when not today. */
-  function fmtTime(iso) {
-    var t = ms(iso);
-    if (t === null) return "";
-    var d = new Date(t);
-    return d.toDateString() === new Date().toDateString() ? d.toLocaleTimeString() : d.toLocaleString();
-  }
-
-  function fmtDuration(seconds) {
-    var s = Math.max(0, Math.round(seconds));
-    if (s < 60) return s + "s";
-    if (s < 3600) return Math.floor(s / 60) + "m " + (s % 60) + "s";
-    return Math.floor(s / 3600) + "h " + Math.floor((s % 3600) / 60) + "m";
-  }
-
-  /** 128 random bits, hex: one Idempotency-Key (A1). */
-  function newKey() {
-    var bytes = new Uint8Array(16);
-    window.crypto.getRandomValues(bytes);
-    return Array.from(bytes, function (b) { return b.toString(16).padStart(2, "0"); }).join("");
-  }
-
-  function say(text, isError) {
-    var p = $("history-status");
-    p.textContent = text;
-    p.className = isError ? "error" : "muted";
-  }
-
-  function errorText(status, data) {
-    var d = data || {};
-    return (d.error || "HTTP " + status) + ": " + (d.detail || "") + (d.fields ? " " + JSON.stringify(d.fields) : "");
-  }
+  function say(text, isError) { C.tell($("history-status"), text, isError); }
 
   // ------------------------------------------------------------ names
   function machineName(id) {
@@ -169,10 +121,9 @@
   }
 
   function loadSessions() {
-    return fetch("/api/sessions/?limit=100", { credentials: "same-origin", headers: { Accept: "application/json" } })
-      .then(function (r) { return r.ok ? r.json() : { results: [] }; })
-      .then(function (body) {
-        (body.results || []).forEach(function (s) { history.sessions.set(s.id, s); });
+    return C.api("GET", "/api/sessions/?limit=100")
+      .then(function (res) {
+        (res.status === 200 && res.data.results || []).forEach(function (s) { history.sessions.set(s.id, s); });
         renderFilterOptions();
         history.order.forEach(function (id) { renderRow(id); }); // session labels in rows
       })
@@ -272,7 +223,7 @@
     form.dataset.idempotencyKey = newKey(); // one per form (B8, B12)
     var sending = false;
 
-    function tell(text, isError) { status.textContent = text; status.className = isError ? "error" : "muted"; }
+    function tell(text, isError) { C.tell(status, text, isError); }
 
     form.addEventListener("submit", function (e) {
       e.preventDefault();
@@ -286,14 +237,7 @@
       sending = true;
       button.disabled = true;
       tell("Sending…", false);
-      var panel = $("history-panel");
-      fetch("/api/tasks/", {
-        method: "POST", credentials: "same-origin",
-        headers: { "Content-Type": "application/json", Accept: "application/json",
-                   "Idempotency-Key": form.dataset.idempotencyKey, "X-CSRFToken": panel.dataset.csrf },
-        body: JSON.stringify(body),
-      })
-        .then(function (r) { return r.json().catch(function () { return {}; }).then(function (d) { return { status: r.status, data: d }; }); })
+      C.api("POST", "/api/tasks/", body, { "Idempotency-Key": form.dataset.idempotencyKey })
         .then(function (res) {
           if (res.status === 201) {
             history.followUps++;
@@ -343,8 +287,7 @@
     var more = $("history-more");
     more.disabled = true;
     say("Loading…", false);
-    history.loading = fetch(history.next, { credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" } })
-      .then(function (r) { return r.json().catch(function () { return {}; }).then(function (d) { return { status: r.status, data: d }; }); })
+    history.loading = C.api("GET", history.next)
       .then(function (res) {
         if (generation !== history.generation) return;
         if (res.status !== 200) { say(errorText(res.status, res.data), true); return; }

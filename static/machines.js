@@ -13,38 +13,13 @@
   var pairing = null; // {code, expiresMs, name, machineId (re-pair) | null, knownIds: Set}
   var timer = null;
 
-  function $(id) { return document.getElementById(id); }
+  var C = window.RunStead; // common.js
+  var $ = C.$, el = C.el, api = C.api;
   function board() { return window.runsteadBoard; }
 
-  function el(tag, attrs) {
-    var node = document.createElement(tag);
-    Object.keys(attrs || {}).forEach(function (k) {
-      var v = attrs[k];
-      if (v === null || v === undefined || v === false) return;
-      if (k === "text") node.textContent = v;
-      else if (k === "className") node.className = v;
-      else node.setAttribute(k, v === true ? "" : String(v));
-    });
-    for (var i = 2; i < arguments.length; i++) if (arguments[i]) node.appendChild(arguments[i]);
-    return node;
-  }
+  function say(text, isError) { C.tell($("manage-status"), text, isError); }
 
-  function api(method, path, body) {
-    var panel = $("machines-panel");
-    var headers = { Accept: "application/json", "X-CSRFToken": panel.dataset.csrf };
-    if (body !== undefined) headers["Content-Type"] = "application/json";
-    return fetch(path, { method: method, credentials: "same-origin", headers: headers,
-                         body: body === undefined ? undefined : JSON.stringify(body) })
-      .then(function (r) { return r.json().catch(function () { return {}; }).then(function (d) { return { status: r.status, data: d }; }); });
-  }
-
-  function say(text, isError) {
-    var p = $("manage-status");
-    p.textContent = text;
-    p.className = isError ? "error" : "muted";
-  }
-
-  function failed(r) { return (r.data.error || "HTTP " + r.status) + ": " + (r.data.detail || JSON.stringify(r.data.fields || "")); }
+  function failed(r) { return C.errorText(r.status, r.data); }
 
   function nowMs() { return Date.now() + ((board() && board().offsetMs) || 0); }
 

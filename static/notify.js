@@ -16,17 +16,8 @@
   var state = { shown: 0, ids: new Set(), pushEndpoint: null };
   window.runsteadNotify = state;
 
-  function $(id) { return document.getElementById(id); }
-
-  function csrf() { var f = $("notify-form"); return f ? f.dataset.csrf : ""; }
-
-  function api(method, path, body) {
-    var headers = { Accept: "application/json", "X-CSRFToken": csrf() };
-    if (body !== undefined) headers["Content-Type"] = "application/json";
-    return fetch(path, { method: method, credentials: "same-origin", headers: headers,
-                         body: body === undefined ? undefined : JSON.stringify(body) })
-      .then(function (r) { return r.json().catch(function () { return {}; }).then(function (d) { return { status: r.status, data: d }; }); });
-  }
+  var C = window.RunStead; // common.js
+  var $ = C.$, api = C.api;
 
   // ------------------------------------------------------------ Web Notifications (board channel)
   function onEvent(e) {

@@ -18,28 +18,8 @@
   window.runsteadTask = state; // tests read it
   var BACKOFF_MIN_MS = 500, BACKOFF_MAX_MS = 30000, backoff = BACKOFF_MIN_MS, ws = null;
 
-  function $(id) { return document.getElementById(id); }
-  function el(tag, attrs) {
-    var node = document.createElement(tag);
-    Object.keys(attrs || {}).forEach(function (k) {
-      var v = attrs[k];
-      if (v === null || v === undefined || v === false) return;
-      if (k === "text") node.textContent = v; else if (k === "className") node.className = v;
-      else node.setAttribute(k, v === true ? "" : String(v));
-    });
-    for (var i = 2; i < arguments.length; i++) {
-      var c = arguments[i];
-      if (c === null || c === undefined || c === false) continue;
-      node.appendChild(typeof c === "string" ? document.createTextNode(c) : c);
-    }
-    return node;
-  }
-  function fmtTime(iso) {
-    var t = iso ? Date.parse(iso) : NaN;
-    if (isNaN(t)) return "";
-    var d = new Date(t);
-    return d.toDateString() === new Date().toDateString() ? d.toLocaleTimeString() : d.toLocaleString();
-  }
+  var C = window.RunStead; // common.js
+  var $ = C.$, el = C.el, fmtTime = C.fmtTime;
   function timeEl(iso) { return el("time", { datetime: iso, text: fmtTime(iso) }); }
   function fmtSeconds(s) {
     if (s === null || s === undefined) return "";
@@ -157,9 +137,10 @@
   }
 
   function reload() {
-    return fetch("/tasks/" + encodeURIComponent(taskId) + "/data/", { credentials: "same-origin", headers: { Accept: "application/json" } })
-      .then(function (r) { if (!r.ok) throw new Error(r.status); return r.json(); })
-      .then(function (d) {
+    return C.api("GET", "/tasks/" + encodeURIComponent(taskId) + "/data/")
+      .then(function (res) {
+        if (res.status !== 200) return;
+        var d = res.data;
         if (d.task.version >= state.version) {
           state.task = d.task; state.timeline = d.timeline; state.receipts = d.receipts; state.git_line = d.git_line;
           state.version = d.task.version; state.progressVersion = Math.max(state.progressVersion, d.task.version);
