@@ -86,6 +86,34 @@ def owner_client(owner):
 
 
 @pytest.fixture
+def fresh_layer():
+    """The in-memory channel layer is bound to one event loop; each test gets its own.
+    Use with ``pytest.mark.usefixtures("fresh_layer")``."""
+    from channels.layers import channel_layers
+
+    channel_layers.backends.clear()
+    yield
+    channel_layers.backends.clear()
+
+
+async def board_of(user):
+    """``user``'s board socket (``/ws/board/``, token header auth, B2): a connected
+    ``WebsocketCommunicator`` on the ASGI WebSocket application, in this process."""
+    from asgiref.sync import sync_to_async
+    from channels.testing import WebsocketCommunicator
+
+    from sessions_app.routing import websocket_application
+
+    key = await sync_to_async(lambda: user.auth_token.key)()
+    communicator = WebsocketCommunicator(
+        websocket_application, "/ws/board/", headers=[(b"authorization", f"Token {key}".encode())]
+    )
+    connected, _ = await communicator.connect()
+    assert connected
+    return communicator
+
+
+@pytest.fixture
 def make_machine(db):
     from tasks_app.auth import token_digest
     from tasks_app.models import Machine

@@ -44,3 +44,16 @@ def final_facts(**overrides):
     }
     facts.update(overrides)
     return facts
+
+
+def agent_facts(*, agent_result=None, agent_session_id="b6e66952-929c-4f1e-a0e0-91664c71fa14", **git):
+    """The agent's part of final facts (G3, G5): ``agent_result``, ``usage``,
+    ``agent_session_id`` and git ``evidence``; ``git`` overrides evidence fields."""
+    return {
+        "agent_result": agent_result or {"is_error": False, "subtype": "success", "summary": "Fixed it."},
+        "usage": {"turns": 3, "tool_calls": 2, "input_tokens": 1200, "output_tokens": 80, "cost_usd": 0.0123},
+        "agent_session_id": agent_session_id,
+        "evidence": {"git": {"start_head": "a" * 40, "end_head": "b" * 40, "commits": 2, "subjects": ["x", "y"],
+                             "files_changed": 5, "insertions": 10, "deletions": 3, "dirty": ["n.txt"],
+                             "dirty_count": 1, "start_dirty": 0, **git}},
+    }

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from sessions_app.hooks import sender as hook_sender
+from tests.worker_harness import wait_for
 
 BASE_DIR = Path(__file__).resolve().parents[1]
 FIXTURES = BASE_DIR / "tests" / "fixtures" / "hooks"
@@ -61,10 +62,5 @@ def stop_sender(state_dir: Path, timeout_s: float = 5.0) -> None:
 
 
 def wait_until(predicate, timeout: float = 20.0, step: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError("condition not met in time")
+    """``predicate()``'s first truthy value, polled every ``step`` s for ``timeout`` s."""
+    return wait_for(predicate, timeout=timeout, interval=step)

@@ -18,12 +18,15 @@ Usage::
         httpx.get(url + "/api/board/", ...)
 
 ``start_daphne(env)`` / ``DaphneServer.stop()`` do the same outside a fixture.
+``BoardSocket(url, token)`` reads the owner's ``/ws/board/`` events as a terminal client.
 """
+import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -32,6 +35,7 @@ import httpx
 import pytest
 from django.conf import settings
 from django.db import connection
+from websockets.sync.client import connect
 
 BASE_DIR = Path(settings.BASE_DIR)
 READY_TIMEOUT_S = 20.0
@@ -123,3 +127,31 @@ def live_daphne(transactional_db, tmp_path):
     yield start
     for server in servers:
         server.stop()
+
+
+class BoardSocket(threading.Thread):
+    """The owner's board socket (``/ws/board/`` on ``url``, token header auth, as a
+    terminal client), collecting every event (B2) in arrival order in ``events``, each
+    with ``_seen``: ``time.monotonic()`` when it arrived. ``start()``, then wait on
+    ``connected``; ``stop()`` closes it."""
+
+    def __init__(self, url: str, token: str):
+        super().__init__(daemon=True)
+        self.url = url.replace("http://", "ws://") + "/ws/board/"
+        self.token = token
+        self.events: list[dict] = []
+        self.connected = threading.Event()
+        self.closing = threading.Event()
+
+    def run(self):
+        with connect(self.url, additional_headers={"Authorization": f"Token {self.token}"}) as ws:
+            self.connected.set()
+            while not self.closing.is_set():
+                try:
+                    self.events.append({**json.loads(ws.recv(timeout=0.1)), "_seen": time.monotonic()})
+                except TimeoutError:
+                    continue
+
+    def stop(self):
+        self.closing.set()
+        self.join(timeout=5)

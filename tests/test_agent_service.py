@@ -5,19 +5,12 @@ import pytest
 
 from tasks_app.models import OutboxMessage, Task
 from tests.conftest import machine_api, owner_api
-from tests.factories import final_facts, grant_lease, operation_id, receipt, submit
+from tests.factories import agent_facts, final_facts, grant_lease, operation_id, receipt, submit
 from tests.sessions_events import board_events  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.django_db
 
-AGENT = {
-    "agent_result": {"is_error": False, "subtype": "success", "summary": "Fixed it."},
-    "usage": {"turns": 3, "tool_calls": 2, "input_tokens": 1200, "output_tokens": 80, "cost_usd": 0.0123},
-    "agent_session_id": "b6e66952-929c-4f1e-a0e0-91664c71fa14",
-    "evidence": {"git": {"start_head": "a" * 40, "end_head": "b" * 40, "commits": 2, "subjects": ["x", "y"],
-                         "files_changed": 5, "insertions": 10, "deletions": 3, "dirty": ["n.txt"], "dirty_count": 1,
-                         "start_dirty": 0}},
-}
+AGENT = agent_facts()
 
 
 def running(owner, machine, folder, **extra) -> str:

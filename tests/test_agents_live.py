@@ -6,46 +6,19 @@ environment. Board events are read from a real ``/ws/board/`` socket.
 import json
 import os
 import subprocess
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from websockets.sync.client import connect
 
-from tests.live import live_daphne  # noqa: F401  (fixture)
+from tests.live import BoardSocket, live_daphne  # noqa: F401  (fixture)
 from tests.worker_harness import SHORT_TIMINGS, LiveSetup
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 FAKE_CLAUDE = BASE_DIR / "scripts" / "fake_claude.py"
-
-
-class BoardListener(threading.Thread):
-    """Collects the owner's board events (token header auth, as a terminal client)."""
-
-    def __init__(self, url: str, token: str):
-        super().__init__(daemon=True)
-        self.url = url.replace("http://", "ws://") + "/ws/board/"
-        self.token = token
-        self.events: list[dict] = []
-        self.connected = threading.Event()
-        self.closing = threading.Event()
-
-    def run(self):
-        with connect(self.url, additional_headers={"Authorization": f"Token {self.token}"}) as ws:
-            self.connected.set()
-            while not self.closing.is_set():
-                try:
-                    self.events.append({**json.loads(ws.recv(timeout=0.2)), "_seen": time.monotonic()})
-                except TimeoutError:
-                    continue
-
-    def stop(self):
-        self.closing.set()
-        self.join(5)
 
 
 def git(repo, *args):
@@ -119,7 +92,7 @@ def test_g1_missing_binary_is_a_refused_start_agent_not_found(agents):
 
 
 def test_g4_live_progress_reaches_the_board_while_running(agents):
-    board = BoardListener(agents.url, agents.owner.auth_token.key)
+    board = BoardSocket(agents.url, agents.owner.auth_token.key)
     board.start()
     assert board.connected.wait(10)
     try:

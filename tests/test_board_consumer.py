@@ -6,7 +6,7 @@ import json
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.layers import channel_layers, get_channel_layer
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.db import transaction
 from django.test import Client
@@ -14,17 +14,9 @@ from django.test import Client
 from config.broadcast import broadcast, owner_group
 from sessions_app.routing import websocket_application
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_layer")]
 
 ORIGIN = (b"origin", b"http://testserver")
-
-
-@pytest.fixture(autouse=True)
-def fresh_layer():
-    """The in-memory layer is bound to one event loop; each test gets its own."""
-    channel_layers.backends.clear()
-    yield
-    channel_layers.backends.clear()
 
 
 def session_cookie(user) -> tuple[bytes, bytes]:

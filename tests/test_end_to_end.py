@@ -1,19 +1,16 @@
 """The main job end to end (issue 2): a real daphne server, a real paired worker process,
 a real task over HTTP, and the board's WebSocket seeing it move (SPEC 2, B2, H, O4)."""
-import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
-from websockets.sync.client import connect
 
-from tests.live import BASE_DIR, database_env, live_daphne  # noqa: F401
+from tests.live import BASE_DIR, BoardSocket, database_env, live_daphne  # noqa: F401
 from tests.worker_harness import SHORT_TIMINGS, wait_for
 
 
@@ -31,27 +28,6 @@ def make_repo(path: Path) -> Path:
     )
     subprocess.run(["git", "init", "-q", str(path)], check=True)
     return path
-
-
-class BoardListener(threading.Thread):
-    """Collects the board's WebSocket events (token header auth for terminal clients)."""
-
-    def __init__(self, url: str, token: str):
-        super().__init__(daemon=True)
-        self.url = url.replace("http://", "ws://") + "/ws/board/"
-        self.token = token
-        self.events: list[dict] = []
-        self.connected = threading.Event()
-        self.closing = threading.Event()
-
-    def run(self):
-        with connect(self.url, additional_headers={"Authorization": f"Token {self.token}"}) as ws:
-            self.connected.set()
-            while not self.closing.is_set():
-                try:
-                    self.events.append(json.loads(ws.recv(timeout=0.2)))
-                except TimeoutError:
-                    continue
 
 
 @pytest.mark.slow
@@ -74,7 +50,7 @@ def test_o1_h_task_runs_end_to_end_with_real_worker_and_board_events(live_daphne
         f'argv = ["{sys.executable}", "{BASE_DIR / "scripts" / "demo_agent.py"}", "{{prompt}}"]\n'
         'env = { DEMO_ROUNDS = "2", DEMO_PAUSE_S = "0.5" }\n'
     )
-    board = BoardListener(url, token)
+    board = BoardSocket(url, token)
     board.start()
     assert board.connected.wait(10)
     worker_log = open(tmp_path / "worker.log", "wb")
@@ -114,6 +90,5 @@ def test_o1_h_task_runs_end_to_end_with_real_worker_and_board_events(live_daphne
     finally:
         worker.terminate()
         worker.wait(timeout=15)
-        board.closing.set()
-        board.join(5)
+        board.stop()
         api.close()

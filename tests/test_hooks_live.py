@@ -4,24 +4,21 @@ real daphne; assertions on the board socket's events (B2), not on polls.
 Each test starts its own daphne on the test database (the in-memory layer reaches the
 board socket only inside daphne, so every write goes through its HTTP API, as the
 sender sends it)."""
-import json
 import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import uuid
 
 import httpx
 import pytest
-from websockets.sync.client import connect
 
 from sessions_app.hooks import mapping, store
 from sessions_app.hooks.sender import ensure_sender
 from sessions_app.models import EndedTurn, Marker, Session
 from tests.hooks_support import BASE_DIR, fixture, hook_env, run_hook, stop_sender, wait_until
-from tests.live import DaphneServer, live_daphne  # noqa: F401
+from tests.live import BoardSocket, DaphneServer, live_daphne  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 SENDER_ENV = {"RUNSTEAD_HOOK_SENDER_IDLE_S": "2", "RUNSTEAD_HOOK_BACKOFF_BASE_S": "0.05",
@@ -30,25 +27,8 @@ HOOK_BOUND_MEDIAN_S = 0.3  # I1
 HOOK_BOUND_MAX_S = 1.0  # one call on this shared 2-core machine, whatever else runs
 
 
-class Board(threading.Thread):
-    """The owner's board socket (token header auth), collecting every event."""
-
-    def __init__(self, url: str, token: str):
-        super().__init__(daemon=True)
-        self.url = url.replace("http://", "ws://") + "/ws/board/"
-        self.token = token
-        self.events: list[dict] = []
-        self.connected = threading.Event()
-        self.closing = threading.Event()
-
-    def run(self):
-        with connect(self.url, additional_headers={"Authorization": f"Token {self.token}"}) as ws:
-            self.connected.set()
-            while not self.closing.is_set():
-                try:
-                    self.events.append(json.loads(ws.recv(timeout=0.1)))
-                except TimeoutError:
-                    continue
+class Board(BoardSocket):
+    """The owner's board socket, read per session."""
 
     def of(self, session_id) -> list[tuple]:
         """The session's marker events as ``("marker", state, turn_id)`` and its status
@@ -68,10 +48,6 @@ class Board(threading.Thread):
 
     def wait_for(self, session_id, last, timeout=20.0) -> list[tuple]:
         return wait_until(lambda: (seq := self.of(session_id)) and seq[-1] == last and seq, timeout=timeout)
-
-    def stop(self):
-        self.closing.set()
-        self.join(timeout=5)
 
 
 class Rig:

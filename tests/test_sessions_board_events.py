@@ -5,30 +5,10 @@ import uuid
 
 import pytest
 from asgiref.sync import sync_to_async
-from channels.layers import channel_layers
-from channels.testing import WebsocketCommunicator
 
-from sessions_app.routing import websocket_application
-from tests.conftest import owner_api
+from tests.conftest import board_of, owner_api
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture(autouse=True)
-def fresh_layer():
-    channel_layers.backends.clear()
-    yield
-    channel_layers.backends.clear()
-
-
-async def board_of(user):
-    key = await sync_to_async(lambda: user.auth_token.key)()
-    communicator = WebsocketCommunicator(
-        websocket_application, "/ws/board/", headers=[(b"authorization", f"Token {key}".encode())]
-    )
-    connected, _ = await communicator.connect()
-    assert connected
-    return communicator
+pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_layer")]
 
 
 async def test_k2_marker_and_status_events_reach_only_the_owners_board(owner, other_owner):

@@ -7,18 +7,12 @@ import pytest
 from django.test import Client
 
 from tasks_app.models import Task, TaskEvent
-from tests.factories import final_facts, grant_lease, receipt, submit
+from tests.factories import agent_facts, final_facts, grant_lease, receipt, submit
 
 pytestmark = pytest.mark.django_db
 
-AGENT = {
-    "agent_result": {"is_error": True, "subtype": "api_error", "summary": "API Error: 500"},
-    "usage": {"turns": 3, "tool_calls": 2, "input_tokens": 1200, "output_tokens": 80, "cost_usd": 0.0123},
-    "agent_session_id": "s-1",
-    "evidence": {"git": {"start_head": "a" * 40, "end_head": "b" * 40, "commits": 2, "subjects": ["fix: x", "y"],
-                         "files_changed": 5, "insertions": 10, "deletions": 3, "dirty": [], "dirty_count": 0,
-                         "start_dirty": 0}},
-}
+AGENT = agent_facts(agent_result={"is_error": True, "subtype": "api_error", "summary": "API Error: 500"},
+                    agent_session_id="s-1", subjects=["fix: x", "y"], dirty=[], dirty_count=0)
 
 
 def logged_in(user) -> Client:
