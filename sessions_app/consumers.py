@@ -70,8 +70,6 @@ class OwnerFeed:
         while True:
             try:
                 message = await layer.receive(self.channel)
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
                 log.warning("board: channel layer receive failed: %s", exc)
                 self.close_all()

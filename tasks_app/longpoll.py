@@ -153,8 +153,6 @@ class Waiters:
         while True:
             try:
                 message = await layer.receive(self.channel)
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:
                 # A Redis outage or restart loses group memberships: join again later.
                 log.warning("channel layer receive failed (%s); retrying in %s s", exc, LAYER_RETRY_S)
