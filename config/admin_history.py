@@ -10,6 +10,19 @@ from django.contrib import admin
 from django.http import Http404
 
 
+class NoWrites:
+    """Nobody (superusers included) adds, changes or deletes through this admin (U5)."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 class OwnerScopedAdmin(admin.ModelAdmin):
     """Non-superusers see only their own rows: ``owner_lookup`` is the ORM path from the
     model to its owner (``"owner"``, ``"task__owner"``, ...); None shows them nothing."""
@@ -33,7 +46,7 @@ class OwnerScopedAdmin(admin.ModelAdmin):
         return obj
 
 
-class HistoryAdmin(OwnerScopedAdmin):
+class HistoryAdmin(NoWrites, OwnerScopedAdmin):
     """History rows (U5): listed and shown with every field, never added, changed or
     deleted here. ``list_display`` defaults to every concrete field."""
 
@@ -45,17 +58,8 @@ class HistoryAdmin(OwnerScopedAdmin):
     def get_readonly_fields(self, request, obj=None):
         return [f.name for f in self.model._meta.concrete_fields]
 
-    def has_add_permission(self, request, obj=None):
-        return False
 
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
-class HistoryInline(admin.TabularInline):
+class HistoryInline(NoWrites, admin.TabularInline):
     """History rows under their parent (U4, U5): shown, never added, changed or deleted."""
 
     extra = 0
@@ -63,12 +67,3 @@ class HistoryInline(admin.TabularInline):
 
     def get_readonly_fields(self, request, obj=None):
         return self.fields or [f.name for f in self.model._meta.concrete_fields]
-
-    def has_add_permission(self, request, obj=None):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
