@@ -117,13 +117,9 @@ class Server:
         return sum(p.num_threads() for p in self.processes())
 
     def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        from tests.procs import stop_process  # BASE_DIR is on sys.path once main() runs
+
+        stop_process(self.process)
 
 
 # --- a minimal HTTP/1.1 client over asyncio streams (cheap enough for 1,000 workers) ----

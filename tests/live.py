@@ -37,6 +37,8 @@ from django.conf import settings
 from django.db import connection
 from websockets.sync.client import connect
 
+from tests.procs import stop_process
+
 BASE_DIR = Path(settings.BASE_DIR)
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 3.0  # SIGTERM, then SIGKILL
@@ -99,13 +101,7 @@ class DaphneServer:
         raise RuntimeError(f"daphne not ready after {READY_TIMEOUT_S} s:\n{self.log()[-4000:]}")
 
     def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=5)
+        stop_process(self.process, STOP_TIMEOUT_S)
 
 
 def start_daphne(env: dict | None = None, log_dir: Path | None = None, port: int | None = None) -> DaphneServer:

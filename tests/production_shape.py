@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.live import BASE_DIR, DaphneServer, database_env, free_port
+from tests.procs import stop_process
 
 DAPHNE_PATHS = ("/ws/", "/api/worker/messages/")
 
@@ -89,13 +90,7 @@ class Process:
             self.process = subprocess.Popen(argv, cwd=BASE_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(5)
+        stop_process(self.process)
 
 
 class ProductionShape:
