@@ -40,7 +40,7 @@
   var C = window.RunStead; // common.js
   var $ = C.$, el = C.el, ms = C.ms, fmtTime = C.fmtTime, fmtDuration = C.fmtDuration, newKey = C.newKey,
     errorText = C.errorText;
-  function board() { return window.runsteadBoard || { machines: new Map(), sessions: new Map(), offsetMs: 0 }; }
+  function board() { return window.runsteadBoard || { machines: new Map(), sessions: new Map() }; }
 
   function say(text, isError) { C.tell($("history-status"), text, isError); }
 
