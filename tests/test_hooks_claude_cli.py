@@ -40,6 +40,17 @@ def installed(live_daphne, make_owner, tmp_path):  # noqa: F811
     stop_sender(home / ".runstead" / "hooks")
 
 
+@pytest.fixture
+def board(installed):
+    """The owner's board socket on the live daphne, closed after the test (skipped or not)."""
+    url, token, _ = installed
+    socket = Board(url, token)
+    socket.start()
+    assert socket.connected.wait(10)
+    yield socket
+    socket.stop()
+
+
 def run_claude(prompt, home, api, cwd):
     env = claude_env(home=home, api=api)
     proc = subprocess.run(
@@ -52,11 +63,8 @@ def run_claude(prompt, home, api, cwd):
     return proc, init["session_id"], lines
 
 
-def test_i3_i5_real_claude_turn_is_busy_then_idle_on_the_board(installed, fake_model_api, tmp_path):  # noqa: F811
-    url, token, home = installed
-    board = Board(url, token)
-    board.start()
-    assert board.connected.wait(10)
+def test_i3_i5_real_claude_turn_is_busy_then_idle_on_the_board(installed, board, fake_model_api, tmp_path):  # noqa: F811
+    home = installed[2]
     work = tmp_path / "shop"
     work.mkdir()
     proc, agent_session, _ = run_claude("say hi", home, fake_model_api, work)
@@ -70,14 +78,10 @@ def test_i3_i5_real_claude_turn_is_busy_then_idle_on_the_board(installed, fake_m
 
     session = Session.objects.get(pk=rs)
     assert session.title == "say hi"
-    board.stop()
 
 
-def test_s3_real_claude_background_task_keeps_busy_through_the_wake_turn(installed, fake_model_api, tmp_path):  # noqa: F811
-    url, token, home = installed
-    board = Board(url, token)
-    board.start()
-    assert board.connected.wait(10)
+def test_s3_real_claude_background_task_keeps_busy_through_the_wake_turn(installed, board, fake_model_api, tmp_path):  # noqa: F811
+    home = installed[2]
     work = tmp_path / "api"
     work.mkdir()
     proc, agent_session, lines = run_claude("[[bash_bg:sleep 2; echo x]]", home, fake_model_api, work)
@@ -90,4 +94,3 @@ def test_s3_real_claude_background_task_keeps_busy_through_the_wake_turn(install
         ("status", "idle"),
     ], events
     assert events[0][2] == events[2][2] != events[3][2] == events[4][2]
-    board.stop()
