@@ -598,3 +598,14 @@ def test_k2_admin_site_refuses_everyone_but_staff(world):
     print(f"admin matrix: {len(routes)} routes, {cells} cells")
     assert failures == [], "\n".join(failures)
     assert len(routes) > 50
+
+
+def test_k2_admin_answers_staff(owner, other_owner):
+    """The control for the admin rows: a staff member reaches the admin; the same owner
+    without staff status is sent to the admin login."""
+    browser = Client()
+    browser.force_login(other_owner)
+    assert browser.get("/admin/")["Location"].startswith(ADMIN_LOGIN)
+    other_owner.is_staff = True
+    other_owner.save(update_fields=["is_staff"])
+    assert browser.get("/admin/").status_code == 200
