@@ -46,8 +46,12 @@ class Board(BoardSocket):
                 out.append(("status", e["status"]))
         return out
 
-    def wait_for(self, session_id, last, timeout=20.0) -> list[tuple]:
-        return wait_until(lambda: (seq := self.of(session_id)) and seq[-1] == last and seq, timeout=timeout)
+    def wait_for(self, session_id, last, timeout=20.0, since: int = 0) -> list[tuple]:
+        """The session's sequence once it has more than ``since`` entries and ends with
+        ``last`` (``since``: the length already seen, so an earlier ``last`` does not count)."""
+        return wait_until(
+            lambda: (seq := self.of(session_id)) and len(seq) > since and seq[-1] == last and seq, timeout=timeout
+        )
 
 
 class Rig:
@@ -186,9 +190,10 @@ def test_m5_two_sessions_in_two_folders_and_a_resume_after_crash_sweeps_only_tha
     assert {s.title for s in Session.objects.filter(pk__in=[ra, rb])} == {
         "Run the test suite in the background and fix whatever fails"}
     # The resumed session's next turn works as usual.
+    seen = len(rig.board.of(ra))
     rig.hook("claude", claude("user_prompt_submit", a, prompt_id="a-2"))
     rig.hook("claude", claude("stop", a, prompt_id="a-2"))
-    assert rig.board.wait_for(ra, ("status", "idle"))[-4:] == [
+    assert rig.board.wait_for(ra, ("status", "idle"), since=seen)[seen:] == [
         ("marker", "running", "a-2"), ("status", "busy"), ("marker", "ended", "a-2"), ("status", "idle"),
     ]
 
@@ -225,8 +230,11 @@ def test_i1_r4_service_down_hooks_stay_fast_then_every_write_arrives_once_in_ord
         assert len(queued) == 1 + 1 + 1 + 9 * 2  # create, sweep, title, 9 x (running, ended)
         assert not Session.objects.filter(pk=rs).exists()
 
-        # Back online at the same address; a second sender started at the same time as
-        # the retrying one must not deliver anything twice.
+        # The sender that retried all along is stopped before the service comes back, so
+        # nothing is delivered before the board socket below listens (events sent before a
+        # socket joins are not replayed to it: the board hydrates instead, B4). Back online
+        # at the same address, three senders start at once and nothing arrives twice.
+        stop_sender(state_dir)
         back = DaphneServer({"RUNSTEAD_EMBEDDED_SWEEP": "0"}, port=port, log_dir=tmp_path)
         board = Board(back.url, token)
         try:
@@ -235,7 +243,7 @@ def test_i1_r4_service_down_hooks_stay_fast_then_every_write_arrives_once_in_ord
             for _ in range(2):
                 subprocess.Popen([sys.executable, "-m", "sessions_app.hooks.sender", "--state-dir", str(state_dir)],
                                  env=env, cwd=BASE_DIR)
-            ensure_sender(state_dir)
+            ensure_sender(state_dir)  # the way a hook starts one
             expected = []
             for i in range(1, 10):
                 expected += [("marker", "running", f"t{i}"), ("status", "busy"), ("marker", "ended", f"t{i}"),
