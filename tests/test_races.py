@@ -20,6 +20,14 @@ from tasks_app.services import locking
 from tests.conftest import owner_api
 from tests.factories import submit
 
+
+@pytest.fixture(autouse=True)
+def _no_acceptance_brake(settings):
+    """Races send hundreds of acceptances per owner in a few seconds: the K3 rate limit
+    (RUNSTEAD_ACCEPT_RATE, proven in test_k_abuse.py) is lifted so each round is decided
+    by the locks under test, not by the brake."""
+    settings.RUNSTEAD_ACCEPT_RATE = "100000/min"
+
 JOIN_TIMEOUT_S = 60
 T_HEARD = datetime(2026, 1, 1, tzinfo=UTC)
 sqlite_only = pytest.mark.skipif(
