@@ -7,16 +7,23 @@
 - start: the notification delivery loop (N3) the same way, when
   ``RUNSTEAD_EMBEDDED_NOTIFY`` is on (the default); with it off, run ``manage.py notify``.
 - stop: waiting worker long-polls return at once, so the server exits without waiting
-  up to ``LONG_POLL_MAX_S`` (25 s) for their threads.
+  up to ``LONG_POLL_MAX_S`` (25 s) for their threads; board events are no longer sent
+  (a request thread would wait on the stopped event loop); and should a thread still
+  hold the process EXIT_GRACE_S after the reactor stopped, it exits anyway (D3: daphne
+  always exits within a few seconds of SIGTERM).
 
 Part of the composition layer (with ``urls.py`` and ``asgi.py``): it may import both apps;
 ``asgi.py`` imports it once Django is set up.
 """
 import asyncio
 import logging
+import os
 import sys
+import threading
 
 from django.conf import settings
+
+from config.broadcast import broadcast_stop
 
 from sessions_app.notifications.delivery import notify_loop
 from sessions_app.sweep import sweep_loop
@@ -24,6 +31,22 @@ from tasks_app.services.messages import server_stopping
 from tasks_app.wakeups import stop_all
 
 log = logging.getLogger("runstead.server")
+
+EXIT_GRACE_S = 2.0  # in-flight sync views have lost their clients already (daphne killed them)
+
+
+def _exit_after_grace() -> None:
+    """Once the reactor has stopped, Python joins the thread pools' threads; one stuck in
+    a sync view must not keep the process alive."""
+
+    def force_exit():
+        log.warning("threads still running %.0f s after shutdown: exiting now", EXIT_GRACE_S)
+        logging.shutdown()
+        os._exit(0)
+
+    timer = threading.Timer(EXIT_GRACE_S, force_exit)
+    timer.daemon = True
+    timer.start()
 
 
 def install() -> None:
@@ -40,3 +63,5 @@ def install() -> None:
         reactor.callWhenRunning(lambda: asyncio.ensure_future(notify_loop(notify_interval_s)))
     reactor.addSystemEventTrigger("before", "shutdown", server_stopping.set)
     reactor.addSystemEventTrigger("before", "shutdown", stop_all)
+    reactor.addSystemEventTrigger("before", "shutdown", broadcast_stop)
+    reactor.addSystemEventTrigger("after", "shutdown", _exit_after_grace)
