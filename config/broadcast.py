@@ -4,7 +4,6 @@ Low level on purpose: both apps send through it (task and machine events from
 ``tasks_app``, session and marker events from ``sessions_app``), and it imports neither.
 """
 import logging
-import threading
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -13,17 +12,6 @@ from django.db import transaction
 from config import clock
 
 log = logging.getLogger("runstead.broadcast")
-
-# Set when the server shuts down (config/server_hooks.py): a request thread that sends
-# after that would wait forever on an event loop that no longer runs, and the process
-# could not exit (it joins its threads).
-_stopping = threading.Event()
-
-
-def broadcast_stop() -> None:
-    """From now on, drop board events instead of sending them: the server is stopping and
-    every board re-hydrates when it reconnects (B4)."""
-    _stopping.set()
 
 
 def owner_group(owner_id) -> str:
@@ -38,8 +26,6 @@ def broadcast(owner_id, event: dict) -> None:
     re-hydrates on reconnect (B4)."""
 
     def send():
-        if _stopping.is_set():
-            return
         message = {**event, "server_time": clock.now().isoformat()}
         layer = get_channel_layer()
         if layer is None:

@@ -7,10 +7,10 @@
 - start: the notification delivery loop (N3) the same way, when
   ``RUNSTEAD_EMBEDDED_NOTIFY`` is on (the default); with it off, run ``manage.py notify``.
 - stop: waiting worker long-polls return at once, so the server exits without waiting
-  up to ``LONG_POLL_MAX_S`` (25 s) for their threads; board events are no longer sent
-  (a request thread would wait on the stopped event loop); and should a thread still
-  hold the process EXIT_GRACE_S after the reactor stopped, it exits anyway (D3: daphne
-  always exits within a few seconds of SIGTERM).
+  up to ``LONG_POLL_MAX_S`` (25 s) for their threads; and should a thread still hold
+  the process EXIT_GRACE_S after the reactor stopped (e.g. one waiting in
+  ``async_to_sync`` on the loop that no longer runs), it exits anyway (D3: daphne always
+  exits within a few seconds of SIGTERM).
 
 Part of the composition layer (with ``urls.py`` and ``asgi.py``): it may import both apps;
 ``asgi.py`` imports it once Django is set up.
@@ -22,8 +22,6 @@ import sys
 import threading
 
 from django.conf import settings
-
-from config.broadcast import broadcast_stop
 
 from sessions_app.notifications.delivery import notify_loop
 from sessions_app.sweep import sweep_loop
@@ -63,5 +61,4 @@ def install() -> None:
         reactor.callWhenRunning(lambda: asyncio.ensure_future(notify_loop(notify_interval_s)))
     reactor.addSystemEventTrigger("before", "shutdown", server_stopping.set)
     reactor.addSystemEventTrigger("before", "shutdown", stop_all)
-    reactor.addSystemEventTrigger("before", "shutdown", broadcast_stop)
     reactor.addSystemEventTrigger("after", "shutdown", _exit_after_grace)
