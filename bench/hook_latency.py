@@ -12,7 +12,13 @@ background task), in three conditions, each with a fresh hook state directory:
 - ``unreachable``: a non-routable address (10.255.255.1: connects hang until timeout).
 
 Prints median, p99 and max in milliseconds per condition, and (up) how long after the
-last hook the sender had delivered every write. Usage::
+last hook the sender had delivered every write.
+
+Then the tool hooks of I7 (``PreToolUse`` / ``PostToolUse`` of a session whose turn is
+open and not yet past half of its marker class: nothing due, so the hook only reads its
+local state: no outbox write, no network, no sender) beside the same interpreter doing
+nothing (``python -c pass``), run alternately so both see the same load: p50 and p99 of
+each and of the difference, the hook's own share, which I7 bounds at 50 ms. Usage::
 
     .venv/bin/python bench/hook_latency.py --server http://127.0.0.1:8000 --token TOKEN [-n 200]
 
@@ -80,6 +86,43 @@ def measure(server: str, token: str, n: int, drain: bool) -> tuple[list[float], 
         return times, drained_s
 
 
+def percentile(times: list[float], q: float) -> float:
+    """The ``q`` quantile (0-1) of ``times`` by nearest rank."""
+    ordered = sorted(times)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def measure_tool_hooks(n: int) -> tuple[list[float], list[float]]:
+    """I7: ``n`` tool hook calls with nothing due and ``n`` runs of ``python -c pass``,
+    alternating; returns both lists of milliseconds. Fails if a tool hook queued a write."""
+    with tempfile.TemporaryDirectory(prefix="hook-bench-") as tmp:
+        state_dir = Path(tmp) / "hooks"
+        store.write_config(state_dir, server="http://127.0.0.1:9", token="bench")
+        session = str(uuid.uuid4())
+        with store.Outbox(state_dir) as outbox:  # a turn opened just now (due after 10 min)
+            with outbox.transaction():
+                outbox.save_session_state(f"claude:{session}", {"created": True, "turn": "p0", "turn_at": time.time()})
+            queued = len(outbox.rows())
+        env = {**os.environ, "RUNSTEAD_HOOK_DIR": str(state_dir), "PYTHONPATH": str(ROOT)}
+        hook = [sys.executable, "-m", "sessions_app.hooks", "claude"]
+        baseline = [sys.executable, "-c", "pass"]
+        tool, bare = [], []
+        for i in range(n):
+            payload = {"session_id": session, "hook_event_name": "PostToolUse" if i % 2 else "PreToolUse",
+                       "tool_name": "Bash", "tool_input": {"command": "ls"}, "tool_use_id": f"toolu_{i}",
+                       "cwd": "/tmp", "transcript_path": "/tmp/t.jsonl", "permission_mode": "default"}
+            data = json.dumps(payload).encode()
+            for argv, times, stdin in ((hook, tool, data), (baseline, bare, b"")):
+                start = time.perf_counter()
+                result = subprocess.run(argv, input=stdin, env=env, cwd="/", capture_output=True)
+                times.append((time.perf_counter() - start) * 1000)
+                assert result.returncode == 0 and result.stdout == b"", result
+        with store.Outbox(state_dir) as outbox:
+            assert len(outbox.rows()) == queued, "a tool hook with nothing due queued a write"
+        assert sender.sender_pid(state_dir) is None, "a tool hook with nothing due started the sender"
+        return tool, bare
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--server")
@@ -98,6 +141,12 @@ def main():
         p99 = times[min(len(times) - 1, int(round(0.99 * (len(times) - 1))))]
         tail = f"all {drained_s:.2f} s after the last hook" if drained_s is not None else "-"
         print(f"{name:<12} {len(times):>5} {statistics.median(times):>10.1f} {p99:>8.1f} {times[-1]:>8.1f}  {tail}")
+    tool, bare = measure_tool_hooks(args.n)
+    own = [t - b for t, b in zip(tool, bare)]
+    print(f"\nI7 tool hook, nothing due (n={len(tool)}, load average now {os.getloadavg()[0]:.1f})")
+    print(f"{'':<22} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for name, times in (("tool hook", tool), ("python -c pass", bare), ("own share (difference)", own)):
+        print(f"{name:<22} {percentile(times, 0.5):>8.1f} {percentile(times, 0.99):>8.1f} {max(times):>8.1f}")
 
 
 if __name__ == "__main__":

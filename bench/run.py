@@ -17,9 +17,20 @@ prefix on that Redis. Sections (``--sections``, comma separated; all by default)
   authenticated read (``GET /api/budget/``: token auth + one read) in each serving shape
   (``daphne``: one daphne process; ``gunicorn``: 2 workers x 4 threads, the production
   shape of ``/api/``), at 1, 8 and 32 connections.
-- ``board``: 1, 100, 500 board WebSockets of one owner; a marker write that makes a new
-  session busy -> ``session.status`` on every socket.
+- ``board``: 1, 100, 500 board WebSockets of one owner, in a client process of their
+  own; a marker write (from this process, one every 0.5 s) that makes a new session
+  busy -> ``session.status`` on every socket (``time.monotonic()`` in both processes).
+- ``wave``: ``--wave-workers`` (default 1000) simulated workers start their pulls at
+  the same instant (as after a service restart) and go on for two whole pull cycles
+  while a task is submitted every 0.5 s: acceptance and delivery latency through it.
+- ``statements``: the SQL statements (each one round trip; a transaction adds its
+  ``COMMIT``) of one acceptance, its replay (A2) and the bare authenticated read, counted
+  in this process with Django's query capture, as a ratio to the bare read.
 - ``worker``: a real paired ``manage.py worker`` at rest: CPU seconds per minute, RSS.
+- ``approvals``: ``--hooks`` (default 500) real ``PermissionRequest`` hook processes
+  waiting on one daphne: service CPU and database transactions/s while they wait, then
+  decision -> the hook's decision JSON p50/p99 (``bench/approvals.py``, SPEC Q3; that
+  script also runs it alone, and on the SQLite embedded default).
 
 Usage (after README's set-up)::
 
@@ -35,6 +46,7 @@ machine's load average at the start so runs on a busy machine can be told apart.
 """
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -90,7 +102,10 @@ class Server:
             argv, cwd=BASE_DIR, stdout=self.log, stderr=subprocess.STDOUT,
             env={**os.environ, **env, "RUNSTEAD_EMBEDDED_SWEEP": "0", "RUNSTEAD_LOG_LEVEL": "WARNING",
                  # the benchmark measures throughput, not the K3 brake on one owner's acceptances
-                 "RUNSTEAD_ACCEPT_RATE": os.environ.get("RUNSTEAD_ACCEPT_RATE", "1000000/s")},
+                 "RUNSTEAD_ACCEPT_RATE": os.environ.get("RUNSTEAD_ACCEPT_RATE", "1000000/s"),
+                 # nor the K3 brake on board handshakes (500 sockets of one owner from one address)
+                 "RUNSTEAD_WS_OWNER_RATE": os.environ.get("RUNSTEAD_WS_OWNER_RATE", "1000000/s"),
+                 "RUNSTEAD_WS_ADDRESS_RATE": os.environ.get("RUNSTEAD_WS_ADDRESS_RATE", "1000000/s")},
         )
         import httpx
 
@@ -234,31 +249,7 @@ async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float
     delivered: dict[str, float] = {}
     errors = {"pull": 0}
     stop = asyncio.Event()
-
-    async def worker(i: int):
-        conn = Conn(server.port)
-        headers = {"Authorization": f"Machine {data['machine_tokens'][i]}"}
-        while not stop.is_set():
-            try:
-                status, body = await conn.request("GET", f"/api/worker/messages/?wait={WAIT_S}", headers, timeout=WAIT_S + 15)
-            except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
-                errors["pull"] += 1
-                await asyncio.sleep(0.5)
-                continue
-            if status != 200:
-                errors["pull"] += 1
-                await asyncio.sleep(0.5)
-                continue
-            now = time.perf_counter()
-            for message in json.loads(body)["messages"]:
-                task_id = message["payload"].get("task_id")
-                if task_id:
-                    delivered.setdefault(task_id, now)
-                try:
-                    await conn.request("POST", f"/api/worker/messages/{message['id']}/ack/", headers, timeout=30)
-                except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError):
-                    errors["pull"] += 1
-        conn.close()
+    worker = functools.partial(_puller, server, data, delivered, errors, stop)
 
     workers = []
     for i in range(n):  # ramp up over about two seconds
@@ -274,45 +265,113 @@ async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float
     elapsed = time.perf_counter() - t0
     cpu1, x1 = server.cpu_s(), xact_commit(dbname)
 
-    accept, delivery, submitted, accept_errors = [], [], {}, 0
-    owner = Conn(server.port)
-    owner_headers = {"Authorization": f"Token {data['token']}", "Content-Type": "application/json"}
-    for k in range(tasks):
-        machine = data["machines"][random.randrange(n)]
-        body = json.dumps({"machine": machine, "folder": f"/bench/idle-{uuid.uuid4().hex}", "agent": "bench",
-                           "prompt": "p", "max_runtime_s": 1, "exclusive": False}).encode()
-        sent = time.perf_counter()
-        try:
-            status, answer = await owner.request(
-                "POST", "/api/tasks/", {**owner_headers, "Idempotency-Key": uuid.uuid4().hex}, body, timeout=DELIVERY_TIMEOUT_S
-            )
-        except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError):
-            accept_errors += 1
-            continue
-        if status != 201:
-            accept_errors += 1
-            continue
-        accept.append(time.perf_counter() - sent)
-        submitted[json.loads(answer)["id"]] = sent
-        await asyncio.sleep(0.5)
-    deadline = time.perf_counter() + DELIVERY_TIMEOUT_S
-    while time.perf_counter() < deadline and not all(t in delivered for t in submitted):
-        await asyncio.sleep(0.05)
-    delivery = [delivered[t] - sent for t, sent in submitted.items() if t in delivered]
-    stop.set()
-    for task in workers:
-        task.cancel()
-    await asyncio.gather(*workers, return_exceptions=True)
-    owner.close()
+    count = iter(range(tasks))
+    accept, delivery, accept_errors, undelivered = await _submit_then_stop(
+        server, data, n, delivered, workers, stop, lambda: next(count, None) is not None)
     return {
         "workers": n,
         "cpu_pct": round(100 * (cpu1 - cpu0) / elapsed, 1),
         "db_xact_per_s": round((x1 - x0) / elapsed, 1),
         "threads": threads_max,
         "accept": {**lat(accept), "errors": accept_errors},
-        "delivery": {**lat(delivery), "undelivered": len(submitted) - len(delivery)},
+        "delivery": {**lat(delivery), "undelivered": undelivered},
         "pull_errors": errors["pull"],
     }
+
+
+async def _puller(server: Server, data: dict, delivered: dict, errors: dict, stop: asyncio.Event, i: int):
+    """Simulated worker ``i``: pull, ack, pull again until ``stop``; ``delivered[task_id]``
+    is when its pull answered with the task (perf_counter)."""
+    conn = Conn(server.port)
+    headers = {"Authorization": f"Machine {data['machine_tokens'][i]}"}
+    while not stop.is_set():
+        try:
+            status, body = await conn.request("GET", f"/api/worker/messages/?wait={WAIT_S}", headers, timeout=WAIT_S + 15)
+        except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
+            errors["pull"] += 1
+            await asyncio.sleep(0.5)
+            continue
+        if status != 200:
+            errors["pull"] += 1
+            await asyncio.sleep(0.5)
+            continue
+        now = time.perf_counter()
+        for message in json.loads(body)["messages"]:
+            task_id = message["payload"].get("task_id")
+            if task_id:
+                delivered.setdefault(task_id, now)
+            try:
+                await conn.request("POST", f"/api/worker/messages/{message['id']}/ack/", headers, timeout=30)
+            except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError):
+                errors["pull"] += 1
+    conn.close()
+
+
+async def _submit(owner: Conn, data: dict, n: int, submitted: dict, accept: list) -> bool:
+    """One acceptance to a random one of the first ``n`` machines; False on an error."""
+    headers = {"Authorization": f"Token {data['token']}", "Content-Type": "application/json",
+               "Idempotency-Key": uuid.uuid4().hex}
+    body = json.dumps({"machine": data["machines"][random.randrange(n)], "folder": f"/bench/idle-{uuid.uuid4().hex}",
+                       "agent": "bench", "prompt": "p", "max_runtime_s": 1, "exclusive": False}).encode()
+    sent = time.perf_counter()
+    try:
+        status, answer = await owner.request("POST", "/api/tasks/", headers, body, timeout=DELIVERY_TIMEOUT_S)
+    except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError):
+        return False
+    if status != 201:
+        return False
+    accept.append(time.perf_counter() - sent)
+    submitted[json.loads(answer)["id"]] = sent
+    return True
+
+
+async def _delivered(submitted: dict, delivered: dict) -> list[float]:
+    deadline = time.perf_counter() + DELIVERY_TIMEOUT_S
+    while time.perf_counter() < deadline and not all(t in delivered for t in submitted):
+        await asyncio.sleep(0.05)
+    return [delivered[t] - sent for t, sent in submitted.items() if t in delivered]
+
+
+async def _submit_then_stop(server: Server, data: dict, n: int, delivered: dict, workers: list, stop: asyncio.Event,
+                            more) -> tuple[list[float], list[float], int, int]:
+    """Submit a task every 0.5 s while ``more()``, wait for their deliveries, stop the
+    pullers: (acceptance latencies, delivery latencies, acceptance errors, undelivered)."""
+    owner = Conn(server.port)
+    accept, submitted, accept_errors = [], {}, 0
+    while more():
+        accept_errors += not await _submit(owner, data, n, submitted, accept)
+        await asyncio.sleep(0.5)
+    delivery = await _delivered(submitted, delivered)
+    stop.set()
+    for task in workers:
+        task.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    owner.close()
+    return accept, delivery, accept_errors, len(submitted) - len(delivery)
+
+
+def section_wave(n: int, env: dict, cycles: int) -> dict:
+    """``n`` simulated workers start their pulls at the same instant (as after a service
+    restart) and keep pulling for ``cycles`` whole pull cycles while a task is submitted
+    every 0.5 s: acceptance and delivery latency through the wave and after it."""
+    data = setup_data(n)
+    server = Server("daphne", env)
+    try:
+        return asyncio.run(_wave(server, data, n, cycles))
+    finally:
+        server.stop()
+
+
+async def _wave(server: Server, data: dict, n: int, cycles: int) -> dict:
+    delivered: dict[str, float] = {}
+    errors = {"pull": 0}
+    stop = asyncio.Event()
+    workers = [asyncio.create_task(_puller(server, data, delivered, errors, stop, i)) for i in range(n)]
+    started = time.perf_counter()
+    accept, delivery, accept_errors, undelivered = await _submit_then_stop(
+        server, data, n, delivered, workers, stop, lambda: time.perf_counter() - started < cycles * WAIT_S)
+    return {"workers": n, "cycles": cycles, "accept": {**lat(accept), "errors": accept_errors},
+            "delivery": {**lat(delivery), "undelivered": undelivered}, "pull_errors": errors["pull"]}
 
 
 def section_http(shapes: list[str], env: dict, duration_s: float, conns: list[int]) -> list[dict]:
@@ -383,56 +442,111 @@ async def _http(server: Server, data: dict, what: str, c: int, duration_s: float
 
 
 def section_board(counts: list[int], env: dict, rounds: int) -> list[dict]:
+    """Board push latency: the sockets live in a separate client process
+    (``_board_clients``), so the writer's clock is not slowed by 500 receivers; times
+    are ``time.monotonic()``, one clock for every process of the machine."""
+    import multiprocessing
+
     data = setup_data(0)
     server = Server("daphne", env)
     rows = []
     try:
         for n in counts:
-            rows.append(asyncio.run(_board(server, data, n, rounds)))
+            ready, results = multiprocessing.Event(), multiprocessing.Queue()
+            clients = multiprocessing.Process(target=_board_clients,
+                                              args=(server.port, data["token"], n, rounds, ready, results))
+            clients.start()
+            rows.append(_board_writer(server, data, n, rounds, ready, results))
+            clients.join(30)
             print(f"  board {n}: {rows[-1]}", file=sys.stderr)
     finally:
         server.stop()
     return rows
 
 
-async def _board(server: Server, data: dict, n: int, rounds: int) -> dict:
+def _board_clients(port: int, token: str, n: int, rounds: int, ready, results) -> None:
+    """Client process: ``n`` board sockets; puts ``(connect_failed, {session_id: [first
+    session.status receive time per socket]})`` on ``results`` once ``rounds`` sessions
+    were seen on every socket (or 10 s after the last one arrived)."""
     import websockets
 
-    headers = {"Authorization": f"Token {data['token']}"}
-    sockets = []
-    failed = 0
-    for _ in range(n):
-        try:
-            sockets.append(await websockets.connect(f"ws://127.0.0.1:{server.port}/ws/board/", additional_headers=headers,
-                                                    open_timeout=30, max_queue=None))
-        except Exception:
-            failed += 1
-    owner = Conn(server.port)
-    latencies, missing = [], 0
-    for _ in range(rounds):
-        session_id = str(uuid.uuid4())
-        body = json.dumps({"turn_id": uuid.uuid4().hex, "device_id": "bench", "state": "running"}).encode()
+    async def run():
+        sockets, failed = [], 0
+        for _ in range(n):
+            try:
+                sockets.append(await websockets.connect(f"ws://127.0.0.1:{port}/ws/board/", open_timeout=30,
+                                                        additional_headers={"Authorization": f"Token {token}"},
+                                                        max_queue=None))
+            except Exception:
+                failed += 1
+        seen: dict[str, list[float]] = {}
 
-        async def first_status(ws, sent_box):
-            while True:
+        async def read(ws):
+            mine = set()
+            while len(mine) < rounds:
                 event = json.loads(await ws.recv())
-                if event.get("type") == "session.status" and event.get("session_id") == session_id:
-                    return time.perf_counter()
+                if event.get("type") == "session.status" and event["session_id"] not in mine:
+                    mine.add(event["session_id"])
+                    seen.setdefault(event["session_id"], []).append(time.monotonic())
 
-        box = [0.0]
-        waiters = [asyncio.create_task(first_status(ws, box)) for ws in sockets]
-        sent = time.perf_counter()
-        status, _ = await owner.request("PUT", f"/api/sessions/{session_id}/marker/",
-                                        {**headers, "Content-Type": "application/json"}, body, timeout=30)
-        done, pending = await asyncio.wait(waiters, timeout=10)
-        for task in pending:
+        readers = [asyncio.create_task(read(ws)) for ws in sockets]
+        ready.set()
+        await asyncio.wait(readers, timeout=10 + rounds * 2)
+        for task in readers:
             task.cancel()
-            missing += 1
-        latencies += [t.result() - sent for t in done if not t.exception()]
-    for ws in sockets:
-        await ws.close()
-    owner.close()
+        for ws in sockets:
+            await ws.close()
+        results.put((failed, seen))
+
+    asyncio.run(run())
+
+
+def _board_writer(server: Server, data: dict, n: int, rounds: int, ready, results) -> dict:
+    import httpx
+
+    assert ready.wait(120), "the board clients did not connect"
+    sent = {}
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Token {data['token']}"}, timeout=30) as api:
+        for _ in range(rounds):
+            session_id = str(uuid.uuid4())
+            sent[session_id] = time.monotonic()
+            api.put(f"/api/sessions/{session_id}/marker/",
+                    json={"turn_id": uuid.uuid4().hex, "device_id": "bench", "state": "running"})
+            time.sleep(0.5)  # one event at a time: its latency, not a queue of them
+    failed, seen = results.get(timeout=60 + rounds * 2)
+    latencies = [at - sent[sid] for sid, times in seen.items() if sid in sent for at in times]
+    missing = rounds * (n - failed) - len(latencies)
     return {"sockets": n, "connect_failed": failed, "rounds": rounds, **lat(latencies), "missing": missing}
+
+
+def section_statements() -> dict:
+    """One acceptance, its replay and ``GET /api/budget/`` through the test client on the
+    scratch database: each one's statements (first words) and its ratio to the read."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from rest_framework.test import APIClient
+
+    data = setup_data(1)
+    client = APIClient(HTTP_AUTHORIZATION=f"Token {data['token']}", HTTP_HOST="127.0.0.1")
+    body = {"machine": data["machines"][0], "folder": "/bench", "agent": "demo", "prompt": "p", "exclusive": False}
+    client.get("/api/budget/")  # the first request pays for imports and the connection
+
+    def measure(call) -> dict:
+        with CaptureQueriesContext(connection) as captured:
+            status = call().status_code
+        words = [" ".join(q["sql"].split()[:3]) for q in captured.captured_queries]
+        return {"status": status, "statements": len(words), "sql": words}
+
+    key = uuid.uuid4().hex
+    out = {
+        "read": measure(lambda: client.get("/api/budget/")),
+        "accept": measure(lambda: client.post("/api/tasks/", body, format="json", HTTP_IDEMPOTENCY_KEY=key)),
+        "replay": measure(lambda: client.post("/api/tasks/", body, format="json", HTTP_IDEMPOTENCY_KEY=key)),
+    }
+    connection.close()
+    for what in ("accept", "replay"):
+        out[what]["ratio_to_read"] = round(out[what]["statements"] / max(1, out["read"]["statements"]), 1)
+    return out
 
 
 def section_worker(env: dict, seconds: float) -> dict:
@@ -488,6 +602,25 @@ def table(report: dict) -> str:
         out.append("\nboard sockets | push p50 ms | p99 ms | max ms | missing | connect failed")
         for r in report["board"]:
             out.append(f"  {r['sockets']:>4} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} | {r['missing']} | {r['connect_failed']}")
+    if report.get("approvals"):
+        from approvals import rows
+
+        out.append("\napprovals (Q3), one daphne")
+        out += ["  " + line for line in rows(report["approvals"])]
+    if report.get("wave"):
+        w = report["wave"]
+        a, d = w["accept"], w["delivery"]
+        out.append(f"\npull-start wave: {w['workers']} workers at once, {w['cycles']} cycles | accept p50/p99/max ms | "
+                   f"delivered p50/p99/max ms (undelivered) | pull errors")
+        out.append(f"  {a['p50_ms']}/{a['p99_ms']}/{a['max_ms']} ({a['errors']} err) | "
+                   f"{d['p50_ms']}/{d['p99_ms']}/{d['max_ms']} ({d['undelivered']}) | {w['pull_errors']}")
+    if report.get("statements"):
+        st = report["statements"]
+        out.append("\nSQL statements per request (each a round trip; + COMMIT per transaction) | x bare read")
+        for what in ("read", "accept", "replay"):
+            r = st[what]
+            out.append(f"  {what:<6} | {r['statements']:>3} | x{r.get('ratio_to_read', 1.0)} | HTTP {r['status']} | "
+                       + ", ".join(r["sql"]))
     if report.get("worker"):
         w = report["worker"]
         out.append(f"\nworker at rest: {w['cpu_s_per_min']} CPU s/min, RSS {w['rss_mb']} MB, {w['threads']} threads")
@@ -497,7 +630,8 @@ def table(report: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--label", default="run")
-    parser.add_argument("--sections", default="idle,http,board,worker")
+    parser.add_argument("--sections", default="statements,wave,idle,http,board,worker,approvals")
+    parser.add_argument("--wave-workers", type=int, default=1000)
     parser.add_argument("--workers", default="10,100,1000")
     parser.add_argument("--sockets", default="1,100,500")
     parser.add_argument("--shapes", default="daphne,gunicorn")
@@ -507,6 +641,9 @@ def main() -> int:
     parser.add_argument("--http-seconds", type=float, default=4.0)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--worker-seconds", type=float, default=30.0)
+    parser.add_argument("--hooks", type=int, default=500, help="waiting approval hooks (section approvals)")
+    parser.add_argument("--approval-window", type=float, default=25.0)
+    parser.add_argument("--decisions", type=int, default=100)
     parser.add_argument("--out", help="JSON path (default bench/results/LABEL.json)")
     args = parser.parse_args()
     if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
@@ -542,12 +679,25 @@ def main() -> int:
         from django.db import connection
 
         connection.close()
+        if "statements" in sections:
+            report["statements"] = section_statements()
+        if "wave" in sections:
+            report["wave"] = section_wave(args.wave_workers, env, cycles=2)
         if "http" in sections:
             report["http"] = section_http(args.shapes.split(","), env, args.http_seconds, [int(x) for x in args.connections.split(",")])
         if "board" in sections:
             report["board"] = section_board([int(x) for x in args.sockets.split(",")], env, args.rounds)
         if "worker" in sections:
             report["worker"] = section_worker(env, args.worker_seconds)
+        if "approvals" in sections:
+            import resource
+
+            from approvals import run_approvals
+
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.hooks + 256)), hard))
+            report["approvals"] = run_approvals(env, dbname, admin_url, hooks=args.hooks, window_s=args.approval_window,
+                                                decisions=args.decisions, state_dirs=10, batch=25)
         if "idle" in sections:
             report["idle"] = section_idle([int(x) for x in args.workers.split(",")], env, dbname, args.window, args.tasks)
     finally:

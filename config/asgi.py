@@ -1,4 +1,5 @@
-"""ASGI entry point: Django over HTTP, the board over ``/ws/``; and, because daphne has
+"""ASGI entry point: Django over HTTP (the long-polls of ``LONG_POLL_VIEWS`` around its
+request handler, ``core/longpoll.py``), the board over ``/ws/``; and, because daphne has
 no lifespan protocol, the server start/stop hooks (the periodic sweep) installed when the
 server imports this module (``config/server_hooks.py``).
 """
@@ -11,12 +12,16 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
-from sessions_app.routing import websocket_application  # noqa: E402
+from board.routing import websocket_application  # noqa: E402
 from config import server_hooks  # noqa: E402
+from core import longpoll  # noqa: E402
+from sessions_app.api.approvals import ApprovalDetail  # noqa: E402
+from tasks_app.api.views import WorkerMessages  # noqa: E402
 
-from tasks_app import longpoll  # noqa: E402
-
-# The worker long-poll bypasses Django's handler so it waits without a thread (D1, D2).
-application = ProtocolTypeRouter({"http": longpoll.route(django_asgi_app), "websocket": websocket_application})
+# Long-polls that wait go around Django's handler, so they wait without a thread (D1, D2).
+LONG_POLL_VIEWS = [WorkerMessages, ApprovalDetail]
+application = ProtocolTypeRouter(
+    {"http": longpoll.route(django_asgi_app, LONG_POLL_VIEWS), "websocket": websocket_application}
+)
 
 server_hooks.install()

@@ -6,8 +6,13 @@
   safe (O2); with it off, run ``manage.py sweep``.
 - start: the notification delivery loop (N3) the same way, when
   ``RUNSTEAD_EMBEDDED_NOTIFY`` is on (the default); with it off, run ``manage.py notify``.
-- stop: waiting worker long-polls return at once, so the server exits without waiting
-  up to ``LONG_POLL_MAX_S`` (25 s) for their threads; and should a thread still hold
+- start: autobahn (daphne's WebSocket layer) formats a debug line with ``pformat`` and
+  styles others with click on every connection, whether or not debug logging is on:
+  about a quarter of daphne's own cost per handshake, measured with a flood of refused
+  handshakes (K3). ``_lazy_autobahn_logging`` makes both lazy (formatted only when a
+  debug line is emitted), so nothing a log reader sees changes.
+- stop: waiting long-polls return at once (``core.waiting.stop_all``), so the server
+  exits without waiting up to ``LONG_POLL_MAX_S`` (25 s) for them; and should a thread still hold
   the process EXIT_GRACE_S after the reactor stopped (e.g. one waiting in
   ``async_to_sync`` on the loop that no longer runs), it exits anyway (D3: daphne always
   exits within a few seconds of SIGTERM).
@@ -23,10 +28,9 @@ import threading
 
 from django.conf import settings
 
-from sessions_app.notifications.delivery import notify_loop
-from sessions_app.sweep import sweep_loop
-from tasks_app.services.messages import server_stopping
-from tasks_app.wakeups import stop_all
+from notifications.delivery import notify_loop
+from board.sweep import sweep_loop
+from core.waiting import stop_all
 
 log = logging.getLogger("runstead.server")
 
@@ -47,18 +51,41 @@ def _exit_after_grace() -> None:
     timer.start()
 
 
+class _LazyPformat:
+    """``pprint.pformat(obj)``, computed only if the log line is formatted."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __format__(self, spec):
+        import pprint
+
+        return format(pprint.pformat(self.obj), spec)
+
+    def __str__(self):
+        return format(self, "")
+
+
+def _lazy_autobahn_logging() -> None:
+    import autobahn.util
+    import autobahn.websocket.protocol
+
+    autobahn.websocket.protocol.pformat = _LazyPformat
+    autobahn.util._HAS_CLICK = False  # plain text in autobahn's own log lines, no ANSI colours
+
+
 def install() -> None:
     """Register the hooks on the running daphne's reactor; outside daphne, do nothing."""
     reactor = sys.modules.get("twisted.internet.reactor")
     if reactor is None:
         log.warning("not under daphne: no in-server sweep; run `manage.py sweep`")
         return
+    _lazy_autobahn_logging()
     if settings.RUNSTEAD_EMBEDDED_SWEEP:
         interval_s = settings.RUNSTEAD_SWEEP_INTERVAL_S
         reactor.callWhenRunning(lambda: asyncio.ensure_future(sweep_loop(interval_s)))
     if settings.RUNSTEAD_EMBEDDED_NOTIFY:
         notify_interval_s = settings.RUNSTEAD_NOTIFY_INTERVAL_S
         reactor.callWhenRunning(lambda: asyncio.ensure_future(notify_loop(notify_interval_s)))
-    reactor.addSystemEventTrigger("before", "shutdown", server_stopping.set)
     reactor.addSystemEventTrigger("before", "shutdown", stop_all)
     reactor.addSystemEventTrigger("after", "shutdown", _exit_after_grace)

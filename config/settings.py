@@ -3,7 +3,9 @@
 With nothing set: the embedded default (SQLite file under ``var/``, in-memory channel
 layer, DEBUG on, a generated dev secret kept in ``var/``). ``DATABASE_URL`` and
 ``REDIS_URL`` switch to PostgreSQL and Redis; ``RUNSTEAD_ENV=production`` turns DEBUG off
-and requires ``SECRET_KEY`` and ``ALLOWED_HOSTS``.
+and requires ``SECRET_KEY`` and ``ALLOWED_HOSTS``. Every value goes through a strict
+helper (``env_seconds``, ``env_flag``) that raises ``ImproperlyConfigured`` naming the
+variable; README's "Settings (environment)" lists each with its default.
 """
 import os
 import secrets
@@ -11,6 +13,8 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+
+from tasks_app.protocol import LONG_POLL_KEEPALIVE_S, RECEIPT_MAX_BYTES
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RUNSTEAD_VAR_DIR", BASE_DIR / "var"))
@@ -33,6 +37,37 @@ def env_seconds(name: str, default: float) -> float:
     if not value > 0:
         raise ImproperlyConfigured(f"{name} must be > 0, got {raw!r}")
     return value
+
+
+FLAG_VALUES = {"1": True, "true": True, "0": False, "false": False}
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """An on/off setting: exactly ``1`` or ``true`` (on), ``0`` or ``false`` (off); unset
+    or empty gives ``default``. Anything else (``yes``, ``off``, ``True``, ``2``) raises
+    ``ImproperlyConfigured`` naming the variable, so a typo never leaves a loop running."""
+    raw = env_str(name)
+    if raw is None:
+        return default
+    if raw not in FLAG_VALUES:
+        raise ImproperlyConfigured(f"{name} must be 1, 0, true or false, got {raw!r}")
+    return FLAG_VALUES[raw]
+
+
+def env_cidrs(name: str) -> list[str]:
+    """Comma-separated networks in CIDR form (``127.0.0.0/8,::1/128``; a bare address is
+    one host) from the environment; empty or unset -> ``[]``. A network with host bits
+    set (``127.0.0.1/8``) is refused as a likely typo."""
+    import ipaddress
+
+    networks = []
+    for part in (env_str(name) or "").split(","):
+        if part.strip():
+            try:
+                networks.append(str(ipaddress.ip_network(part.strip())))
+            except ValueError as exc:
+                raise ImproperlyConfigured(f"{name}: {part.strip()!r} is not a network in CIDR form ({exc})")
+    return networks
 
 
 RUNSTEAD_ENV = env_str("RUNSTEAD_ENV", "development")
@@ -72,12 +107,14 @@ INSTALLED_APPS = [
     "channels",
     "tasks_app",
     "sessions_app",
-    "sessions_app.notifications",
+    "notifications",
+    "board",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "config.errors.api_responses",
+    "core.bodies.body_limits",
+    "core.errors.api_responses",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -162,17 +199,21 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "staticfiles"
 WHITENOISE_USE_FINDERS = True  # serve from static/ without collectstatic in the embedded default
 DATA_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024  # K3: bodies over this are refused
+# ...except on these routes, read by core.bodies up to their own limit: a final receipt
+# carries a worktree task's diff (G7).
+RUNSTEAD_BODY_LIMITS = {"/api/worker/receipts/": RECEIPT_MAX_BYTES}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "tasks_app.auth.MachineAuthentication",
+        "tasks_app.auth.TaskCredentialAuthentication",
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tasks_app.auth.IsOwner"],
-    "DEFAULT_PAGINATION_CLASS": "config.pagination.StableCursorPagination",
-    "EXCEPTION_HANDLER": "config.exception_handler.exception_handler",
-    "DEFAULT_PARSER_CLASSES": ["config.errors.StrictJSONParser"],
+    "DEFAULT_PAGINATION_CLASS": "core.pagination.StableCursorPagination",
+    "EXCEPTION_HANDLER": "core.exception_handler.exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["core.errors.StrictJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
@@ -193,20 +234,36 @@ RUNSTEAD_DEFAULT_BUDGET_S = env_seconds("RUNSTEAD_DEFAULT_BUDGET_S", 36000)
 RUNSTEAD_SWEEP_INTERVAL_S = env_seconds("RUNSTEAD_SWEEP_INTERVAL_S", 1)
 # D1: one query per process every this many seconds for all waiting long-polls.
 RUNSTEAD_LONGPOLL_RECHECK_S = env_seconds("RUNSTEAD_LONGPOLL_RECHECK_S", 5)
+# D1: a waiting long-poll sends a space this often (seconds) so a half-open pull is seen.
+RUNSTEAD_LONGPOLL_KEEPALIVE_S = env_seconds("RUNSTEAD_LONGPOLL_KEEPALIVE_S", LONG_POLL_KEEPALIVE_S)
+# D1, D2: long-poll starts (the view and the first take) at once per daphne process; the
+# rest of a wave of pull starts queues behind them, not in front of the API (core/longpoll.py).
+RUNSTEAD_LONGPOLL_START_SLOTS = max(1, int(env_str("RUNSTEAD_LONGPOLL_START_SLOTS", "2")))
 RUNSTEAD_MACHINE_OFFLINE_S = env_seconds("RUNSTEAD_MACHINE_OFFLINE_S", 90)
 RUNSTEAD_PAIRING_CODE_TTL_S = env_seconds("RUNSTEAD_PAIRING_CODE_TTL_S", 600)
-# K3 rate limits (config/throttling.py), "N/period" with period s, min, hour or day: task
+# K3 rate limits (core/throttling.py), "N/period" with period s, min, hour or day: task
 # acceptances per owner (a person or a script; a double click is one task anyway, A2) and
 # progress reports per machine (G4: at most one a second per running task, 4 tasks).
 RUNSTEAD_ACCEPT_RATE = env_str("RUNSTEAD_ACCEPT_RATE", "120/min")
 RUNSTEAD_PROGRESS_RATE = env_str("RUNSTEAD_PROGRESS_RATE", "600/min")
-# In-process sweep thread inside each daphne process (see tasks_app/apps.py); "0" turns it off.
-RUNSTEAD_EMBEDDED_SWEEP = env_str("RUNSTEAD_EMBEDDED_SWEEP", "1") != "0"
+# Q7/K3: approvals created per session or task (an agent asks a few times a minute at most).
+RUNSTEAD_APPROVAL_RATE = env_str("RUNSTEAD_APPROVAL_RATE", "60/min")
+# Q1/Q3: a pending approval expires this long after it was asked (decided_by "timeout").
+RUNSTEAD_APPROVAL_WAIT_S = env_seconds("RUNSTEAD_APPROVAL_WAIT_S", 600)
+# K3: board WebSocket handshakes per owner and per client address, per process (a brake
+# against a reconnect loop or a flood; a board reconnects once per network change).
+RUNSTEAD_WS_OWNER_RATE = env_str("RUNSTEAD_WS_OWNER_RATE", "30/min")
+RUNSTEAD_WS_ADDRESS_RATE = env_str("RUNSTEAD_WS_ADDRESS_RATE", "120/min")
+# The periodic sweep on each daphne process's event loop (config/server_hooks.py); off: run
+# `manage.py sweep` as its own process.
+RUNSTEAD_EMBEDDED_SWEEP = env_flag("RUNSTEAD_EMBEDDED_SWEEP", True)
 # N3: the notification delivery loop inside daphne (off: run `manage.py notify`), its poll interval,
 # and the VAPID "sub" claim push services may use to reach the operator.
-RUNSTEAD_EMBEDDED_NOTIFY = env_str("RUNSTEAD_EMBEDDED_NOTIFY", "1") != "0"
+RUNSTEAD_EMBEDDED_NOTIFY = env_flag("RUNSTEAD_EMBEDDED_NOTIFY", True)
 RUNSTEAD_NOTIFY_INTERVAL_S = env_seconds("RUNSTEAD_NOTIFY_INTERVAL_S", 1)
 RUNSTEAD_VAPID_SUBJECT = env_str("RUNSTEAD_VAPID_SUBJECT", "mailto:runstead@localhost")
+# K5: networks that webhooks and Web Push may reach although not public (empty: none).
+RUNSTEAD_OUTBOUND_ALLOW = env_cidrs("RUNSTEAD_OUTBOUND_ALLOW")
 
 if RUNSTEAD_LEASE_DURATION_S < 2 * RUNSTEAD_LEASE_RENEW_S + RUNSTEAD_LEASE_MARGIN_S + RUNSTEAD_KILL_GRACE_S:
     # L4: a lease must survive one lost renewal plus margin and kill grace.
@@ -226,7 +283,15 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "MarkerStateEnum": "sessions_app.models.MarkerState",
         "TaskStateEnum": "tasks_app.models.TaskState",
+        "IntegrationOutcomeEnum": "tasks_app.models.IntegrationOutcome",
+        "ApprovalStateEnum": "sessions_app.models.ApprovalState",
+        "SessionAttentionEnum": "sessions_app.models.Attention",
+        "SessionStatusEnum": "sessions_app.models.SessionStatus",
+        "AppliedOutcomeEnum": ["applied", "not_applied"],
     },
+    # The board events as components (board/schema.py), before the enums are named so
+    # theirs are named too.
+    "POSTPROCESSING_HOOKS": ["board.schema.board_events", "drf_spectacular.hooks.postprocess_schema_enums"],
 }
 
 LOGGING = {
@@ -241,14 +306,14 @@ LOGGING = {
 if PRODUCTION:
     # The proxy (deploy/Caddyfile) terminates TLS and says so in X-Forwarded-Proto.
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-    SECURE_SSL_REDIRECT = env_str("RUNSTEAD_SSL_REDIRECT", "1") != "0"
+    SECURE_SSL_REDIRECT = env_flag("RUNSTEAD_SSL_REDIRECT", True)
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     # HSTS: a year by default; RUNSTEAD_HSTS_SECONDS=0 turns it off (e.g. while trying a
     # new domain). Subdomains and preload are opt-in: both commit more than this host.
     SECURE_HSTS_SECONDS = int(env_seconds("RUNSTEAD_HSTS_SECONDS", 31536000)) if env_str("RUNSTEAD_HSTS_SECONDS") != "0" else 0
-    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_str("RUNSTEAD_HSTS_INCLUDE_SUBDOMAINS", "0") == "1"
-    SECURE_HSTS_PRELOAD = env_str("RUNSTEAD_HSTS_PRELOAD", "0") == "1"
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_flag("RUNSTEAD_HSTS_INCLUDE_SUBDOMAINS", False)
+    SECURE_HSTS_PRELOAD = env_flag("RUNSTEAD_HSTS_PRELOAD", False)
     # Origins allowed to POST forms (admin, board): https:// on every allowed host unless set.
     CSRF_TRUSTED_ORIGINS = [
         o.strip() for o in (env_str("CSRF_TRUSTED_ORIGINS") or ",".join(

@@ -2,8 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from config.schema import SchemaView
-from sessions_app.notifications import pwa
+from core.schema import SchemaView
+from notifications import pwa
 from tasks_app import pages
 
 urlpatterns = [
@@ -13,11 +13,11 @@ urlpatterns = [
     path("api/schema/", SchemaView.as_view(), name="schema"),
     path("api/", include("tasks_app.api.urls")),
     path("api/", include("sessions_app.api.urls")),
-    path("api/", include("sessions_app.notifications.urls")),
+    path("api/", include("notifications.urls")),
     path("sw.js", pwa.service_worker, name="service-worker"),
     path("manifest.webmanifest", pwa.manifest, name="manifest"),
     path("tasks/<uuid:task_id>/", pages.task_page, name="task-page"),
     path("tasks/<uuid:task_id>/data/", pages.task_page_data, name="task-page-data"),
     path("tasks/<uuid:task_id>/decide/", pages.task_decide_page, name="task-decide"),
-    path("", include("sessions_app.urls")),
+    path("", include("board.urls")),
 ]

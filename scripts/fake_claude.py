@@ -13,7 +13,7 @@ Environment (all optional):
 - ``FAKE_CLAUDE_RESULT``: ``success`` (default), ``api_error`` (an API error reported
   with ``is_error: true`` and exit 0, as some versions do) or ``max_turns``;
 - ``FAKE_CLAUDE_EXIT`` (default 0): the exit code;
-- ``FAKE_CLAUDE_RECORD``: a file; one JSON line ``{"argv", "stdin"}`` is appended per run;
+- ``FAKE_CLAUDE_RECORD``: a file; one JSON line ``{"argv", "stdin", "cwd"}`` is appended per run;
 - ``FAKE_CLAUDE_COMMIT`` (default 1): 0 makes the tool call read-only (``git status``).
 Standard library only.
 """
@@ -82,6 +82,9 @@ def tool_call(prompt: str, n: int) -> tuple[str, list[str]]:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--version"]:  # worker --check asks every preset CLI (G1); nothing runs
+        print("2.1.328 (fake Claude Code: scripts/fake_claude.py speaks that version's stream-json)")
+        return 0
     prompt, resume = parse_args(sys.argv[1:])
     stdin_text = ""
     if prompt is None and not sys.stdin.isatty():
@@ -91,7 +94,7 @@ def main() -> int:
     record = os.environ.get("FAKE_CLAUDE_RECORD")
     if record:
         with open(record, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"argv": sys.argv[1:], "stdin": stdin_text}) + "\n")
+            f.write(json.dumps({"argv": sys.argv[1:], "stdin": stdin_text, "cwd": os.getcwd()}) + "\n")
     pause = float(os.environ.get("FAKE_CLAUDE_PAUSE_S", "1.5"))
     turns = max(1, int(os.environ.get("FAKE_CLAUDE_TURNS", "3")))
     outcome = os.environ.get("FAKE_CLAUDE_RESULT", "success")

@@ -1,10 +1,11 @@
-"""Admin views of sessions, markers and jobs (SPEC U5): markers, jobs and ended turns are
-history, shown and never edited or deleted here; a session's title is its only editable
-field. State changes go through the API."""
+"""Admin views of sessions, markers, jobs and approvals (SPEC U5): markers, jobs, ended
+turns and approvals are history, shown and never edited or deleted here; a session's
+title is its only editable field. State changes go through the API (an approval is
+answered from the board or the API, once, Q2)."""
 from django.contrib import admin
 
-from config.admin_history import HistoryAdmin, HistoryInline, OwnerScopedAdmin
-from sessions_app.models import EndedTurn, Job, Marker, Session
+from core.admin_history import HistoryAdmin, HistoryInline, OwnerScopedAdmin
+from sessions_app.models import Approval, EndedTurn, Job, Marker, Session
 
 
 class MarkerInline(HistoryInline):
@@ -52,3 +53,18 @@ class JobAdmin(HistoryAdmin):
 class EndedTurnAdmin(HistoryAdmin):
     owner_lookup = "session__owner"
     list_display = ["session", "turn_id", "device_id", "ended_at"]
+
+
+@admin.register(Approval)
+class ApprovalAdmin(HistoryAdmin):
+    """Q1, U5: read-only; pending ones first, then newest."""
+
+    list_display = ["tool_name", "agent", "state", "session", "task", "created_at", "decided_at", "decided_by"]
+    list_filter = ["state", "agent"]
+    search_fields = ["id", "tool_name", "session__id", "task__id"]
+
+    def get_queryset(self, request):
+        from django.db.models import Case, IntegerField, Value, When
+
+        pending_first = Case(When(state="pending", then=Value(0)), default=Value(1), output_field=IntegerField())
+        return super().get_queryset(request).order_by(pending_first, "-created_at")

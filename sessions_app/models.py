@@ -20,6 +20,7 @@ class Attention(models.TextChoices):
 
     NONE = "", "none"
     PERMISSION = "permission", "permission prompt"
+    APPROVAL = "approval", "approval pending"  # Q3: set and cleared by the approvals, never by PATCH
 
 
 class Session(models.Model):
@@ -28,8 +29,9 @@ class Session(models.Model):
 
     I6: ``agent`` (the CLI that reports it: ``claude``, ``codex``, ``gemini``,
     ``opencode``, or blank), ``cwd`` (its folder, absolute, or blank), ``attention``
-    (``""`` or ``permission``, with ``attention_message`` and ``attention_since``, UTC),
-    changed by compare-and-set on ``version`` like the status."""
+    (``""``, ``permission``, or ``approval`` while one of its approvals is pending (Q3),
+    with ``attention_message`` and ``attention_since``, UTC), changed by compare-and-set
+    on ``version`` like the status."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions")
@@ -133,3 +135,83 @@ class Job(models.Model):
 
     def __str__(self):
         return f"{self.job_id} ({self.mode})"
+
+
+class ApprovalState(models.TextChoices):
+    """Q1. ``pending`` is the only state that changes, once, by compare-and-set (Q2)."""
+
+    PENDING = "pending"
+    ALLOWED = "allowed"
+    DENIED = "denied"
+    ANSWERED_IN_TERMINAL = "answered_in_terminal"
+    EXPIRED = "expired"
+    WITHDRAWN = "withdrawn"
+
+
+class ApprovalScope(models.TextChoices):
+    ONCE = "once"
+    SESSION = "session"  # allow this and the same kind of call for the rest of the session
+
+
+# Q1: decided_by values other than an owner (``owner:<username>``).
+DECIDED_BY_TERMINAL = "terminal"
+DECIDED_BY_TIMEOUT = "timeout"
+DECIDED_BY_SYSTEM = "system"
+
+
+class Approval(models.Model):
+    """A tool call an agent asked its owner to approve (SPEC Q1).
+
+    It belongs to an interactive ``session`` or to a headless ``task`` (exactly one;
+    ``machine`` is the task's), is created once per (owner, ``key``) (the asking hook
+    derives the key, so a retried request makes no second row) and leaves ``pending``
+    once, by compare-and-set, only through ``sessions_app.approvals``. ``tool_input`` is
+    the JSON as asked, cut to 4 KiB (``tool_input_truncated``), with the SHA-256 of the
+    whole in ``tool_input_digest``; ``suggestions`` are the CLI's
+    ``permission_suggestions`` (for "allow for this session"). ``decided_by`` is
+    ``owner:<username>``, ``terminal``, ``timeout`` or ``system``; ``message`` a deny's
+    instruction to the agent; ``scope`` ``once`` or ``session`` for an allow. Times UTC;
+    ``expires_at`` is when a pending one becomes ``expired`` (``RUNSTEAD_APPROVAL_WAIT_S``
+    after ``created_at``). ``version`` rises on every change (B2)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="approvals")
+    key = models.CharField(max_length=255)
+    session = models.ForeignKey(Session, null=True, blank=True, on_delete=models.CASCADE, related_name="approvals")
+    task = models.ForeignKey("tasks_app.Task", null=True, blank=True, on_delete=models.CASCADE, related_name="approvals")
+    machine = models.ForeignKey("tasks_app.Machine", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")
+    agent = models.CharField(max_length=20)
+    tool_name = models.CharField(max_length=200)
+    tool_input = models.JSONField(default=dict)
+    tool_input_digest = models.CharField(max_length=64)
+    tool_input_truncated = models.BooleanField(default=False)
+    cwd = models.CharField(max_length=1024, blank=True, default="")
+    suggestions = models.JSONField(default=list, blank=True)
+    state = models.CharField(max_length=24, choices=ApprovalState.choices, default=ApprovalState.PENDING)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.CharField(max_length=200, blank=True, default="")
+    message = models.CharField(max_length=2000, blank=True, default="")
+    scope = models.CharField(max_length=10, choices=ApprovalScope.choices, blank=True, default="")
+    version = models.PositiveBigIntegerField(default=1)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "key"], name="approval_owner_key"),
+            models.CheckConstraint(
+                condition=Q(session__isnull=False, task__isnull=True) | Q(session__isnull=True, task__isnull=False),
+                name="approval_session_xor_task",
+            ),
+        ]
+        indexes = [
+            # approvals.approvals_expire (the sweep): pending approvals by expiry.
+            models.Index(fields=["expires_at"], condition=Q(state="pending"), name="approval_pending_expiry"),
+            # the owner's pending list and the board snapshot (B4, Q6).
+            models.Index(fields=["owner", "created_at"], condition=Q(state="pending"), name="approval_pending_owner"),
+        ]
+
+    def __str__(self):
+        return f"{self.tool_name} ({self.state})"

@@ -14,10 +14,10 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
 
-from config.broadcast import broadcast
-from config.errors import ApplicationError
+from core.broadcast import broadcast
+from core.errors import ApplicationError
 from sessions_app.models import Attention, EndedTurn, Job, JobMode, Marker, MarkerState, Session, SessionStatus
-from sessions_app.notifications.services import notify_session_attention, notify_session_idle
+from notifications.services import notify_session_attention, notify_session_idle
 from sessions_app.rules import counting_jobs_q, running_markers_q
 from sessions_app.shapes import marker_event, session_deleted_event, session_status_event
 from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Task
@@ -95,7 +95,9 @@ def session_update(
 ) -> Session:
     """``PATCH /api/sessions/{id}/``: rename (``title``) and/or set the session's attention
     (I6: ``permission`` with ``attention_message``, or ``""`` to clear it; a cleared one
-    keeps no message, ``attention_since`` is the service time it was set). A change is a
+    keeps no message, ``attention_since`` is the service time it was set). While one of
+    the session's approvals is pending its attention is ``approval`` and only the
+    approvals change it (Q3): an attention given here is then ignored. A change is a
     compare-and-set on the row's ``version`` (it rises by one) under the session lock, and
     is published once as a ``session.status`` event after commit (the status itself does
     not change); the same values again change and publish nothing. Setting attention also
@@ -105,27 +107,49 @@ def session_update(
         changes = {}
         if title is not None and title != session.title:
             changes["title"] = title
-        raised = False
-        if attention is not None:
-            message = attention_message if attention else ""
-            if attention != session.attention:
-                changes.update(attention=attention, attention_message=message,
-                               attention_since=now if attention else None)
-                raised = attention != Attention.NONE
-            elif message != session.attention_message:
-                changes["attention_message"] = message
-        if not changes:
-            return session
-        won = Session.objects.filter(pk=session.pk, version=session.version).update(
-            version=F("version") + 1, **changes
-        )
-        if won != 1:  # the lock makes this unreachable; a lost race must not publish
-            raise ApplicationError("conflict", "the session changed meanwhile; try again", status_code=409)
-        session.refresh_from_db()
-        broadcast(session.owner_id, session_status_event(session))
-        if raised:
+        if attention is not None and session.attention != Attention.APPROVAL:
+            changes.update(_attention_changes(session, attention, attention_message if attention else "", now))
+        raised = changes.get("attention", Attention.NONE) != Attention.NONE
+        if _session_change_locked(session, changes) and raised:
             notify_session_attention(session, now=now)
         return session
+
+
+def _attention_changes(session: Session, attention: str, message: str, now: datetime) -> dict:
+    if attention != session.attention:
+        return {"attention": attention, "attention_message": message, "attention_since": now if attention else None}
+    if message != session.attention_message:
+        return {"attention_message": message}
+    return {}
+
+
+def _session_change_locked(session: Session, changes: dict) -> bool:
+    """Apply ``changes`` to a session row the caller has locked, by compare-and-set on
+    its ``version`` (it rises by one), and publish ``session.status`` after commit (I6).
+    Returns whether anything changed; ``session`` is refreshed."""
+    if not changes:
+        return False
+    won = Session.objects.filter(pk=session.pk, version=session.version).update(version=F("version") + 1, **changes)
+    if won != 1:  # the lock makes this unreachable; a lost race must not publish
+        raise ApplicationError("conflict", "the session changed meanwhile; try again", status_code=409)
+    session.refresh_from_db()
+    broadcast(session.owner_id, session_status_event(session))
+    return True
+
+
+def session_approval_attention(session: Session, *, pending: int, message: str, now: datetime) -> bool:
+    """Q3 for a session row the caller has locked: its attention is ``approval`` (with
+    ``message``) while ``pending`` approvals wait, and ``""`` once none does (a
+    ``permission`` attention given meanwhile is covered by the approval and cleared with
+    it). Published as ``session.status`` like any attention change; no N1 ``attention``
+    notification (approvals have their own kind). Returns whether it changed."""
+    if pending:
+        changes = _attention_changes(session, Attention.APPROVAL, message, now)
+    elif session.attention == Attention.APPROVAL:
+        changes = _attention_changes(session, Attention.NONE, "", now)
+    else:
+        changes = {}
+    return _session_change_locked(session, changes)
 
 
 def session_delete(*, owner, session_id: uuid.UUID, now: datetime) -> None:
@@ -141,9 +165,15 @@ def session_delete(*, owner, session_id: uuid.UUID, now: datetime) -> None:
         broadcast(owner.pk, session_deleted_event(session_id, version=version))
 
 
-def _refresh_locked(session: Session, now: datetime) -> bool:
+def _refresh_locked(session: Session, now: datetime, *, observed_end: bool = True) -> bool:
     """S1 then S2 for a session row the caller has locked: compare-and-set the stored
-    status on (id, status, version); only the winner publishes ``session.status``."""
+    status on (id, status, version); only the winner publishes ``session.status``.
+
+    N1: a change to idle is announced (a notification, and ``announced: true`` on the
+    event for B5's sound) only when ``observed_end``: the caller saw an end (an ``ended``
+    write, a job's finish, a task's state). A busy that lapsed (an expired marker or
+    held job, found by the sweep or a hydration) or a device sweep announces nothing:
+    nobody saw that session finish."""
     new_status = SessionStatus.BUSY if session_is_busy(session_id=session.pk, now=now) else SessionStatus.IDLE
     if new_status == session.status:
         return False
@@ -153,26 +183,28 @@ def _refresh_locked(session: Session, now: datetime) -> bool:
     if won != 1:
         return False
     session.status, session.status_since, session.version = new_status, now, session.version + 1
-    broadcast(session.owner_id, session_status_event(session))
-    if new_status == SessionStatus.IDLE:
+    announced = new_status == SessionStatus.IDLE and observed_end
+    broadcast(session.owner_id, session_status_event(session, announced=announced))
+    if announced:
         # N1: true idle, in the winning transaction; its board event follows the status.
         notify_session_idle(session, now=now)
     return True
 
 
-def session_refresh_status(*, session_id: uuid.UUID, now: datetime) -> bool:
+def session_refresh_status(*, session_id: uuid.UUID, now: datetime, observed_end: bool = True) -> bool:
     """Re-evaluate S1 for one session and store/publish a change by compare-and-set (S2).
 
     Called inside the transaction of every change that can flip it (task state, marker,
     job), after that change, so the last committer always evaluates with every change
     visible. Locks the session row (``FOR NO KEY UPDATE``). Returns whether this call
-    changed (and will publish) the status; False for a missing session.
+    changed (and will publish) the status; False for a missing session. ``observed_end``:
+    see ``_refresh_locked`` (N1).
     """
     with transaction.atomic():
         session = Session.objects.select_for_update(no_key=True).filter(pk=session_id).first()
         if session is None:
             return False
-        return _refresh_locked(session, now)
+        return _refresh_locked(session, now, observed_end=observed_end)
 
 
 def lapsed_sessions_q(now: datetime) -> Q:
@@ -203,7 +235,7 @@ def sessions_sweep(*, now: datetime, batch: int = SWEEP_BATCH) -> int:
                 .filter(pk=session_id, status=SessionStatus.BUSY)
                 .first()
             )
-            if session is not None and _refresh_locked(session, now):
+            if session is not None and _refresh_locked(session, now, observed_end=False):
                 changed += 1
     return changed
 
@@ -213,7 +245,7 @@ def sessions_active(*, owner, now: datetime) -> list[Session]:
     sweep is settled first (same compare-and-set, so it is still published once)."""
     lapsed = list(Session.objects.filter(lapsed_sessions_q(now), owner=owner).values_list("pk", flat=True))
     for session_id in lapsed:
-        session_refresh_status(session_id=session_id, now=now)
+        session_refresh_status(session_id=session_id, now=now, observed_end=False)
     return list(Session.objects.filter(owner=owner, status=SessionStatus.BUSY).order_by("-status_since"))
 
 
@@ -368,7 +400,7 @@ def device_sweep(*, owner, device_id: str, now: datetime, machine=None) -> int:
             for marker in markers:
                 _marker_end(session, marker, now)
                 closed += 1
-            _refresh_locked(session, now)
+            _refresh_locked(session, now, observed_end=False)  # N1: a crash left them open
         return closed
 
 

@@ -5,19 +5,37 @@ snapshot is made of, written once.
 Plain functions of model rows, no DRF (healthchecks' ``Check.to_dict``): views, services
 and the board all render through them. Times are ISO-8601 UTC strings (``iso`` of
 ``tasks_app.shapes``); ``now`` is the service clock of the answer (M3 ``running`` and
-S3/S4/S7 ``counts`` are evaluated at it). The ``*Out`` serializers in
-``sessions_app/api/serializers.py`` only describe these shapes for the OpenAPI schema.
+S3/S4/S7 ``counts`` are evaluated at it). Each shape is declared once, as the
+``TypedDict`` its builder returns; the OpenAPI schema is generated from it (see
+``tasks_app/shapes.py``).
 """
 from datetime import datetime
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
+from core.wire import BoardEvent, Doc, Time, Uuid
+from sessions_app.models import ApprovalState, JobMode, MarkerState, SessionStatus
 from sessions_app.rules import job_counts, marker_is_running
 from tasks_app.shapes import iso
 
 
-def marker_dict(marker, *, now: datetime) -> dict:
-    """One marker (M1-M8): ``{session_id, device_id, device_name, turn_id, state,
-    deep_research, started_at, expires_at, ended_at, version, running}``; ``running`` is
-    M3 at ``now`` (the board re-evaluates it on its own timer, B3)."""
+class MarkerShape(TypedDict):
+    """One device's marker of its current turn in a session (M1-M8)."""
+
+    session_id: Uuid
+    device_id: str
+    device_name: str
+    turn_id: str
+    state: MarkerState
+    deep_research: bool
+    started_at: Time
+    expires_at: Time
+    ended_at: Time | None
+    version: int
+    running: Annotated[bool, Doc("M3 on the service clock at the time of the answer")]
+
+
+def marker_dict(marker, *, now: datetime) -> MarkerShape:
+    """One marker (M1-M8); ``running`` is M3 at ``now`` (the board re-evaluates it on its own timer, B3)."""
     return {
         "session_id": str(marker.session_id),
         "device_id": marker.device_id,
@@ -33,15 +51,31 @@ def marker_dict(marker, *, now: datetime) -> dict:
     }
 
 
-def marker_event(marker, *, now: datetime) -> dict:
+class MarkerBoardEvent(BoardEvent, MarkerShape):
+    """The ``marker`` board event (B2): the marker with ``type``."""
+
+    type: Literal["marker"]
+
+
+def marker_event(marker, *, now: datetime) -> MarkerBoardEvent:
     """The ``marker`` board event (B2): the marker with ``type``; ``server_time`` is added
     by the broadcast."""
     return {"type": "marker", **marker_dict(marker, now=now)}
 
 
-def session_info(session) -> dict:
-    """I6, what a board shows of a session besides its status: ``{agent, title, cwd,
-    attention, attention_message, attention_since}``."""
+class SessionInfoPart(TypedDict):
+    """I6: what a board shows of a session besides its status."""
+
+    agent: str
+    title: str
+    cwd: str
+    attention: Annotated[str, Doc('I6: "", "permission" (needs you) or "approval" (Q3: one of its approvals is pending)')]
+    attention_message: str
+    attention_since: Time | None
+
+
+def session_info(session) -> SessionInfoPart:
+    """I6, what a board shows of a session besides its status."""
     return {
         "agent": session.agent,
         "title": session.title,
@@ -52,11 +86,20 @@ def session_info(session) -> dict:
     }
 
 
-def session_dict(session, *, markers, now: datetime) -> dict:
+class SessionShape(SessionInfoPart):
+    """A session with all its markers (S1, S2, I6)."""
+
+    id: Uuid
+    status: SessionStatus
+    status_since: Time
+    version: int
+    created_at: Time
+    markers: list[MarkerShape]
+
+
+def session_dict(session, *, markers, now: datetime) -> SessionShape:
     """One session with its markers (all of them, ended ones too, so a board can order
-    later events by version, B2): ``{id, title, agent, cwd, attention,
-    attention_message, attention_since, status, status_since, version, created_at,
-    markers: [marker]}``."""
+    later events by version, B2)."""
     return {
         "id": str(session.id),
         **session_info(session),
@@ -68,41 +111,96 @@ def session_dict(session, *, markers, now: datetime) -> dict:
     }
 
 
-def session_status_event(session) -> dict:
-    """The ``session.status`` board event (S2, I6): ``{type, session_id, status, version,
-    agent, title, cwd, attention, attention_message, attention_since}``; ``server_time``
-    is added by the broadcast."""
+class SessionStatusBoardEvent(BoardEvent, SessionInfoPart):
+    """The ``session.status`` board event (S2, I6)."""
+
+    type: Literal["session.status"]
+    session_id: Uuid
+    status: SessionStatus
+    version: int
+    announced: Annotated[bool, Doc("N1, B5: a change to idle that was announced (an end was observed); "
+                                   "false for an idle by expiry and for every other change")]
+
+
+def session_status_event(session, *, announced: bool = False) -> SessionStatusBoardEvent:
+    """The ``session.status`` board event (S2, I6); ``server_time`` is added by the
+    broadcast. ``announced``: this change to idle was announced (N1: an end was
+    observed), so the board plays B5's sound; an idle by expiry is not."""
     return {
         "type": "session.status", "session_id": str(session.pk), "status": session.status, "version": session.version,
-        **session_info(session),
+        "announced": announced, **session_info(session),
     }
 
 
-def session_deleted_event(session_id, *, version: int) -> dict:
+class SessionDeletedBoardEvent(BoardEvent):
+    """The ``session.deleted`` board event: open boards drop the session."""
+
+    type: Literal["session.deleted"]
+    session_id: Uuid
+    version: int
+
+
+def session_deleted_event(session_id, *, version: int) -> SessionDeletedBoardEvent:
     """The ``session.deleted`` board event: open boards drop the session."""
     return {"type": "session.deleted", "session_id": str(session_id), "version": version}
 
 
-def active_sessions_dict(sessions, *, now: datetime) -> dict:
-    """``GET /api/sessions/active/`` (S6): ``{"sessions": [{id, status, since}], "server_time"}``."""
+class ActiveSessionShape(TypedDict):
+    """A busy session of S6."""
+
+    id: Uuid
+    status: str
+    since: Time
+
+
+class ActiveSessionsShape(TypedDict):
+    """``GET /api/sessions/active/`` (S6)."""
+
+    sessions: list[ActiveSessionShape]
+    server_time: Time
+
+
+def active_sessions_dict(sessions, *, now: datetime) -> ActiveSessionsShape:
+    """``GET /api/sessions/active/`` (S6) at ``now``."""
     return {
         "sessions": [{"id": str(s.id), "status": s.status, "since": iso(s.status_since)} for s in sessions],
         "server_time": iso(now),
     }
 
 
-def marker_write_dict(result, *, now: datetime) -> dict:
-    """Answer of ``PUT /api/sessions/{id}/marker/``: ``{outcome, reason?, marker}``."""
-    body = {"outcome": result.outcome, "marker": marker_dict(result.marker, now=now) if result.marker else None}
+class MarkerWriteShape(TypedDict):
+    """Answer of ``PUT /api/sessions/{id}/marker/`` (M2, M4)."""
+
+    outcome: Literal["applied", "not_applied"]
+    reason: NotRequired[str]
+    marker: MarkerShape | None
+
+
+def marker_write_dict(result, *, now: datetime) -> MarkerWriteShape:
+    """Answer of ``PUT /api/sessions/{id}/marker/`` (``reason`` only when not applied)."""
+    body: MarkerWriteShape = {"outcome": result.outcome, "marker": marker_dict(result.marker, now=now) if result.marker else None}
     if result.reason:
         body["reason"] = result.reason
     return body
 
 
-def job_dict(job, *, now: datetime) -> dict:
-    """One job (S3, S4, S7): ``{job_id, mode, auto_backgrounded, created_at, finished_at,
-    wakes, consumed_at, cancelled_at, version, counts}``; ``counts`` is whether it keeps
-    the session busy at ``now``."""
+class JobShape(TypedDict):
+    """Background work a session owns (S3, S4, S7)."""
+
+    job_id: str
+    mode: JobMode
+    auto_backgrounded: bool
+    created_at: Time
+    finished_at: Time | None
+    wakes: bool | None
+    consumed_at: Time | None
+    cancelled_at: Time | None
+    version: int
+    counts: Annotated[bool, Doc("whether it keeps the session busy now (S3, S4, S7)")]
+
+
+def job_dict(job, *, now: datetime) -> JobShape:
+    """One job (S3, S4, S7); ``counts`` is whether it keeps the session busy at ``now``."""
     return {
         "job_id": job.job_id,
         "mode": job.mode,
@@ -117,7 +215,17 @@ def job_dict(job, *, now: datetime) -> dict:
     }
 
 
-def stop_dict(result) -> dict:
+class StopShape(TypedDict):
+    """Answer of ``POST /api/sessions/{id}/stop/`` (S5)."""
+
+    markers_closed: int
+    jobs_cancelled: int
+    tasks_cancelled: int
+    status: str
+    version: int
+
+
+def stop_dict(result) -> StopShape:
     """Answer of ``POST /api/sessions/{id}/stop/`` (S5)."""
     return {
         "markers_closed": result.markers_closed,
@@ -126,3 +234,111 @@ def stop_dict(result) -> dict:
         "status": result.session.status,
         "version": result.session.version,
     }
+
+
+class SweepShape(TypedDict):
+    """Answer of ``POST /api/devices/{device_id}/sweep/`` (M5): how many markers it closed."""
+
+    closed: int
+
+
+# --- approvals (Q1, Q6) -------------------------------------------------------------------
+
+
+def approval_title(approval) -> str:
+    """What the approval is about, for a list: its session's title, or the first line of
+    its task's prompt (80 characters at most)."""
+    if approval.session_id is not None:
+        return approval.session.title
+    prompt = (approval.task.prompt or "").strip()
+    return prompt.splitlines()[0][:80] if prompt else ""
+
+
+class PermissionRuleShape(TypedDict):
+    """A rule of a Claude Code permission update (``Bash(npm test)``)."""
+
+    toolName: str
+    ruleContent: NotRequired[str]
+
+
+class SuggestionShape(TypedDict):
+    """One of the CLI's ``permission_suggestions`` as it sent it (Claude Code's permission
+    updates: ``addRules`` with ``rules`` and ``behavior``, ``addDirectories`` with
+    ``directories``, ``setMode`` with ``mode``; each with a ``destination``)."""
+
+    type: str
+    destination: NotRequired[Annotated[str, Doc("session, localSettings, projectSettings, userSettings, ...")]]
+    rules: NotRequired[list[PermissionRuleShape]]
+    behavior: NotRequired[str]
+    directories: NotRequired[list[str]]
+    mode: NotRequired[str]
+
+
+class ApprovalShape(TypedDict):
+    """A tool call an agent asked its owner to approve (Q1)."""
+
+    id: Uuid
+    session: Annotated[Uuid | None, Doc("the interactive session that asks (or null: a task)")]
+    task: Annotated[Uuid | None, Doc("the headless task that asks (or null: a session)")]
+    machine: Annotated[Uuid | None, Doc("the task's machine")]
+    agent: str
+    title: Annotated[str, Doc("the session's title or the first line of the task's prompt")]
+    cwd: str
+    tool_name: str
+    tool_input: Annotated[dict[str, Any], Doc("the tool's input as asked, cut to 4 KiB: show it as text, "
+                                              "never as markup")]
+    tool_input_digest: Annotated[str, Doc("SHA-256 of the whole tool input's canonical JSON")]
+    tool_input_truncated: bool
+    suggestions: Annotated[list[SuggestionShape], Doc("the CLI's permission_suggestions, as it sent them")]
+    state: ApprovalState
+    scope: Annotated[str, Doc('an allow\'s scope, "once" or "session"; "" otherwise')]
+    message: Annotated[str, Doc("a deny's instruction to the agent")]
+    created_at: Time
+    expires_at: Time
+    decided_at: Time | None
+    decided_by: Annotated[str, Doc('"owner:<username>", "terminal", "timeout", "system", or "" while pending')]
+    version: int
+
+
+def approval_dict(approval) -> ApprovalShape:
+    """One approval (Q1) as the approvals API answers it, ``approval`` board events carry
+    it and the board snapshot lists the pending ones (B4): ``session`` or ``task`` is set
+    (ids; ``machine`` is the task's); ``tool_input`` is the JSON as asked, cut to 4 KiB
+    (``tool_input_truncated``); ``decided_by`` is ``owner:<username>``, ``terminal``,
+    ``timeout``, ``system`` or ``""`` while pending."""
+    return {
+        "id": str(approval.id),
+        "session": str(approval.session_id) if approval.session_id else None,
+        "task": str(approval.task_id) if approval.task_id else None,
+        "machine": str(approval.machine_id) if approval.machine_id else None,
+        "agent": approval.agent,
+        "title": approval_title(approval),
+        "cwd": approval.cwd,
+        "tool_name": approval.tool_name,
+        "tool_input": approval.tool_input,
+        "tool_input_digest": approval.tool_input_digest,
+        "tool_input_truncated": approval.tool_input_truncated,
+        "suggestions": approval.suggestions,
+        "state": approval.state,
+        "scope": approval.scope,
+        "message": approval.message,
+        "created_at": iso(approval.created_at),
+        "expires_at": iso(approval.expires_at),
+        "decided_at": iso(approval.decided_at),
+        "decided_by": approval.decided_by,
+        "version": approval.version,
+    }
+
+
+class ApprovalBoardEvent(BoardEvent):
+    """The ``approval`` board event (Q6, B2): on create and on every change."""
+
+    type: Literal["approval"]
+    approval: ApprovalShape
+    version: int
+
+
+def approval_event(approval) -> ApprovalBoardEvent:
+    """The ``approval`` board event (Q6, B2): ``{type, approval, version}``, on create and
+    on every change; ``server_time`` is added by the broadcast."""
+    return {"type": "approval", "approval": approval_dict(approval), "version": approval.version}

@@ -7,6 +7,9 @@
  * ignored (B2). RUNNING badges are re-evaluated by M3 every second on the browser clock
  * corrected by the last `server_time` seen (B3), so an expired marker disappears with no
  * message from the server. Times are shown in the browser's time zone (B6).
+ *
+ * Approvals (Q6) live here too (`approval` events, the snapshot's pending list); the
+ * inbox that shows and answers them is static/approvals.js, which reads this state.
  */
 (function () {
   "use strict";
@@ -19,7 +22,7 @@
   var OUTPUT_LINES = 6; // L10: last output lines shown per task
   var SLEEP_SHOWN_S = 1; // L9: slept_s worth mentioning
   var WAITING = { accepted: true, delivered: true };
-  var UNFINISHED = { accepted: true, delivered: true, starting: true, running: true, unknown: true };
+  var UNFINISHED = { queued: true, accepted: true, delivered: true, starting: true, running: true, unknown: true };
   var LEASED = { starting: true, running: true };
   var SLEEP_STATES = { starting: true, running: true, unknown: true, failed_lease_lost: true };
 
@@ -27,6 +30,7 @@
     sessions: new Map(), // id -> {id, title, status, status_since, version, touched, markers: Map(device_id -> marker)}
     tasks: new Map(), // id -> task (as GET /api/tasks/{id}/) + version, touched
     machines: new Map(), // id -> machine + version, touched
+    approvals: new Map(), // id -> approval (Q6, any state: the inbox shows an answer briefly) + version, touched
     grants: [],
     deleted: new Map(), // session id -> {version, seq} of its session.deleted event
     offsetMs: 0, // server clock - browser clock, from the last server_time (M3)
@@ -34,12 +38,17 @@
     seq: 0, // local change counter; rows touched after a hydrate started survive it
     loaded: false,
     messages: 0, // WebSocket messages received (tests read it)
+    socketOpens: [], // Date.now() of each WebSocket attempt (tests read the spacing)
+    rateLimited: 0, // sockets the service refused as over its handshake rate (K3)
     hydrations: 0, // snapshots fetched from /api/board/
     doneCount: 0, // busy -> idle transitions seen (B5)
     beeps: 0, // of which played aloud (not muted)
   };
   window.runsteadBoard = board;
   board.hydrate = function () { return hydrate(); }; // other panels re-read after their own writes
+  board.now = function () { return now(); }; // the browser clock corrected by server_time (M3)
+  /** Q6: an approval as an answer to this page's own request carried it (approvals.js). */
+  board.applyApproval = function (a) { if (a && a.id && applyRow(board.approvals, a, a.version)) render(); };
 
   // ---------------------------------------------------------------- helpers (common.js)
   var C = window.RunStead;
@@ -106,11 +115,13 @@
     SESSION_INFO.forEach(function (key) { if (source[key] !== undefined) s[key] = source[key]; });
   }
 
-  function setSessionStatus(s, status, since) {
+  // B5, N1: the done sound for busy -> idle, unless the service says nobody saw it end
+  // (`announced: false`: a marker that expired).
+  function setSessionStatus(s, status, since, announced) {
     var was = s.status;
     s.status = status;
     if (since) s.status_since = since;
-    if (board.loaded && was === "busy" && status === "idle") sessionDone(s);
+    if (board.loaded && was === "busy" && status === "idle" && announced !== false) sessionDone(s);
   }
 
   function applyEvent(ev) {
@@ -123,7 +134,7 @@
       if (gone && !(ev.version > gone.version)) return;
       board.deleted.delete(ev.session_id);
       var s = ensureSession(ev.session_id);
-      setSessionStatus(s, ev.status, ev.since || ev.status_since || ev.server_time);
+      setSessionStatus(s, ev.status, ev.since || ev.status_since || ev.server_time, ev.announced);
       copySessionInfo(s, ev);
       s.version = ev.version;
       touch(s);
@@ -160,6 +171,8 @@
       board.tasks.set(ev.task_id, touch(Object.assign({}, current, { progress: ev.progress, version: ev.version })));
     } else if (ev.type === "machine" && ev.machine) {
       applyRow(board.machines, ev.machine, ev.version);
+    } else if (ev.type === "approval" && ev.approval) {
+      applyRow(board.approvals, ev.approval, ev.version); // Q6: on create and on every decision
     }
   }
 
@@ -226,6 +239,9 @@
     board.deleted.forEach(function (gone, id) { if (gone.seq <= startSeq) board.deleted.delete(id); });
     board.tasks = mergeRows(board.tasks, snap.tasks || [], startSeq, function (item) { return Object.assign({}, item); });
     board.machines = mergeRows(board.machines, snap.machines || [], startSeq, function (item) { return Object.assign({}, item); });
+    // Q6: the snapshot lists what is still pending; one shown as pending that it lacks was
+    // answered while this page was not listening (the inbox says so, then drops it).
+    board.approvals = mergeRows(board.approvals, snap.approvals || [], startSeq, function (item) { return Object.assign({}, item); });
     board.grants = snap.grants || [];
   }
 
@@ -265,7 +281,10 @@
   var ws = null;
   var backoff = BACKOFF_MIN_MS;
   var reconnectTimer = null;
-  var LAYER_DOWN_CLOSE_CODE = 4503; // sessions_app/consumers.py
+  var LAYER_DOWN_CLOSE_CODE = 4503; // board/consumers.py
+  var RATE_LIMITED_CLOSE_CODE = 4429; // board/consumers.py: too many handshakes (K3)
+  var STABLE_MS = 5000; // a socket that stayed open this long resets the backoff
+  var notBefore = 0; // no new socket before this time (Date.now(); a rate limit's retry_after_s)
 
   function setConn(state, text) {
     var c = $("conn");
@@ -277,12 +296,18 @@
   function connect() {
     if (reconnectTimer) { clearTimeout(reconnectTimer); reconnectTimer = null; }
     if (ws && (ws.readyState === WebSocket.OPEN || ws.readyState === WebSocket.CONNECTING)) return;
+    var wait = notBefore - Date.now();
+    if (wait > 0) { // a rate limit said when: visibility or "online" do not bring that forward
+      reconnectTimer = setTimeout(connect, wait);
+      return;
+    }
     var proto = window.location.protocol === "https:" ? "wss:" : "ws:";
     var sock = new WebSocket(proto + "//" + window.location.host + "/ws/board/");
     ws = sock;
+    board.socketOpens.push(Date.now());
     setConn("connecting", "connecting…");
     sock.onopen = function () {
-      backoff = BACKOFF_MIN_MS;
+      sock.openedAt = Date.now();
       setConn("live", "live");
       hydrate(); // B4: events may have been lost while disconnected
     };
@@ -290,6 +315,7 @@
       board.messages++;
       var ev;
       try { ev = JSON.parse(e.data); } catch (err) { return; }
+      if (ev.type === "rate_limited") { sock.retryAfterMs = (ev.retry_after_s || 1) * 1000; return; }
       applyEvent(ev);
       render();
       // Other modules (notify.js, machines.js) listen; they never change the board's state.
@@ -298,15 +324,24 @@
     sock.onclose = function (e) {
       if (ws !== sock) return;
       ws = null;
+      if (sock.openedAt && Date.now() - sock.openedAt >= STABLE_MS) backoff = BACKOFF_MIN_MS;
       if (e && e.code === LAYER_DOWN_CLOSE_CODE) {
         // The service is up but its push (channel layer) is not: show it, keep the page current over HTTP.
         setConn("degraded", "live updates paused (server push down), retrying…");
+        hydrate();
+      } else if (e && e.code === RATE_LIMITED_CLOSE_CODE) {
+        board.rateLimited++;
+        setConn("degraded", "live updates paused (too many connections), retrying…");
         hydrate();
       } else {
         setConn("offline", "reconnecting…");
       }
       var delay = backoff * (0.5 + Math.random() * 0.5); // jitter
       backoff = Math.min(BACKOFF_MAX_MS, backoff * 2);
+      if (sock.retryAfterMs) { // K3: never sooner than the service said (jittered, so pages spread out)
+        delay = Math.max(delay, sock.retryAfterMs * (1 + Math.random() * 0.5));
+        notBefore = Date.now() + delay;
+      }
       reconnectTimer = setTimeout(connect, delay);
     };
   }
@@ -377,9 +412,12 @@
     return parts[parts.length - 1] || cwd;
   }
 
+  /** I6, Q3: a session needs its owner for a permission prompt or a pending approval. */
+  function needsYou(s) { return s.attention === "permission" || s.attention === "approval"; }
+
   function renderSession(s, nowMs) {
-    var needsYou = s.attention === "permission";
-    var li = el("li", { className: "row session" + (needsYou ? " needs-you" : ""), "data-session-id": s.id,
+    var needsYou_ = needsYou(s);
+    var li = el("li", { className: "row session" + (needsYou_ ? " needs-you" : ""), "data-session-id": s.id,
                         "data-status": s.status, "data-attention": s.attention || "" },
       el("div", { className: "line" },
         el("span", { className: "badge " + s.status, text: s.status }),
@@ -388,10 +426,12 @@
         el("strong", { className: "title", text: sessionTitle(s) }),
         s.cwd ? el("span", { className: "muted folder", title: s.cwd, text: folderName(s.cwd) }) : null,
         s.status_since ? el("span", { className: "muted" }, "since ", timeEl(s.status_since, fmtTime(s.status_since))) : null));
-    if (needsYou) {
+    if (needsYou_) {
       li.appendChild(el("div", { className: "line attention" },
-        el("span", { className: "badge needs-you", text: "needs you" }),
-        el("span", { className: "attention-message", text: s.attention_message || "permission needed" }),
+        s.attention === "approval" ? el("a", { className: "badge needs-you", href: "#approvals", text: "needs you" })
+          : el("span", { className: "badge needs-you", text: "needs you" }),
+        el("span", { className: "attention-message", text: s.attention_message ||
+          (s.attention === "approval" ? "an approval is pending" : "permission needed") }),
         s.attention_since ? el("span", { className: "muted" }, " since ", timeEl(s.attention_since, fmtTime(s.attention_since))) : null));
     }
     var badges = el("div", { className: "line markers" });
@@ -423,6 +463,46 @@
     return facts;
   }
 
+  /** A structured stream (a line of it is a JSON object): the transcript on the task page
+   *  is its readable form, so the card shows none of it. */
+  function isJsonStream(text) {
+    return text.split("\n").some(function (line) {
+      var l = line.trim();
+      if (l.slice(0, 2) === '{"') return true; // a JSON object's line, maybe cut short
+      if (l.charAt(0) !== "{") return false;
+      try { return typeof JSON.parse(l) === "object"; } catch (e) { return false; }
+    });
+  }
+
+  var FINAL = { succeeded: true, failed: true, failed_lease_lost: true, cancelled: true, not_started: true,
+                abandoned: true };
+
+  /* G7: a worktree task's branch and what became of it, one line for the card. */
+  function branchText(t, g) {
+    var i = t.integration, paths = i && (i.paths || []).join(", ");
+    var what = !i ? (FINAL[t.state] ? "ready to merge or discard" : "its own branch")
+      : !i.outcome ? i.action + " requested"
+      : i.outcome === "merged" ? "merged " + String(i.commit || "").slice(0, 12)
+      : i.outcome === "discarded" ? "discarded"
+      : i.outcome === "conflict" ? "conflict in " + paths
+      : i.outcome === "base_dirty" ? "not merged: uncommitted changes in " + paths
+      : "not merged: " + (i.detail || i.outcome);
+    return g.branch + " · " + what;
+  }
+
+  /* G8: the follow-ups queued behind task t, in the order they will run. */
+  function queueOf(t) {
+    var out = [], cur = t.id;
+    while (out.length < 100) {
+      var next = null;
+      board.tasks.forEach(function (q) { if (q.state === "queued" && q.queued_behind === cur) next = q; });
+      if (!next) break;
+      out.push(next);
+      cur = next.id;
+    }
+    return out;
+  }
+
   function renderTask(t, nowMs) {
     var machineId = idOf(t.machine);
     var li = el("li", { className: "row task", "data-task-id": t.id, "data-state": t.state },
@@ -433,10 +513,27 @@
         t.created_at ? el("span", { className: "muted" }, timeEl(t.created_at, fmtTime(t.created_at))) : null),
       el("div", { className: "mono wrap folder", text: t.folder || "" }));
     if (t.prompt) li.appendChild(el("div", { className: "prompt wrap", text: t.prompt.length > 240 ? t.prompt.slice(0, 240) + "…" : t.prompt }));
+    if (t.state === "queued" && t.queued_behind) {
+      li.appendChild(el("div", { className: "note queued-note" }, "will run after ",
+        el("a", { href: "/tasks/" + encodeURIComponent(t.queued_behind) + "/", text: "the task it follows" })));
+    }
+    var queue = UNFINISHED[t.state] ? queueOf(t) : [];
+    if (queue.length) { // G8: the next instructions, on the card of the task they wait for
+      var next = queue[0].prompt || "";
+      li.appendChild(el("div", { className: "line queue" },
+        el("a", { className: "badge queued-count", href: "/tasks/" + encodeURIComponent(queue[0].id) + "/",
+                  text: queue.length + " queued" }),
+        el("span", { className: "queued-prompt muted wrap", text: "next: " + (next.length > 120 ? next.slice(0, 120) + "…" : next) })));
+    }
     if (t.state === "unknown") {
       li.appendChild(el("div", { className: "line" },
         el("a", { className: "decide", href: "/tasks/" + encodeURIComponent(t.id) + "/", text: "needs your decision" }),
         el("span", { className: "muted", text: "outcome unknown: the service will not guess" })));
+    }
+    var g = t.evidence && t.evidence.git;
+    if (g && g.branch) {
+      li.appendChild(el("div", { className: "facts branch mono wrap", "data-outcome": (t.integration &&
+        t.integration.outcome) || "", text: branchText(t, g) }));
     }
     var facts = taskFacts(t);
     if (facts.length) li.appendChild(el("div", { className: "facts muted", text: facts.join(" · ") }));
@@ -452,13 +549,25 @@
           (m.last_heard_at ? "since " : ""), m.last_heard_at ? timeEl(m.last_heard_at, fmtTime(m.last_heard_at)) : "(never heard from)"));
       }
     }
+    // B9 on the card: "waiting for you", the agent's last message (two lines), its usage;
+    // the raw output only for a plain-text agent, and never its JSON lines.
+    if (t.attention) {
+      li.appendChild(el("div", { className: "line attention" },
+        el("a", { className: "badge needs-you", href: "/tasks/" + encodeURIComponent(t.id) + "/", text: "waiting for you" }),
+        el("span", { className: "muted", text: t.attention === "approval" ? "an approval is pending" : t.attention })));
+    }
     var usage = (t.progress && LEASED[t.state] ? t.progress.usage : null) || t.usage;
     var lastMessage = t.progress && t.progress.last_message;
+    var said = null;
+    if (t.agent_result && t.agent_result.summary && !LEASED[t.state]) {
+      said = (t.agent_result.is_error ? "agent error: " : "") + t.agent_result.summary;
+    } else if (lastMessage) said = lastMessage;
+    if (said) li.appendChild(el("div", { className: "last-message clamp2", title: said.slice(0, 1000), text: said.slice(0, 600) }));
     if (usage) li.appendChild(el("div", { className: "facts usage", text: usageText(usage) }));
-    if (lastMessage && (LEASED[t.state] || !t.agent_result)) li.appendChild(el("div", { className: "last-message wrap", text: lastMessage.length > 300 ? lastMessage.slice(0, 300) + "…" : lastMessage }));
-    if (t.agent_result && t.agent_result.summary) li.appendChild(el("div", { className: "last-message wrap", text: (t.agent_result.is_error ? "agent error: " : "") + t.agent_result.summary.slice(0, 300) }));
     var tail = ((t.progress && LEASED[t.state] && t.progress.output_tail) || t.output_tail || "").replace(/\s+$/, "");
-    if (tail) li.appendChild(el("pre", { className: "tail", text: tail.split("\n").slice(-OUTPUT_LINES).join("\n") }));
+    if (!said && tail && !isJsonStream(tail)) {
+      li.appendChild(el("pre", { className: "tail", text: tail.split("\n").slice(-OUTPUT_LINES).join("\n") }));
+    }
     return li;
   }
 
@@ -498,7 +607,7 @@
   function render() {
     var nowMs = now();
     var sessions = Array.from(board.sessions.values()).sort(function (a, b) {
-      var an = a.attention === "permission", bn = b.attention === "permission"; // I6: "needs you" first
+      var an = needsYou(a), bn = needsYou(b); // I6: "needs you" first
       if (an !== bn) return an ? -1 : 1;
       if ((a.status === "busy") !== (b.status === "busy")) return a.status === "busy" ? -1 : 1;
       return (ms(b.status_since) || 0) - (ms(a.status_since) || 0);

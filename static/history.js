@@ -243,7 +243,9 @@
             history.followUps++;
             form.dataset.idempotencyKey = newKey(); // the next answer is a new request
             textarea.value = "";
-            tell("Follow-up accepted.", false);
+            // G8: while an earlier follow-up still runs, this one waits for its turn.
+            tell(res.data && res.data.state === "queued" ? "Queued: it runs when the one before it has finished."
+                 : "Follow-up accepted.", false);
             var created = res.data;
             if (created && created.id && matches(created, history.filters || {})) putRow(created, true);
             return;

@@ -27,15 +27,19 @@
     if (!n.id || state.ids.has(n.id)) return; // once per event id
     state.ids.add(n.id);
     if (!("Notification" in window) || window.Notification.permission !== "granted") return;
+    // Q6: an approval's notifications share its id as their tag: the answer replaces the
+    // question, quietly.
+    var options = { body: n.body || "", tag: n.tag || n.id, icon: "/static/icons/icon-192.png",
+                    silent: n.kind === "approval" && !!n.approval_state && n.approval_state !== "pending" };
     try {
-      var shown = new window.Notification(n.title || "RunStead", { body: n.body || "", tag: n.id, icon: "/static/icons/icon-192.png" });
+      var shown = new window.Notification(n.title || "RunStead", options);
       shown.onclick = function () { window.focus(); if (n.url && n.url !== "/") window.location.href = n.url; };
       state.shown++;
     } catch (err) {
       // Some mobile browsers allow notifications only from the service worker.
       if (navigator.serviceWorker && navigator.serviceWorker.ready) {
         navigator.serviceWorker.ready.then(function (reg) {
-          reg.showNotification(n.title || "RunStead", { body: n.body || "", tag: n.id, icon: "/static/icons/icon-192.png" });
+          reg.showNotification(n.title || "RunStead", options);
           state.shown++;
         });
       }
@@ -86,7 +90,7 @@
   }
 
   // ------------------------------------------------------------ settings (N1)
-  var KINDS = ["session_idle", "attention", "unknown", "task_succeeded", "task_failed"];
+  var KINDS = ["approval", "session_idle", "attention", "unknown", "task_succeeded", "task_failed"];
 
   function fill(form, s) {
     KINDS.forEach(function (k) { form.elements[k].checked = !!s.kinds[k]; });

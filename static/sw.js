@@ -4,8 +4,10 @@
  * static files and an offline page; the board's data always comes from the network.
  *
  * Push payload (JSON, encrypted by the service, RFC 8291): {id, kind, title, body, url,
- * created_at, session_id? | task_id?, state?}. The notification's tag is the event id, so
- * the open board's Web Notification for the same event replaces it instead of doubling.
+ * created_at, session_id? | task_id?, state?, approval_id?, approval_state?, tag?}. The
+ * notification's tag is the payload's `tag` when given, else the event id, so the open
+ * board's Web Notification for the same event replaces it instead of doubling, and an
+ * approval's answer (Q6: same tag, the approval id) replaces its question quietly.
  */
 "use strict";
 
@@ -45,12 +47,17 @@ self.addEventListener("push", function (event) {
   var data = {};
   try { data = event.data ? event.data.json() : {}; } catch (e) { data = { title: "RunStead", body: event.data ? event.data.text() : "" }; }
   var title = data.title || "RunStead";
+  // Q6: an approval's answer replaces its question without alerting again.
+  var answer = data.kind === "approval" && data.approval_state && data.approval_state !== "pending";
   event.waitUntil(self.registration.showNotification(title, {
     body: data.body || "",
-    tag: data.id || undefined,
+    tag: data.tag || data.id || undefined,
+    renotify: false,
+    silent: !!answer,
+    requireInteraction: data.kind === "approval" && !answer,
     icon: "/static/icons/icon-192.png",
     badge: "/static/icons/icon-192.png",
-    data: { url: data.url || "/", id: data.id, kind: data.kind },
+    data: { url: data.url || "/", id: data.id, kind: data.kind, approval_id: data.approval_id },
   }));
 });
 

@@ -1,11 +1,24 @@
 /* RunStead task page (SPEC B9): one task, live.
  *
- * The page embeds its data (JSON: {task, timeline, receipts, git_line, server_time}); this
- * script renders it and then listens on the board's socket (/ws/board/, B2): a `task`
- * event for this task with a newer version re-reads /tasks/{id}/data/ (events, timeline
- * and receipts change with it); a `task.progress` event (G4) updates the live progress
+ * The page embeds its data (JSON: {task, timeline, receipts, git_line, entries,
+ * entries_next, server_time}); this script renders it and then listens on the board's
+ * socket (/ws/board/, B2): a `task` event for this task with a newer version re-reads
+ * /tasks/{id}/data/ (events, timeline, receipts and the transcript's last entries change
+ * with it); a `task.progress` event (G4) adds its transcript entries and updates the usage
  * in place. Reconnects with backoff and re-reads on every (re)connect (B4).
+ *
+ * The run is shown as a transcript (G4 entries, by number): the prompt, each assistant
+ * message (line breaks kept), each tool call as one line (tool, command or path, its
+ * result's status) with the output behind a tap, errors marked, a turn's usage under its
+ * first entry. The last 200 come with the page, "Load earlier" reads the 200 before from
+ * GET /api/tasks/{id}/entries/?before=N; a gap after a lost event is filled from
+ * ?after=N. The raw output is one tap away ("raw"). Every text the agent controls is set
+ * as textContent (common.js el), never as HTML.
  * Decisions on an unknown task (U3) are plain forms posted with the CSRF token.
+ * The reply box (G6, G8) sends a follow-up (POST /api/tasks/ with continue_task, one
+ * Idempotency-Key per box until it is accepted): while the task is unfinished it "will
+ * run next" (queued behind it and whatever is queued already), once final it resumes
+ * the agent's session at once; the follow-ups queued behind the task are listed above it.
  */
 (function () {
   "use strict";
@@ -14,7 +27,10 @@
   var page = JSON.parse(dataEl.textContent);
   var taskId = page.task.id;
   var state = { task: page.task, timeline: page.timeline, receipts: page.receipts, git_line: page.git_line,
-                version: page.task.version, progressVersion: page.task.version, messages: 0, progressEvents: 0 };
+                queue: page.queue || [], replies: 0,
+                version: page.task.version, progressVersion: page.task.version, messages: 0, progressEvents: 0,
+                entries: new Map(), earlier: page.entries_next ? page.entries_next.before : null, raw: false,
+                catchUps: 0 };
   window.runsteadTask = state; // tests read it
   var BACKOFF_MIN_MS = 500, BACKOFF_MAX_MS = 30000, backoff = BACKOFF_MIN_MS, ws = null;
 
@@ -55,7 +71,8 @@
     var badge = $("task-state");
     badge.textContent = t.state.replace(/_/g, " ");
     badge.className = "badge state-" + t.state;
-    $("task-reason").textContent = t.state_reason || "";
+    $("task-reason").textContent = t.state_reason ||
+      (t.state === "queued" ? "Queued: it runs when the task it follows has finished." : "");
     fill("task-facts", kv([
       ["runtime", t.runtime_s !== null && t.runtime_s !== undefined ? fmtSeconds(t.runtime_s) : null],
       ["exit code", t.exit_code !== null && t.exit_code !== undefined ? String(t.exit_code) : null],
@@ -67,16 +84,128 @@
     ]));
   }
 
-  function renderProgress(t) {
+  // ---------------------------------------------------------------- the transcript (G4, B9)
+  var LEASED = { starting: true, running: true };
+  var nodes = new Map(); // entry n -> {li, sig}: kept across renders, so an opened tool call stays open
+
+  function addEntries(list) {
+    (list || []).forEach(function (e) { if (e && typeof e.n === "number") state.entries.set(e.n, e); });
+  }
+  function lastN() { var m = 0; state.entries.forEach(function (e, n) { if (n > m) m = n; }); return m; }
+
+  function turnUsage(u) {
+    if (!u) return null;
+    var tin = fmtTokens(u.input_tokens), tout = fmtTokens(u.output_tokens);
+    return el("div", { className: "turn-usage muted", text: "turn: " + (tin || "?") + " in / " + (tout || "?") + " out" });
+  }
+
+  function toolEntry(call, result, live) {
+    var status = result ? result.status : (live ? "running" : "no result");
+    var li = el("li", { className: "entry entry-tool", "data-n": call.n, "data-kind": call.kind, "data-status": status });
+    var summary = el("summary", {},
+      el("span", { className: "tool-name", text: call.tool || "tool" }), " ",
+      el("span", { className: "tool-text mono", text: call.text || "" }), " ",
+      el("span", { className: "badge tool-" + status.replace(/ /g, "-"), text: status }));
+    var body = el("div", { className: "tool-body" });
+    if (call.kind === "tool_call" && call.text) body.appendChild(el("pre", { className: "tail tool-input", text: call.text }));
+    var output = result ? result.text : (call.kind === "tool_result" ? call.text : "");
+    body.appendChild(el("pre", { className: "tail tool-output", text: output || (result || call.kind === "tool_result" ? "(no output)" : "(no result yet)") }));
+    li.appendChild(el("details", {}, summary, body));
+    var u = turnUsage(call.usage);
+    if (u) li.appendChild(u);
+    return li;
+  }
+
+  function textEntry(e) {
+    var label = { prompt: "prompt", message: null, error: "error" }[e.kind];
+    var li = el("li", { className: "entry entry-" + e.kind, "data-n": e.n, "data-kind": e.kind },
+      label ? el("span", { className: "badge entry-label", text: label }) : null,
+      el("div", { className: "entry-text", text: e.text }));
+    var u = turnUsage(e.usage);
+    if (u) li.appendChild(u);
+    return li;
+  }
+
+  function renderTranscript(t) {
+    var sorted = Array.from(state.entries.values()).sort(function (a, b) { return a.n - b.n; });
+    var results = {}; // tool_call n -> its tool_result
+    sorted.forEach(function (e) { if (e.kind === "tool_result" && e.call && state.entries.has(e.call)) results[e.call] = e; });
+    var live = !!LEASED[t.state];
+    var list = $("transcript");
+    var keep = new Set();
+    sorted.forEach(function (e) {
+      if (e.kind === "tool_result" && e.call && state.entries.has(e.call)) return; // shown with its call
+      var result = results[e.n];
+      var sig = e.kind + "|" + (result ? result.n : "") + "|" + (e.kind === "tool_call" && !result ? live : "");
+      var known = nodes.get(e.n);
+      if (!known || known.sig !== sig) {
+        var li = e.kind === "tool_call" || e.kind === "tool_result" ? toolEntry(e, result, live) : textEntry(e);
+        if (known) {
+          var open = known.li.querySelector("details");
+          if (open && open.open) li.querySelector("details").open = true;
+          known.li.replaceWith(li);
+        }
+        known = { li: li, sig: sig };
+        nodes.set(e.n, known);
+      }
+      keep.add(e.n);
+      list.appendChild(known.li); // in order; moving a node keeps its state
+    });
+    nodes.forEach(function (v, n) { if (!keep.has(n)) { v.li.remove(); nodes.delete(n); } });
+    $("load-earlier").hidden = state.earlier === null || state.earlier === undefined;
+  }
+
+  function renderRun(t) {
     var p = t.progress;
-    var box = $("progress");
-    box.hidden = !p && !t.output_tail;
-    $("progress-message").textContent = p && p.last_message ? p.last_message : "";
-    $("progress-usage").textContent = p ? usageLine(p.usage) : "";
-    $("progress-at").textContent = p && p.at ? "updated " + fmtTime(p.at) : "";
-    var tail = ((p && p.output_tail) || t.output_tail || "").replace(/\s+$/, "");
-    $("progress-tail").textContent = tail;
-    $("progress-tail").hidden = !tail;
+    var raw = ((p && LEASED[t.state] && p.output_tail) || t.output_tail || (p && p.output_tail) || "").replace(/\s+$/, "");
+    var hasEntries = state.entries.size > 0;
+    $("run").hidden = !hasEntries && !raw && !p;
+    $("run-usage").textContent = usageLine((p && LEASED[t.state] ? p.usage : null) || t.usage || (p && p.usage));
+    $("progress-at").textContent = p && p.at && LEASED[t.state] ? "updated " + fmtTime(p.at) : "";
+    var showRaw = state.raw || !hasEntries;
+    $("transcript").hidden = showRaw;
+    $("run-empty").hidden = hasEntries || !raw;
+    $("raw").textContent = raw;
+    $("raw").hidden = !showRaw || !raw;
+    var toggle = $("raw-toggle");
+    toggle.hidden = !hasEntries;
+    toggle.textContent = state.raw ? "transcript" : "raw";
+    toggle.setAttribute("aria-pressed", state.raw ? "true" : "false");
+    if (hasEntries) renderTranscript(t);
+    else $("load-earlier").hidden = true;
+  }
+
+  function entriesUrl(query) { return "/api/tasks/" + encodeURIComponent(taskId) + "/entries/?" + query; }
+  function param(url, name) {
+    if (!url) return null;
+    var v = new URL(url, window.location.href).searchParams.get(name);
+    return v === null ? null : Number(v);
+  }
+
+  function loadEarlier() {
+    if (state.earlier === null) return Promise.resolve();
+    var button = $("load-earlier");
+    button.disabled = true;
+    return C.api("GET", entriesUrl("before=" + state.earlier))
+      .then(function (res) {
+        if (res.status !== 200) return;
+        addEntries(res.data.results);
+        state.earlier = param(res.data.next, "before");
+        renderRun(state.task);
+      }).catch(function () { /* the button stays for another try */ })
+      .then(function () { button.disabled = false; });
+  }
+
+  /* A lost task.progress event leaves a gap: read what follows the last entry shown. */
+  function catchUp(after) {
+    state.catchUps++;
+    return C.api("GET", entriesUrl("after=" + after)).then(function (res) {
+      if (res.status !== 200) return;
+      addEntries(res.data.results);
+      renderRun(state.task);
+      var next = param(res.data.next, "after");
+      if (next !== null) return catchUp(next);
+    }).catch(function () { /* the next reload fills it */ });
   }
 
   function renderResult(t) {
@@ -110,6 +239,170 @@
     fill("git-body", body);
   }
 
+  /* --- the branch of a worktree task (G7): its diff, file by file, and merge or discard --- */
+  var FINAL = { succeeded: true, failed: true, failed_lease_lost: true, cancelled: true, not_started: true,
+                abandoned: true };
+  var DIFF_OPEN_MAX = 20; // past this many files, every file starts collapsed
+  var integrateKeys = {}; // A1: one Idempotency-Key per action per page, so a double tap decides once
+  var discardArmed = false, diffShown = null;
+
+  function integrationText(i, g) {
+    var who = i.decided_by ? " by " + i.decided_by : "";
+    var paths = (i.paths || []).join(", ");
+    if (!i.outcome) return (i.action === "merge" ? "Merge" : "Discard") + " requested" + who + " at " +
+      fmtTime(i.decided_at) + ": waiting for the worker.";
+    if (i.outcome === "merged") return "Merged into " + (g.base_branch || "its base") + ": " + (i.commit || "").slice(0, 12) +
+      (i.detail ? " (" + i.detail + ")" : "");
+    if (i.outcome === "discarded") return "Discarded" + who + (i.detail ? ": " + i.detail : "") + ".";
+    if (i.outcome === "conflict") return "Not merged: conflict in " + paths + ". Nothing changed in " +
+      (g.base_branch || "the base") + "; the branch stays (git merge " + g.branch + " to resolve it by hand).";
+    if (i.outcome === "base_dirty") return "Not merged: uncommitted changes in your checkout touch " + paths +
+      ". Nothing changed; the branch stays.";
+    if (i.outcome === "base_missing") return "Not merged: " + (i.detail || "the base branch no longer exists") + ".";
+    return "Not merged: " + (i.detail || i.outcome) + ".";
+  }
+
+  function renderBranch(t) {
+    var g = t.evidence && t.evidence.git;
+    var box = $("branch");
+    box.hidden = !(g && g.branch);
+    if (box.hidden) return;
+    $("branch-line").textContent = g.branch + " from " + (g.base_branch || "a detached HEAD") + " at " +
+      String(g.base || "").slice(0, 12);
+    var i = t.integration;
+    var note = $("integration");
+    note.hidden = !i;
+    if (i) { note.dataset.outcome = i.outcome || "pending"; note.textContent = integrationText(i, g); }
+    var open = FINAL[t.state] && !i;
+    $("integrate-actions").hidden = !open;
+    $("merge-button").disabled = !g.base_branch;
+    $("merge-target").textContent = g.base_branch || "(no branch)";
+    if (!g.base_branch) C.tell($("integrate-note"), "It started on a detached HEAD: there is no branch to merge into.", false);
+    else if (!FINAL[t.state]) C.tell($("integrate-note"), "Merge or discard once the task is final.", false);
+    renderDiff(g);
+  }
+
+  /* Splits a unified diff into its files' sections (git writes them in the order of files). */
+  function diffSections(diff) {
+    var out = [], cur = null;
+    diff.split("\n").forEach(function (line) {
+      if (line.indexOf("diff --git ") === 0) { cur = []; out.push(cur); }
+      if (cur) cur.push(line);
+    });
+    if (cur && cur.length && cur[cur.length - 1] === "") cur.pop();
+    return out;
+  }
+
+  /* One file's lines, each as text in its own element: a line holding <script> shows it. */
+  function diffBody(lines) {
+    var code = el("code", {}), inHunk = false;
+    lines.forEach(function (line) {
+      var cls = "meta";
+      if (line.indexOf("@@") === 0) { inHunk = true; cls = "hunk"; }
+      else if (inHunk && line.charAt(0) === "+") cls = "add";
+      else if (inHunk && line.charAt(0) === "-") cls = "del";
+      else if (inHunk) cls = "ctx";
+      code.appendChild(el("span", { className: "dl " + cls, text: line === "" ? " " : line }));
+    });
+    return el("pre", { className: "diff" }, code);
+  }
+
+  function renderDiff(g) {
+    if (!g.files) return; // a task event leaves files and diff out: keep what is shown
+    var signature = [g.branch, g.end_head, g.files.length, (g.diff || "").length, g.truncated].join("|");
+    if (diffShown === signature) return;
+    diffShown = signature;
+    var files = g.files, sections = diffSections(g.diff || "");
+    var plus = 0, minus = 0;
+    files.forEach(function (f) { plus += f.insertions || 0; minus += f.deletions || 0; });
+    var n = g.files_changed || files.length;
+    $("diff-summary").textContent = n + " file" + (n === 1 ? "" : "s") + " changed, +" + plus + " −" + minus +
+      (files.length > DIFF_OPEN_MAX ? " · collapsed: tap a file to open it" : "") +
+      (g.truncated ? " · the diff was cut at 256 KiB (whole files only)" : "");
+    var list = el("div", { className: "diff-files" });
+    files.forEach(function (f, idx) {
+      var path = f.old_path ? f.old_path + " → " + f.path : f.path;
+      var stat = f.insertions === null || f.insertions === undefined ? el("span", { className: "muted", text: "binary" }) :
+        el("span", {}, el("span", { className: "diff-add", text: "+" + f.insertions }), " ",
+           el("span", { className: "diff-del", text: "−" + f.deletions }));
+      var details = el("details", { className: "diff-file", "data-path": f.path },
+        el("summary", {}, el("span", { className: "badge diff-status", text: f.status }),
+           el("span", { className: "diff-path", text: path }), el("span", { className: "diff-stat" }, stat)),
+        sections[idx] ? diffBody(sections[idx]) : el("p", { className: "muted", text: "not shown: past the 256 KiB cut" }));
+      details.open = files.length <= DIFF_OPEN_MAX;
+      list.appendChild(details);
+    });
+    fill("diff", list);
+  }
+
+  function integrate(action) {
+    var key = integrateKeys[action] || (integrateKeys[action] = C.newKey());
+    var buttons = [$("merge-button"), $("discard-button")];
+    buttons.forEach(function (b) { b.disabled = true; });
+    C.tell($("integrate-note"), action === "merge" ? "Merging…" : "Discarding…", false);
+    return C.api("POST", "/api/tasks/" + encodeURIComponent(taskId) + "/integrate/", { action: action },
+                 { "Idempotency-Key": key })
+      .then(function (res) {
+        if (res.status === 202) { C.tell($("integrate-note"), "", false); return reload(); }
+        C.tell($("integrate-note"), C.errorText(res.status, res.data), true);
+      })
+      .catch(function () { C.tell($("integrate-note"), "The service did not answer: try again (it decides once).", true); })
+      .then(function () {
+        var g = state.task.evidence && state.task.evidence.git;
+        $("discard-button").disabled = false;
+        $("merge-button").disabled = !(g && g.base_branch);
+      });
+  }
+
+  // ---------------------------------------------------------------- the reply box (G6, G8)
+  var replyKey = C.newKey(), replying = false;
+
+  function renderReply(t) {
+    var unfinished = !FINAL[t.state], resumable = !!(FINAL[t.state] && t.agent_session_id);
+    $("reply").hidden = !(unfinished || resumable);
+    $("reply").dataset.mode = unfinished ? "queue" : "follow-up";
+    $("reply-title").textContent = unfinished ? "Next instruction" : "Follow-up";
+    $("reply-label").textContent = unfinished
+      ? "Your next instruction: will run next, once this task has finished (it resumes the agent's session)"
+      : "Your answer: resumes the agent's session now";
+    $("reply-button").textContent = unfinished ? "Queue it" : "Send follow-up";
+    var list = $("reply-queue");
+    list.textContent = "";
+    state.queue.forEach(function (q, i) {
+      list.appendChild(el("li", { className: "queued-item", "data-task-id": q.id },
+        el("span", { className: "badge state-queued", text: i === 0 ? "next" : "queued" }), " ",
+        el("a", { href: "/tasks/" + encodeURIComponent(q.id) + "/", text: q.prompt.length > 160 ? q.prompt.slice(0, 160) + "…" : q.prompt })));
+    });
+    list.hidden = state.queue.length === 0;
+  }
+
+  function sendReply(e) {
+    e.preventDefault();
+    if (replying) return; // a double click: the key would replay anyway (A2)
+    var t = state.task, status = $("reply-status");
+    var body = { machine: t.machine, folder: t.folder, agent: t.agent, prompt: $("reply-prompt").value,
+                 continue_task: t.id, deep_research: !!t.deep_research, max_runtime_s: t.max_runtime_s };
+    if (t.session) body.session = t.session;
+    if (t.exclusive === false) body.exclusive = false;
+    replying = true;
+    $("reply-button").disabled = true;
+    C.tell(status, "Sending…", false);
+    C.api("POST", "/api/tasks/", body, { "Idempotency-Key": replyKey })
+      .then(function (res) {
+        if (res.status === 201) {
+          replyKey = C.newKey(); // the next reply is a new request
+          state.replies++;
+          $("reply-prompt").value = "";
+          C.tell(status, res.data.state === "queued" ? "Queued: it will run next." : "Follow-up accepted.", false);
+          return reload();
+        }
+        if (res.data && res.data.error === "idempotency_key_reused") replyKey = C.newKey();
+        C.tell(status, C.errorText(res.status, res.data), true);
+      })
+      .catch(function () { C.tell(status, "Network error; send again (it will not create a second task).", true); })
+      .then(function () { replying = false; $("reply-button").disabled = false; });
+  }
+
   function renderTimeline() {
     var ul = el("ul", { className: "timeline" });
     state.timeline.forEach(function (item) {
@@ -132,7 +425,8 @@
 
   function render() {
     var t = state.task;
-    renderHeader(t); renderProgress(t); renderResult(t); renderGit(t); renderTimeline(); renderReceipts();
+    renderHeader(t); renderRun(t); renderResult(t); renderBranch(t); renderGit(t); renderReply(t); renderTimeline();
+    renderReceipts();
     $("decide").hidden = t.state !== "unknown";
   }
 
@@ -143,6 +437,11 @@
         var d = res.data;
         if (d.task.version >= state.version) {
           state.task = d.task; state.timeline = d.timeline; state.receipts = d.receipts; state.git_line = d.git_line;
+          state.queue = d.queue || [];
+          addEntries(d.entries);
+          if (state.earlier === null && d.entries_next && !state.entries.has(d.entries_next.before - 1)) {
+            state.earlier = d.entries_next.before;
+          }
           state.version = d.task.version; state.progressVersion = Math.max(state.progressVersion, d.task.version);
           render();
         }
@@ -151,6 +450,10 @@
 
   function onEvent(ev) {
     if (ev.type === "task" && ev.task && ev.task.id === taskId && ev.version > state.version) {
+      var shown = state.task.evidence && state.task.evidence.git, told = ev.task.evidence && ev.task.evidence.git;
+      if (shown && shown.files && told && !told.files && told.end_head === shown.end_head) {
+        ev.task.evidence = state.task.evidence; // events carry no files or diff (G7): keep the full ones
+      }
       state.task = Object.assign({}, state.task, ev.task);
       state.version = ev.version;
       render();
@@ -159,7 +462,10 @@
       state.progressVersion = ev.version;
       state.progressEvents++;
       state.task = Object.assign({}, state.task, { progress: ev.progress });
-      renderProgress(state.task);
+      var before = lastN(), fresh = (ev.progress && ev.progress.entries) || [];
+      addEntries(fresh);
+      renderRun(state.task);
+      if (fresh.length && before && fresh[0].n > before + 1) catchUp(before);
     }
   }
 
@@ -184,6 +490,22 @@
     };
   }
 
+  addEntries(page.entries);
+  $("load-earlier").addEventListener("click", loadEarlier);
+  $("reply-form").addEventListener("submit", sendReply);
+  $("raw-toggle").addEventListener("click", function () { state.raw = !state.raw; renderRun(state.task); });
+  $("merge-button").addEventListener("click", function () { integrate("merge"); });
+  $("discard-button").addEventListener("click", function () {
+    if (!discardArmed) { // a discard throws the work away: a second tap confirms it
+      discardArmed = true;
+      $("discard-button").textContent = "Tap again to discard";
+      C.tell($("integrate-note"), "Discard removes the branch and its worktree.", false);
+      return;
+    }
+    discardArmed = false;
+    $("discard-button").textContent = "Discard";
+    integrate("discard");
+  });
   render();
   connect();
 })();

@@ -3,9 +3,10 @@ and never edited, owner changes only through actions that call the API's service
 from django.contrib import admin, messages
 from django.db.models import Case, IntegerField, Value, When
 
-from config import clock
-from config.admin_history import HistoryAdmin, HistoryInline, OwnerScopedAdmin
-from config.errors import ApplicationError
+from core import clock
+from core.admin_history import HistoryAdmin, HistoryInline, OwnerScopedAdmin
+from core.errors import ApplicationError
+from tasks_app.agent_facts import describe_git
 from tasks_app.models import (
     Budget, Grant, IdempotencyRecord, Lease, Machine, Operation, OutboxMessage, PairingAttempt, PairingCode, Receipt,
     Task, TaskEvent, TaskState,
@@ -13,7 +14,6 @@ from tasks_app.models import (
 from tasks_app.services.decisions import task_ask_again, task_clear_survivor_lock, task_decide
 from tasks_app.services.pairing import pairing_code_create
 from tasks_app.services.revocation import grant_revoke, machine_unpair
-from tasks_app.worker.git_evidence import describe
 
 
 def _actor(request) -> str:
@@ -89,7 +89,7 @@ class TaskAdmin(OwnerScopedAdmin):
     @admin.display(description="git evidence (G5)")
     def git_evidence(self, obj):
         """U4: "2 commits, 5 files changed since the task started (+10 -3)"."""
-        return describe((obj.evidence or {}).get("git"))
+        return describe_git((obj.evidence or {}).get("git"))
 
     def get_ordering(self, request):
         # Unknown tasks first (U3). The changelist takes its ordering from here, not from

@@ -97,6 +97,7 @@ class Budget(models.Model):
 
 
 class TaskState(models.TextChoices):
+    QUEUED = "queued"  # G8: a follow-up waiting for the task it follows to be final
     ACCEPTED = "accepted"
     DELIVERED = "delivered"
     STARTING = "starting"
@@ -122,7 +123,6 @@ FINAL_STATES = frozenset(
 )
 NEVER_LEASED_STATES = frozenset({TaskState.ACCEPTED, TaskState.DELIVERED})
 LEASED_STATES = frozenset({TaskState.STARTING, TaskState.RUNNING})
-UNFINISHED_STATES = frozenset(set(TaskState) - FINAL_STATES)
 
 
 class Task(models.Model):
@@ -141,6 +141,9 @@ class Task(models.Model):
     deep_research = models.BooleanField(default=False)
     max_runtime_s = models.PositiveIntegerField(default=DEFAULT_MAX_RUNTIME_S)
     exclusive = models.BooleanField(default=True)
+    # G7: "worktree" runs on a branch of its own in a git worktree (no folder lock, A8);
+    # the task's value, else its profile's as the worker reported it, else "none".
+    isolation = models.CharField(max_length=10, choices=[("none", "none"), ("worktree", "worktree")], default="none")
 
     state = models.CharField(max_length=20, choices=TaskState.choices, default=TaskState.ACCEPTED)
     state_reason = models.CharField(max_length=200, blank=True)
@@ -151,6 +154,9 @@ class Task(models.Model):
     charged_s = models.FloatField(default=0)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField()
+    # J5: when it became ``accepted`` (its start window opens then): acceptance, or for a
+    # queued follow-up its promotion (G8); null while queued.
+    accepted_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField()
     final_at = models.DateTimeField(null=True, blank=True)
     decided_by = models.ForeignKey(
@@ -173,18 +179,37 @@ class Task(models.Model):
     agent_result = models.JSONField(null=True, blank=True)  # {is_error, subtype, summary}
     usage = models.JSONField(null=True, blank=True)  # {turns, tool_calls, input_tokens, output_tokens, cost_usd}
     evidence = models.JSONField(default=dict, blank=True)  # {"git": {...}} or {}
-    # G4: the latest live progress {seq, at, last_message, output_tail, usage}; never history.
+    # G4: the latest live progress {seq, at, last_message, output_tail, usage, entries}
+    # (entries: those that post added; the transcript is TranscriptEntry); never history.
     progress = models.JSONField(null=True, blank=True)
     progress_seq = models.PositiveBigIntegerField(default=0)
     # G6: the final task whose agent session this one continues.
     continued_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # G8: the unfinished task this follow-up waits for while ``queued`` (the previous
+    # link of its chain; kept afterwards as history). At most one task queues behind
+    # another: a later follow-up queues behind the last of the chain.
+    queued_behind = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                      related_name="queued_followers")
+    # G7, G8: the worktree task whose worktree and branch this follow-up continues (the
+    # first of the branch); null for a task that makes its own branch or runs in place.
+    branch_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # Q5: "approval" while one of the task's approvals is pending (cleared when final);
+    # the counts of its approvals (asked; allowed and denied by the owner); the SHA-256
+    # of the per-task approval credential issued with the lease (blank: none issued).
+    attention = models.CharField(max_length=20, blank=True, default="")
+    approvals_asked = models.PositiveIntegerField(default=0)
+    approvals_allowed = models.PositiveIntegerField(default=0)
+    approvals_denied = models.PositiveIntegerField(default=0)
+    approval_token_hash = models.CharField(max_length=64, blank=True, default="", db_index=True)
     version = models.PositiveBigIntegerField(default=1)
 
     class Meta:
         ordering = ["-created_at"]
         indexes = [
-            # sweeps.expire_start_windows: never-leased tasks by age.
+            # B11's state filter; sweeps.expire_start_windows uses task_state_accepted.
             models.Index(fields=["state", "created_at"], name="task_state_created"),
+            # sweeps.expire_start_windows (J5): never-leased tasks by when they were accepted.
+            models.Index(fields=["state", "accepted_at"], name="task_state_accepted"),
             # sweeps.cleanup_idempotency_records (A7): final tasks by age.
             models.Index(fields=["final_at"], condition=Q(final_at__isnull=False), name="task_final_at"),
             # acceptance A8: the lock holders of one machine.
@@ -193,10 +218,6 @@ class Task(models.Model):
 
     def __str__(self):
         return f"{self.agent} in {self.folder} ({self.state})"
-
-    @property
-    def is_final(self) -> bool:
-        return self.state in FINAL_STATES
 
 
 class TaskEvent(models.Model):
@@ -213,6 +234,21 @@ class TaskEvent(models.Model):
         ordering = ["id"]
 
 
+class TranscriptEntry(models.Model):
+    """One entry of a task's transcript (G4, B9) as the worker numbered it: ``n`` from 1,
+    ``data`` the entry ``{n, kind, text, tool?, status?, call?, usage?}``. Each ``n`` is
+    kept once; the service keeps the last ``ENTRIES_KEPT`` of a task
+    (``tasks_app.services.progress.transcript_append``)."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="transcript")
+    n = models.PositiveBigIntegerField()
+    data = models.JSONField()
+
+    class Meta:
+        ordering = ["task", "n"]
+        constraints = [models.UniqueConstraint(fields=["task", "n"], name="transcript_task_n")]
+
+
 class Operation(models.Model):
     """The unit the worker executes at most once; its id is the worker's dedup key."""
 
@@ -222,9 +258,12 @@ class Operation(models.Model):
 
 
 class IdempotencyRecord(models.Model):
-    """Per owner and key: digest of the canonical body and the stored response (A2)."""
+    """Per owner, scope and key: digest of the canonical body and the stored response (A2,
+    Q2). ``scope`` names the operation the key belongs to (``task`` for acceptance,
+    ``approval:<id>`` for a decision; ``tasks_app.services.idempotency``)."""
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    scope = models.CharField(max_length=100, default="task")
     key = models.CharField(max_length=255)
     body_digest = models.CharField(max_length=64)
     response_status = models.PositiveSmallIntegerField()
@@ -233,13 +272,49 @@ class IdempotencyRecord(models.Model):
     created_at = models.DateTimeField()
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["owner", "key"], name="idempotency_owner_key")]
+        constraints = [models.UniqueConstraint(fields=["owner", "scope", "key"], name="idempotency_owner_scope_key")]
 
 
 class MessageKind(models.TextChoices):
     START = "start"
     CANCEL = "cancel"
     QUERY = "query"
+    INTEGRATE = "integrate"  # G7: merge or discard a worktree task's branch
+
+
+class IntegrationAction(models.TextChoices):
+    MERGE = "merge"
+    DISCARD = "discard"
+
+
+class IntegrationOutcome(models.TextChoices):
+    """What the worker reports (G7): ``merged`` (with the commit), ``discarded``,
+    ``conflict`` and ``base_dirty`` (with the paths; nothing changed), ``base_missing``
+    (the base branch was deleted meanwhile) and ``failed`` (git refused; ``detail``)."""
+
+    MERGED = "merged"
+    DISCARDED = "discarded"
+    CONFLICT = "conflict"
+    BASE_DIRTY = "base_dirty"
+    BASE_MISSING = "base_missing"
+    FAILED = "failed"
+
+
+class Integration(models.Model):
+    """The owner's one decision on a final worktree task's branch (G7): merge or discard,
+    who and when; the outcome arrives later as an ``integrated`` receipt. One per task,
+    held by the database (the compare-and-set of the decision is this row's insert)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    task = models.OneToOneField(Task, on_delete=models.CASCADE, related_name="integration")
+    action = models.CharField(max_length=10, choices=IntegrationAction.choices)
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    decided_at = models.DateTimeField()
+    outcome = models.CharField(max_length=20, choices=IntegrationOutcome.choices, blank=True)  # "" until reported
+    commit = models.CharField(max_length=64, blank=True)
+    paths = models.JSONField(default=list, blank=True)
+    detail = models.CharField(max_length=500, blank=True)
+    reported_at = models.DateTimeField(null=True, blank=True)
 
 
 class OutboxMessage(models.Model):
@@ -259,7 +334,7 @@ class OutboxMessage(models.Model):
     class Meta:
         ordering = ["created_at", "id"]
         indexes = [
-            # messages_pull: unacked messages of one machine.
+            # messages_take (the worker's long-poll): unacked messages of one machine.
             models.Index(fields=["machine", "visible_at"], condition=Q(acked_at__isnull=True), name="outbox_pending"),
         ]
 

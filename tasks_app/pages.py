@@ -2,7 +2,10 @@
 another owner's task), live over the board's socket (static/task.js).
 
 ``/tasks/{id}/data/`` answers the page's JSON (``{task, timeline, receipts, git_line,
-server_time}``) so the page can re-read after a ``task`` event; ``/tasks/{id}/decide/``
+entries, entries_next, queue, server_time}``: ``entries`` the last 200 of the transcript
+(G4), ``entries_next`` the ``GET /api/tasks/{id}/entries/`` query for the page before
+them, or null; ``queue`` the follow-ups queued behind the task, in order, ``[{id,
+prompt}]``, G8) so the page can re-read after a ``task`` event; ``/tasks/{id}/decide/``
 takes the U3 decisions with the CSRF token and calls the same service functions as the
 admin (``tasks_app.services.decisions``), which record who and when.
 """
@@ -15,12 +18,13 @@ from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from config import clock
-from config.errors import ApplicationError
-from tasks_app.models import Task
+from core import clock
+from core.errors import ApplicationError
+from tasks_app.agent_facts import describe_git
+from tasks_app.models import Task, TaskState
 from tasks_app.services.decisions import DECISIONS, task_ask_again, task_decide
+from tasks_app.services.progress import transcript_page
 from tasks_app.shapes import iso, task_dict
-from tasks_app.worker.git_evidence import describe
 
 # L9: a receipt whose slept_s is at least this is shown as "paused by sleep".
 SLEEP_SHOWN_S = 5.0
@@ -30,10 +34,13 @@ PAGE_RECEIPTS = 50
 def timeline(task: Task) -> list[dict]:
     """B9/U4: the task's history in time order, ``[{"at", "kind", "text"}]`` with kinds
     ``event`` (transitions and recorded receipts), ``lease`` (grant, renewals, expiry or
-    end), ``receipt``, ``sleep`` (a gap that ``slept_s`` explains: L9) and ``decision``."""
+    end), ``receipt``, ``sleep`` (a gap that ``slept_s`` explains: L9), ``decision`` and
+    ``approval`` (Q5: each approval asked, and who answered it when)."""
     items = []
     for event in task.events.all():
         kind = "decision" if event.reason.startswith("owner decision") else "event"
+        if event.reason.startswith("approval "):
+            kind = "approval"
         change = f"{event.old_state or '-'} → {event.new_state}" if event.new_state and event.new_state != event.old_state \
             else ""
         text = " ".join(p for p in (change, event.reason, f"({event.actor})") if p)
@@ -55,26 +62,53 @@ def timeline(task: Task) -> list[dict]:
             items.append({"at": receipt.received_at, "kind": "sleep",
                           "text": f"paused by sleep: the laptop slept {slept:.0f} s before this {receipt.kind} receipt"})
         items.append({"at": receipt.received_at, "kind": "receipt", "text": f"{receipt.kind} receipt"})
-    order = {"sleep": 0, "lease": 1, "receipt": 2, "event": 3, "decision": 3}
+    order = {"sleep": 0, "lease": 1, "receipt": 2, "event": 3, "decision": 3, "approval": 3}
     items.sort(key=lambda i: (i["at"], order[i["kind"]]))
     return [{**i, "at": iso(i["at"])} for i in items]
 
 
 def receipts(task: Task) -> list[dict]:
-    """The last receipts, newest first: ``[{kind, received_at, event_id, slept_s, facts}]``."""
+    """The last receipts, newest first: ``[{kind, received_at, event_id, slept_s, facts}]``;
+    a worktree task's files and diff (G7) are in the task's evidence, shown once."""
     out = []
     for r in task.receipts.all()[:PAGE_RECEIPTS]:
         body = r.body or {}
         out.append({"kind": r.kind, "received_at": iso(r.received_at), "event_id": r.event_id,
-                    "slept_s": body.get("slept_s"), "facts": body.get("facts")})
+                    "slept_s": body.get("slept_s"), "facts": _without_diff(body.get("facts"))})
+    return out
+
+
+def _without_diff(facts):
+    git = ((facts or {}).get("evidence") or {}).get("git") if isinstance(facts, dict) else None
+    if not isinstance(git, dict) or not ({"diff", "files"} & set(git)):
+        return facts
+    short = {k: v for k, v in git.items() if k not in ("diff", "files")}
+    short["diff"] = "(shown under Branch)"
+    return {**facts, "evidence": {**facts["evidence"], "git": short}}
+
+
+QUEUE_SHOWN = 20
+
+
+def queue_of(task: Task) -> list[dict]:
+    """G8: the follow-ups queued behind ``task``, in the order they will run (at most
+    ``QUEUE_SHOWN``): ``[{id, prompt}]``."""
+    out, current = [], task
+    while len(out) < QUEUE_SHOWN:
+        current = Task.objects.filter(queued_behind=current, state=TaskState.QUEUED).only("id", "prompt").first()
+        if current is None:
+            break
+        out.append({"id": str(current.id), "prompt": current.prompt[:500]})
     return out
 
 
 def page_data(task: Task, *, now) -> dict:
-    data = task_dict(task)
+    data = task_dict(task, full=True)
     git = (data.get("evidence") or {}).get("git")
+    entries, earlier = transcript_page(task)
     return {"task": data, "timeline": timeline(task), "receipts": receipts(task),
-            "git_line": describe(git), "server_time": iso(now)}
+            "git_line": describe_git(git), "entries": entries, "entries_next": earlier, "queue": queue_of(task),
+            "server_time": iso(now)}
 
 
 def _own_task(request, task_id) -> Task:

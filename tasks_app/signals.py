@@ -4,7 +4,7 @@
 to these signals in ``SessionsAppConfig.ready()``. Both are sent inside the caller's
 transaction with ``send`` (not ``send_robust``): a receiver's error rolls the whole
 change back, and nothing a receiver publishes leaves before commit (it broadcasts
-through ``config.broadcast``, after commit, S2).
+through ``core.broadcast``, after commit, S2).
 """
 from django.dispatch import Signal
 

@@ -5,11 +5,27 @@ SQLite pass deselects them (see ./test); under ``CI=true`` a missing server fail
 """
 import os
 import secrets
+import socket
 
 import pytest
 from django.conf import settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
+
+# Parallel runs (pytest-xdist, ./test): pytest-django gives each worker its own test
+# database (suffix gw0, gw1, ...), where owner ids repeat; so each worker gets its own
+# channel-layer prefix too, here and in the daphne and worker processes it starts, or one
+# worker's board sockets would hear another's events.
+# Every test ``Client`` builds its own handler and so its own WhiteNoise middleware, which
+# (with WHITENOISE_USE_FINDERS) walks every static file of every app at start: about
+# 0.1 s per client. In autorefresh mode it looks a file up when asked instead; daphne
+# and gunicorn processes keep the settings' behaviour.
+settings.WHITENOISE_AUTOREFRESH = True
+
+if _xdist_worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["RUNSTEAD_CHANNEL_PREFIX"] = f"{os.environ.get('RUNSTEAD_CHANNEL_PREFIX', 'runstead')}-{_xdist_worker}"
+    if "prefix" in settings.CHANNEL_LAYERS["default"].get("CONFIG", {}):
+        settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = os.environ["RUNSTEAD_CHANNEL_PREFIX"]
 
 
 @pytest.fixture(autouse=True)
@@ -30,13 +46,42 @@ def _fast_password_hashing(request, settings):
 
 @pytest.fixture(autouse=True)
 def _fresh_rate_limits():
-    """Rate limits (config/throttling.py) count in the cache, which outlives a test;
+    """Rate limits (core/throttling.py) count in the cache, which outlives a test;
     owner and machine ids repeat across tests, so each test starts with clean counters."""
     from django.core.cache import cache
 
+    from board.consumers import handshake_limits_clear
+
     cache.clear()
+    handshake_limits_clear()
     yield
     cache.clear()
+    handshake_limits_clear()
+
+
+@pytest.fixture(autouse=True)
+def outbound_names(monkeypatch):
+    """K5's resolver in this process (``notifications.outbound.getaddrinfo``) answers
+    without the network: IP literals as the C library reads them, ``localhost``, and the
+    names a test adds (``outbound_names["rebind.test"] = ["127.0.0.1"]``, changeable
+    between calls); any other name does not resolve, so no test sends a DNS query."""
+    from notifications import outbound
+
+    names = {"localhost": ["127.0.0.1"]}
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, family=0, type=0, proto=0, flags=0):
+        try:
+            return real(host, port, family, type, proto, flags | socket.AI_NUMERICHOST)
+        except socket.gaierror:
+            pass
+        addresses = names.get(str(host).rstrip(".").lower())
+        if not addresses:
+            raise socket.gaierror(socket.EAI_NONAME, f"{host}: not in the test's names")
+        return [real(a, port, family, type, proto, socket.AI_NUMERICHOST)[0] for a in addresses]
+
+    monkeypatch.setattr(outbound, "getaddrinfo", getaddrinfo)
+    return names
 
 
 PINNED_AT = "2026-03-01T00:00:00Z"
@@ -102,7 +147,7 @@ async def board_of(user):
     from asgiref.sync import sync_to_async
     from channels.testing import WebsocketCommunicator
 
-    from sessions_app.routing import websocket_application
+    from board.routing import websocket_application
 
     key = await sync_to_async(lambda: user.auth_token.key)()
     communicator = WebsocketCommunicator(
@@ -157,3 +202,31 @@ def grant(machine, grant_root):
     from tasks_app.models import Grant
 
     return Grant.objects.create(owner=machine.owner, machine=machine, path=str(grant_root))
+
+
+@pytest.fixture
+def one_of_each(owner, machine, grant, pinned):
+    """One of everything an endpoint can name (K3 strict input, the schemathesis run): a
+    task with its operation, lease and start message; a session with a job; a pending
+    pairing code; a push subscription; a pending approval of the session. The machine has been heard from, so its
+    ``last_heard_at`` does not move during the test (P2 writes it at most every few
+    seconds and the clock is pinned). Returns their ids (strings) by name."""
+    import uuid
+
+    from tests.factories import grant_lease, operation_id, push_subscription, submit
+
+    task_id = submit(owner, machine, grant.path).json()["id"]
+    (message,) = machine_api(machine).get("/api/worker/messages/?wait=0").json()["messages"]
+    lease_id = grant_lease(machine, task_id).json()["lease_id"]
+    api = owner_api(owner)
+    session_id = str(uuid.uuid4())
+    assert api.post("/api/sessions/", {"id": session_id, "title": "s"}, format="json").status_code == 201
+    assert api.post(f"/api/sessions/{session_id}/jobs/", {"job_id": "j1", "mode": "held"}, format="json").status_code == 201
+    assert api.post("/api/machines/pairing-codes/", {"name": "new"}, format="json").status_code == 201
+    subscription = api.post("/api/push/subscriptions/", push_subscription(), format="json").json()["id"]
+    approval = api.post("/api/approvals/", {"key": "one-of-each", "session": session_id, "agent": "claude",
+                                            "tool_name": "Bash", "tool_input": {"command": "ls"}}, format="json")
+    return {"subscription": subscription, "job": "j1", "device": "laptop", "approval": approval.json()["id"],
+            "task": task_id, "op": operation_id(task_id), "lease": lease_id, "message": message["id"],
+            "session": session_id, "machine": str(machine.id), "grant": str(grant.id), "folder": grant.path,
+            "generation": machine.generation}

@@ -1,8 +1,14 @@
-"""Small helpers for service tests: submit a task, walk it through the worker protocol."""
+"""Small helpers for service tests: submit a task, walk it through the worker protocol,
+valid notification settings and push subscription bodies, a digest of every table."""
+import base64
+import hashlib
 import itertools
 import uuid
 
+from django.db import connection
+
 from tests.conftest import machine_api, owner_api
+from tests.notify_support import ALL_ON
 
 _keys = itertools.count()
 
@@ -57,3 +63,27 @@ def agent_facts(*, agent_result=None, agent_session_id="b6e66952-929c-4f1e-a0e0-
                              "files_changed": 5, "insertions": 10, "deletions": 3, "dirty": ["n.txt"],
                              "dirty_count": 1, "start_dirty": 0, **git}},
     }
+
+
+def notification_settings() -> dict:
+    """A valid ``PUT /api/notifications/settings/`` body (N2): every kind on, board only."""
+    return {"kinds": dict(ALL_ON), "webhook_url": None, "board": True, "push": False}
+
+
+def push_subscription() -> dict:
+    """A ``POST /api/push/subscriptions/`` body whose keys have the right sizes (a P-256
+    point, 16 bytes of auth)."""
+    b64 = lambda raw: base64.urlsafe_b64encode(raw).decode().rstrip("=")  # noqa: E731
+    return {"endpoint": "https://push.example.com/abc", "keys": {"p256dh": b64(b"\x04" + bytes(64)), "auth": b64(bytes(16))}}
+
+
+def table_digest() -> dict:
+    """Row count and a SHA-256 of every row of every table (sorted), per table: equal
+    before and after means a request changed nothing."""
+    out = {}
+    with connection.cursor() as cursor:
+        for table in sorted(connection.introspection.table_names()):
+            cursor.execute(f'SELECT * FROM "{table}"')
+            rows = sorted(repr(r) for r in cursor.fetchall())
+            out[table] = (len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest())
+    return out

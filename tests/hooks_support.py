@@ -1,5 +1,5 @@
 """Helpers for the hook tests (SPEC I): fixtures, the hook command as a real subprocess,
-and stopping the detached senders a test started."""
+stopping the detached senders a test started, and the board socket read per session."""
 import json
 import os
 import signal
@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from sessions_app.hooks import sender as hook_sender
+from tests.live import BoardSocket
 from tests.worker_harness import wait_for
 
 BASE_DIR = Path(__file__).resolve().parents[1]
@@ -31,10 +32,10 @@ def hook_env(state_dir: Path, **extra) -> dict:
 
 
 def run_hook(agent: str, payload, state_dir: Path, *, argv_payload: bool = False, stdin: bytes | None = None,
-             env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """``python -m sessions_app.hooks AGENT`` as the CLI runs it: the payload on stdin
-    (or, ``argv_payload``, as the last argument like Codex ``notify``)."""
-    argv = [sys.executable, "-m", "sessions_app.hooks", agent]
+             env: dict | None = None, cwd: Path | None = None, argv: list[str] = ()) -> subprocess.CompletedProcess:
+    """``python -m sessions_app.hooks AGENT [ARGV...]`` as the CLI runs it: the payload on
+    stdin (or, ``argv_payload``, as the last argument like Codex ``notify``)."""
+    argv = [sys.executable, "-m", "sessions_app.hooks", agent, *argv]
     data = stdin
     if argv_payload:
         argv.append(json.dumps(payload))
@@ -44,6 +45,30 @@ def run_hook(agent: str, payload, state_dir: Path, *, argv_payload: bool = False
     return subprocess.run(
         argv, input=data, capture_output=True, timeout=30, env=env or hook_env(state_dir), cwd=cwd or "/",
     )
+
+
+def start_hook(agent: str, payload, state_dir: Path, *, env: dict | None = None) -> subprocess.Popen:
+    """The hook command started (not waited for), the payload on its stdin (closed):
+    for a hook that waits, like Claude Code's ``PermissionRequest`` (Q3). Read it with
+    ``finish_hook``."""
+    proc = subprocess.Popen([sys.executable, "-m", "sessions_app.hooks", agent], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env or hook_env(state_dir), cwd="/")
+    proc.stdin.write(json.dumps(payload).encode())
+    proc.stdin.close()
+    proc.stdin = None  # communicate() must not flush it
+    return proc
+
+
+def finish_hook(proc: subprocess.Popen, timeout: float = 30.0) -> tuple[int, bytes, bytes]:
+    """``(exit status, stdout, stderr)`` of a hook started by ``start_hook`` once it exits
+    (killed and failed after ``timeout`` s)."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the hook still ran after {timeout} s: {out!r} {err!r}") from None
+    return proc.returncode, out, err
 
 
 def stop_sender(state_dir: Path, timeout_s: float = 5.0) -> None:
@@ -64,3 +89,30 @@ def stop_sender(state_dir: Path, timeout_s: float = 5.0) -> None:
 def wait_until(predicate, timeout: float = 20.0, step: float = 0.02):
     """``predicate()``'s first truthy value, polled every ``step`` s for ``timeout`` s."""
     return wait_for(predicate, timeout=timeout, interval=step)
+
+
+class Board(BoardSocket):
+    """The owner's board socket, read per session."""
+
+    def of(self, session_id) -> list[tuple]:
+        """The session's marker events as ``("marker", state, turn_id)`` and its status
+        changes as ``("status", status)``, in arrival order. A ``session.status`` event
+        that repeats the status (a title or attention change, I6) is not a change."""
+        out = []
+        status = None
+        for e in list(self.events):
+            if e.get("session_id") != str(session_id):
+                continue
+            if e["type"] == "marker":
+                out.append(("marker", e["state"], e["turn_id"]))
+            elif e["type"] == "session.status" and e["status"] != status:
+                status = e["status"]
+                out.append(("status", e["status"]))
+        return out
+
+    def wait_for(self, session_id, last, timeout=20.0, since: int = 0) -> list[tuple]:
+        """The session's sequence once it has more than ``since`` entries and ends with
+        ``last`` (``since``: the length already seen, so an earlier ``last`` does not count)."""
+        return wait_until(
+            lambda: (seq := self.of(session_id)) and len(seq) > since and seq[-1] == last and seq, timeout=timeout
+        )

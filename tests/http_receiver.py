@@ -1,5 +1,6 @@
 """A local HTTP server for notification tests: records every request and answers from a
-script of status codes (``"hang"`` holds the request until the test releases it)."""
+script of status codes (``"hang"`` holds the request until the test releases it; a
+``(status, headers)`` pair answers with those headers, e.g. a redirect)."""
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -29,7 +30,10 @@ class Receiver:
                 if answer == "hang":
                     receiver.release.wait(30)
                     answer = 200
-                self.send_response(answer)
+                status, headers = answer if isinstance(answer, tuple) else (answer, {})
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 

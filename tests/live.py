@@ -17,11 +17,15 @@ Usage::
         url = live_daphne(RUNSTEAD_MARKER_GRACE_S="1")   # env overrides, strings
         httpx.get(url + "/api/board/", ...)
 
+``module_daphne`` is the same factory with servers shared by a module's tests.
 ``start_daphne(env)`` / ``DaphneServer.stop()`` do the same outside a fixture.
+``DaphneServer.wait_waiting(count, key)`` waits until long-polls wait in the server (with
+``RUNSTEAD_LOG_LEVEL="DEBUG"``); the fixture's servers are ``live_daphne.servers``.
 ``BoardSocket(url, token)`` reads the owner's ``/ws/board/`` events as a terminal client.
 """
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -37,17 +41,25 @@ from django.conf import settings
 from django.db import connection
 from websockets.sync.client import connect
 
-from tests.procs import stop_process
-
 BASE_DIR = Path(settings.BASE_DIR)
 READY_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 3.0  # SIGTERM, then SIGKILL
+STOP_TIMEOUT_S = 5.0  # for a killed process to be reaped
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def local_listener(backlog: int = 16) -> socket.socket:
+    """A listening TCP socket on 127.0.0.1, on a free port (``getsockname()[1]``): the
+    front of the tests' TCP proxies."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(backlog)
+    return listener
 
 
 def database_env() -> dict:
@@ -86,6 +98,27 @@ class DaphneServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def waits(self) -> list[str]:
+        """The key of each wait that began waiting for a wake-up (``machine.<id>`` for a
+        worker's pull), in order: ``core.waiting`` logs them at DEBUG, so start the server
+        with ``RUNSTEAD_LOG_LEVEL="DEBUG"``."""
+        # The project's own handler's lines only: daphne's root handler repeats each one.
+        return re.findall(r" runstead\.waiting wait (\S+): waiting for a wake-up", self.log())
+
+    def wait_waiting(self, count: int = 1, key: str | None = None, timeout: float = 10.0) -> None:
+        """Until ``count`` waits (of ``key``, or of distinct keys) have begun waiting for a
+        wake-up in this server: the fact "the pull waits", instead of a sleep."""
+        deadline = time.monotonic() + timeout
+        while True:
+            seen = self.waits()
+            found = seen.count(key) if key is not None else len(set(seen))
+            if found >= count:
+                return
+            assert time.monotonic() < deadline, (
+                f"{found} of {count} waits{f' of {key}' if key else ''} began waiting within {timeout} s "
+                f"(RUNSTEAD_LOG_LEVEL=DEBUG?):\n{self.log()[-2000:]}")
+            time.sleep(0.02)
+
     def _wait_ready(self):
         deadline = time.monotonic() + READY_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -101,7 +134,13 @@ class DaphneServer:
         raise RuntimeError(f"daphne not ready after {READY_TIMEOUT_S} s:\n{self.log()[-4000:]}")
 
     def stop(self):
-        stop_process(self.process, STOP_TIMEOUT_S)
+        """Kill it and wait. A test's server owes nobody an orderly exit, and the
+        interpreter's own shutdown of a daphne takes 1-3 s on this machine after the server
+        has stopped serving (per server, so per test). The tests of stopping send SIGTERM
+        themselves and time it (test_server_hooks, test_longpoll's D3)."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(STOP_TIMEOUT_S)
 
 
 def start_daphne(env: dict | None = None, log_dir: Path | None = None, port: int | None = None) -> DaphneServer:
@@ -120,15 +159,42 @@ def live_daphne(transactional_db, tmp_path):
         servers.append(server)
         return server.url
 
+    start.servers = servers  # in start order: ``live_daphne.servers[-1].wait_waiting()``
     yield start
     for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def module_daphne(django_db_setup, django_db_blocker, tmp_path_factory):
+    """Like ``live_daphne``, but the servers live for the whole module: ``module_daphne(
+    **env_overrides) -> base URL`` starts one per distinct environment on first use, so
+    a module of live tests pays a daphne start once, not per test (its logs in one
+    module temporary directory). Tests still commit their rows (request
+    ``transactional_db``), flushed after each test as usual; what a server keeps in memory
+    across tests is keyed by ids that never repeat (rate-limit counters, channel groups)."""
+    servers: dict[tuple, DaphneServer] = {}
+    log_dir = tmp_path_factory.mktemp("daphne")
+
+    def start(**env) -> str:
+        env = {"RUNSTEAD_EMBEDDED_SWEEP": "0", **env}
+        key = tuple(sorted(env.items()))
+        if key not in servers:
+            with django_db_blocker.unblock():
+                servers[key] = DaphneServer(env, log_dir=log_dir)
+        return servers[key].url
+
+    start.servers = servers  # ``DaphneServer`` by environment: ``.log()`` of the one at a url
+    yield start
+    for server in servers.values():
         server.stop()
 
 
 class BoardSocket(threading.Thread):
     """The owner's board socket (``/ws/board/`` on ``url``, token header auth, as a
     terminal client), collecting every event (B2) in arrival order in ``events``, each
-    with ``_seen``: ``time.monotonic()`` when it arrived. ``start()``, then wait on
+    with ``_seen``: ``time.monotonic()`` when it arrived, and ``_at``: ``time.time()``
+    then (to compare with the event's ``server_time``). ``start()``, then wait on
     ``connected``; ``stop()`` closes it."""
 
     def __init__(self, url: str, token: str):
@@ -144,10 +210,35 @@ class BoardSocket(threading.Thread):
             self.connected.set()
             while not self.closing.is_set():
                 try:
-                    self.events.append({**json.loads(ws.recv(timeout=0.1)), "_seen": time.monotonic()})
+                    self.events.append({**json.loads(ws.recv(timeout=0.1)), "_seen": time.monotonic(), "_at": time.time()})
                 except TimeoutError:
                     continue
 
     def stop(self):
         self.closing.set()
         self.join(timeout=5)
+
+
+class Background:
+    """Run ``fn`` in a thread; ``result(timeout)`` returns its value or raises."""
+
+    def __init__(self, fn, *args, **kwargs):
+        self.value = self.error = None
+        self.done = threading.Event()
+
+        def run():
+            try:
+                self.value = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                self.error = exc
+            finally:
+                self.done.set()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def result(self, timeout):
+        assert self.done.wait(timeout), f"not done within {timeout} s"
+        if self.error:
+            raise self.error
+        return self.value

@@ -22,7 +22,7 @@ import pytest
 from tests.live import BASE_DIR, DaphneServer, database_env, free_port
 from tests.procs import stop_process
 
-DAPHNE_PATHS = ("/ws/", "/api/worker/messages/")
+DAPHNE_PATHS = ("/ws/", "/api/worker/messages/", "/api/approvals/")
 
 
 class PathProxy:

@@ -12,7 +12,7 @@ import pytest
 from channels.layers import InMemoryChannelLayer, channel_layers
 
 from sessions_app import services
-from config.broadcast import owner_group
+from core.broadcast import owner_group
 
 SENT: list[tuple[str, dict]] = []
 

@@ -21,7 +21,7 @@ from tasks_app.models import (
     Task,
     TaskEvent,
 )
-from tasks_app.services import acceptance, transitions
+from tasks_app.services import acceptance, idempotency, transitions
 from tasks_app.services.sweeps import cleanup_idempotency_records
 from tests.conftest import machine_api, owner_api
 from tests.factories import grant_lease, submit
@@ -207,12 +207,13 @@ def test_a5_failure_after_outbox_write_leaves_nothing(owner, machine, grant, gra
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a5_failure_while_rendering_the_stored_response_leaves_nothing(owner, machine, grant, grant_root):
+def test_a5_failure_while_rendering_the_stored_response_leaves_nothing(owner, machine, grant, grant_root, monkeypatch):
     """The last step before the record is completed: rendering the 201 body."""
     data = {"machine": machine.pk, "folder": str(grant_root), "agent": "demo", "prompt": "p", "session": None,
             "deep_research": False, "max_runtime_s": 60, "exclusive": True}
-    with pytest.raises(RuntimeError):
-        acceptance.task_accept(owner=owner, key="a5b", raw_body={"x": 1}, data=data, now=T0, serialize=_raise_injected)
+    monkeypatch.setattr(acceptance, "task_dict", _raise_injected)
+    with pytest.raises(RuntimeError, match="injected fault"):
+        acceptance.task_accept(owner=owner, key="a5b", raw_body={"x": 1}, data=data, now=T0)
     assert_nothing_stored(owner)
 
 
@@ -223,7 +224,7 @@ def test_a5_one_acceptance_writes_task_operation_record_budget_lock_and_outbox(o
     assert task.holds_lock and task.reserved_s == 120
     record = IdempotencyRecord.objects.get(owner=owner, key="all")
     assert (record.task_id, record.response_status, record.response_body) == (task.id, 201, resp.content.decode())
-    assert record.body_digest == acceptance.body_digest(body_for(machine, grant_root / "repo", max_runtime_s=120))
+    assert record.body_digest == idempotency.body_digest(body_for(machine, grant_root / "repo", max_runtime_s=120))
     message = OutboxMessage.objects.get(operation__task=task)
     assert message.kind == "start" and message.operation_id == task.operation.id
     assert message.payload["folder"] == str(grant_root / "repo") and message.payload["grant_root"] == str(grant_root)
@@ -421,7 +422,7 @@ def test_a7_sweep_command_runs_the_cleanup_and_schema_publishes_retention(owner,
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a7_two_cleanups_at_once_delete_each_record_once(owner, machine, grant, grant_root):
-    from tests.test_races import race
+    from tests.barrier import race
 
     old, recent = T0 - timedelta(days=3), T0 - timedelta(hours=1)
     tasks = Task.objects.bulk_create(
@@ -518,40 +519,48 @@ def test_p1_sqlite_transactions_begin_immediate():
 
 @sqlite_only
 @pytest.mark.django_db(transaction=True)
-def test_p1_sqlite_second_writer_waits_for_the_first(owner):
+def test_p1_sqlite_second_writer_cannot_begin_while_the_first_is_open(owner):
     """With BEGIN IMMEDIATE a second transaction cannot even start while the first is
-    open, so a read-then-write (the budget check) cannot interleave."""
-    from django.db import transaction
+    open, so a read-then-write (the budget check) cannot interleave. The second writer is
+    told so at once (busy timeout 0: "database is locked") instead of waiting, so the
+    test observes the refusal itself, not a pause; once the first commits it begins."""
+    from django.db import OperationalError, transaction
 
     entered = threading.Event()
     release = threading.Event()
-    order = []
 
     def first():
         try:
             with transaction.atomic():
                 Budget.objects.filter(owner=owner).update(reserved_s=1)
                 entered.set()
-                release.wait(5)
-                order.append("first commits")
+                release.wait(10)
         finally:
             connection.close()
 
-    def second():
-        try:
-            entered.wait(5)
-            with transaction.atomic():  # BEGIN IMMEDIATE blocks here until first commits
-                order.append("second begins")
-        finally:
-            connection.close()
+    def begin() -> str:
+        outcome = []
 
-    threads = [threading.Thread(target=first), threading.Thread(target=second)]
-    for t in threads:
-        t.start()
-    entered.wait(5)
-    threading.Event().wait(0.3)
-    assert order == []
+        def second():
+            try:
+                connection.ensure_connection()
+                connection.connection.execute("PRAGMA busy_timeout = 0")  # refuse, never wait
+                with transaction.atomic():
+                    outcome.append("began")
+            except OperationalError as exc:
+                outcome.append(str(exc))
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join(10)
+        return outcome[0]
+
+    holder = threading.Thread(target=first)
+    holder.start()
+    assert entered.wait(10)
+    assert begin() == "database is locked"  # BEGIN IMMEDIATE, before any read
     release.set()
-    for t in threads:
-        t.join(10)
-    assert order == ["first commits", "second begins"]
+    holder.join(10)
+    assert begin() == "began"

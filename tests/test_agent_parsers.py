@@ -2,13 +2,12 @@
 unknown events, non-JSON lines, truncated lines and interleaved garbage never fail; any
 chunking gives the same answer; memory stays bounded on a 10 MB stream.
 
-Fixtures (tests/fixtures/agents/): ``claude_tool_call`` and ``claude_api_error`` were
-recorded from the real Claude Code 2.1.328 against the offline Messages API of
-tests/claude_cli.py (paths replaced); ``claude_messy`` and ``claude_killed`` are that
-recording with garbage interleaved and cut short. The Codex, Gemini, opencode and aider
-streams follow the shapes their sources emit (openai/codex exec JSON events as in
-../shared/AGENTS.md; google-gemini/gemini-cli packages/core/src/output/types.ts;
-sst/opencode packages/opencode/src/cli/cmd/run.ts; aider's "Tokens: ... Cost: ..." line).
+Fixtures (tests/fixtures/agents/) are captured from the real CLIs (Claude Code 2.1.328,
+Codex 0.169.0, Gemini CLI 0.61.0, opencode 1.18.33, aider 0.86.2), each run as its preset
+runs it against the local fake of its model API, by ``python -m
+tests.record_agent_fixtures`` (which also derives ``claude_killed`` and ``claude_messy``
+from the tool-call run). The expected figures follow the fakes' fixed answers
+(tests/model_apis.py).
 """
 import json
 import random
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks_app.protocol import ENTRY_CUT_MARK, ENTRY_TEXT_MAX_BYTES
 from tasks_app.worker.parsers import MAX_LINE_BYTES, MESSAGE_BYTES, PARSERS, cap, make_parser
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "agents"
@@ -40,11 +40,14 @@ CLAUDE_OK = {
     "usage": usage(2, 1, 24, 14, 0.000376),
     "last_message": "done.",
 }
+CODEX_ID = "0199a213-81c0-7800-8aa1-bbab2a035a53"
+FAKE_REFUSAL = '{"error": {"type": "invalid_request_error", "code": "fake_refusal", "message": "fake refusal", ' \
+               '"param": null}}'
 
 CASES = [
     ("claude", "claude_tool_call.jsonl", CLAUDE_OK),
     ("claude", "claude_api_error.jsonl", {
-        "agent_session_id": "8fc162c7-5a9b-4b5d-9bc2-5a58be1052e5",
+        "agent_session_id": "b6e66952-929c-4f1e-a0e0-91664c71fa14",
         # The CLI says subtype "success" with is_error true: the parser names the cause.
         "agent_result": {"is_error": True, "subtype": "api_error", "summary": "API Error: 400 fake refusal"},
         "usage": usage(1, 0, 0, 0, 0.0),
@@ -58,52 +61,97 @@ CASES = [
         "last_message": "Running it.",
     }),
     ("codex", "codex_exec.jsonl", {
-        "agent_session_id": "0199a213-81c0-7800-8aa1-bbab2a035a53",
-        "agent_result": {"is_error": False, "subtype": "completed", "summary": "Committed the fix."},
-        "usage": usage(2, 3, 25763, 142, None),
-        "last_message": "Committed the fix.",
+        "agent_session_id": CODEX_ID,
+        "agent_result": {"is_error": False, "subtype": "completed", "summary": "done."},
+        "usage": usage(1, 1, 40, 10, None),  # two model calls of 20 + 5 tokens
+        "last_message": "done.",
+    }),
+    ("codex", "codex_resume.jsonl", {
+        "agent_session_id": CODEX_ID,
+        "agent_result": {"is_error": False, "subtype": "completed", "summary": "ok: and the docs"},
+        # One model call (20 + 5) but Codex reports the thread's total, the first run's too.
+        "usage": usage(1, 0, 60, 15, None),
+        "last_message": "ok: and the docs",
     }),
     ("codex", "codex_turn_failed.jsonl", {
-        "agent_session_id": "0199a9c1-5b7d-7a30-9c4e-3f2d1e0a9b88",
-        "agent_result": {"is_error": True, "subtype": "turn_failed", "summary":
-                         "stream disconnected before completion: error sending request for url "
-                         "(http://127.0.0.1:9/v1/responses)"},
+        "agent_session_id": CODEX_ID,
+        "agent_result": {"is_error": True, "subtype": "turn_failed", "summary": FAKE_REFUSAL},
         "usage": usage(1, 0, None, None, None),
         "last_message": None,
     }),
     ("gemini", "gemini_stream.jsonl", {
         "agent_session_id": "c25acda3-b3ba-4a3c-9fd0-5fdf1e5a6f41",
-        "agent_result": {"is_error": False, "subtype": "success", "summary": "Fixed `add` in calc.py; the tests pass."},
-        "usage": usage(2, 2, 11000, 1345, None),
-        "last_message": "Fixed `add` in calc.py; the tests pass.",
+        "agent_result": {"is_error": False, "subtype": "success", "summary": "done."},
+        "usage": usage(1, 1, 60, 12, None),
+        "last_message": "done.",
     }),
     ("gemini", "gemini_error.jsonl", {
-        "agent_session_id": "9d1f8a7e-0c2b-4e5d-8f3a-6b7c8d9e0f1a",
-        "agent_result": {"is_error": True, "subtype": "FatalTurnLimitedError",
-                         "summary": "Reached max session turns for this session."},
-        "usage": usage(1, 0, 800, 100, None),
-        "last_message": "Working on it",
+        "agent_session_id": "c25acda3-b3ba-4a3c-9fd0-5fdf1e5a6f41",
+        "agent_result": {"is_error": True, "subtype": "api_error", "summary":
+                         '[API Error: {"error":{"code":400,"message":"fake refusal","status":"INVALID_ARGUMENT"}}]'},
+        "usage": usage(0, 0, 0, 0, None),
+        "last_message": None,
     }),
     ("opencode", "opencode_run.jsonl", {
         "agent_session_id": "ses_494719016ffe85dkDMj0FPRbHK",
-        "agent_result": {"is_error": False, "subtype": "stop", "summary": "Fixed `add` in calc.py; the tests pass."},
-        # input = input + cache read + cache write; output = output + reasoning; cost summed per step
-        "usage": usage(2, 2, 1200 + 9000 + 300 + 300 + 10000, 80 + 20 + 40, 0.0164),
-        "last_message": "Fixed `add` in calc.py; the tests pass.",
+        "agent_result": {"is_error": False, "subtype": "stop", "summary": "done."},
+        # two steps of 40 + 8 tokens at $3 / $15 per million
+        "usage": usage(2, 1, 80, 16, 0.00048),
+        "last_message": "done.",
     }),
     ("opencode", "opencode_error.jsonl", {
-        "agent_session_id": "ses_3b11bfdcdffeITCXse4fCuIRnU",
-        "agent_result": {"is_error": True, "subtype": "ProviderAuthError", "summary": "Invalid API key"},
-        "usage": usage(1, 0, None, None, None),
+        "agent_session_id": "ses_494719016ffe85dkDMj0FPRbHK",
+        "agent_result": {"is_error": True, "subtype": "APIError", "summary": "fake refusal"},
+        "usage": usage(0, 0, None, None, None),
         "last_message": None,
     }),
-    ("aider", "aider.txt", {
+    ("aider", "aider.txt", {  # the text alone, as while it runs: no verdict yet
         "agent_session_id": None,
         "agent_result": None,
-        "usage": usage(2, None, 4200 + 5300, 210 + 95, 0.03),
-        "last_message": "The tests should pass now.",
+        "usage": usage(1, None, 593, 4, 0.0018),
+        "last_message": "ok: say hi",
     }),
 ]
+# aider's verdict is in its run record (--analytics-log), read when it ended.
+RECORD_CASES = [
+    ("aider.txt", "aider_record.jsonl", {
+        "agent_session_id": None,
+        "agent_result": {"is_error": False, "subtype": "success", "summary": "ok: say hi"},
+        "usage": usage(1, None, 593, 4, 0.001839),
+        "last_message": "ok: say hi",
+    }),
+    ("aider_error.txt", "aider_error_record.jsonl", {  # exit 0, yet it failed (G3)
+        "agent_session_id": None,
+        "agent_result": {"is_error": True, "subtype": "api_error",
+                         "summary": "litellm.BadRequestError: OpenAIException - fake refusal"},
+        "usage": usage(0, None, None, None, None),
+        "last_message": "litellm.BadRequestError: OpenAIException - fake refusal",
+    }),
+]
+
+
+@pytest.mark.parametrize("output,record,expected", RECORD_CASES, ids=[c[1] for c in RECORD_CASES])
+def test_g3_aider_verdict_from_its_analytics_log(output, record, expected):
+    parser = parse("aider", output)
+    parser.feed_record((FIXTURES / record).read_bytes())
+    assert parser.facts() == expected
+
+
+def test_g3_aider_record_without_an_answer_or_a_send_is_an_error():
+    parser = make_parser("aider")
+    parser.feed_record(b'{"event": "launched"}\nnot json\n{"event": "exit", "properties": {"reason": "x"}}\n')
+    assert parser.facts()["agent_result"]["subtype"] == "nothing_sent"
+    killed = make_parser("aider")  # no exit event: no verdict, the exit status judges
+    killed.feed_record(b'{"event": "message_send_starting"}\n{"event": "message_send", "properties": {}}\n')
+    assert killed.facts()["agent_result"] is None
+
+
+def test_g2_aider_token_line_units():
+    """Larger runs print k/M units and cache notes (aider's own format)."""
+    parser = make_parser("aider")
+    parser.feed_line("Tokens: 4.2k sent, 1.1k cache write, 210 received. Cost: $0.02 message, $0.02 session.")
+    parser.feed_line("Tokens: 1.5M sent, 3.9k cache hit, 95 received. Cost: $0.0061 message, $4.03 session.")
+    assert parser.facts()["usage"] == usage(2, None, 4200 + 1_500_000, 305, 4.03)
 
 
 @pytest.mark.parametrize("name,fixture,expected", CASES, ids=[c[1] for c in CASES])
@@ -249,3 +297,113 @@ def test_g2_ten_megabyte_stream_keeps_memory_bounded():
     assert facts["usage"]["turns"] == 7 and facts["usage"]["tool_calls"] == n * 100
     assert facts["agent_result"]["subtype"] == "success"
     assert len(facts["last_message"].encode()) <= MESSAGE_BYTES
+
+
+# --- G4: transcript entries -------------------------------------------------------------------
+
+TOOL = "[[bash:echo hello > hello.txt]]"  # the prompts tests/record_agent_fixtures.py ran
+ERROR = "[[error:400]]"
+CODEX_WARNING = ("Model metadata for `gpt-test` not found. Defaulting to fallback metadata; this can degrade "
+                 "performance and cause issues.")
+ENTRY_CASES = [
+    ("claude", "claude_tool_call.jsonl", TOOL, [
+        {"n": 1, "kind": "prompt", "text": TOOL},
+        {"n": 2, "kind": "message", "text": "Running it.", "usage": {"input_tokens": 12, "output_tokens": 1}},
+        {"n": 3, "kind": "tool_call", "text": "echo hello > hello.txt", "tool": "Bash"},
+        {"n": 4, "kind": "tool_result", "text": "(Bash completed with no output)", "tool": "Bash", "status": "ok",
+         "call": 3},
+        {"n": 5, "kind": "message", "text": "done.", "usage": {"input_tokens": 12, "output_tokens": 1}},
+    ]),
+    ("claude", "claude_api_error.jsonl", ERROR, [
+        {"n": 1, "kind": "prompt", "text": ERROR},
+        {"n": 2, "kind": "message", "text": "API Error: 400 fake refusal", "usage": {"input_tokens": 0, "output_tokens": 0}},
+        {"n": 3, "kind": "error", "text": "API Error: 400 fake refusal"},
+    ]),
+    ("codex", "codex_exec.jsonl", TOOL, [
+        {"n": 1, "kind": "prompt", "text": TOOL},
+        {"n": 2, "kind": "error", "text": CODEX_WARNING},
+        {"n": 3, "kind": "tool_call", "text": "/bin/bash -lc 'echo hello > hello.txt'", "tool": "shell"},
+        {"n": 4, "kind": "tool_result", "text": "", "tool": "shell", "status": "ok", "call": 3},
+        {"n": 5, "kind": "message", "text": "done.", "usage": {"input_tokens": 40, "output_tokens": 10}},
+    ]),
+    ("codex", "codex_turn_failed.jsonl", ERROR, [
+        {"n": 1, "kind": "prompt", "text": ERROR},
+        {"n": 2, "kind": "error", "text": CODEX_WARNING},
+        {"n": 3, "kind": "error", "text": FAKE_REFUSAL},  # the `error` event
+        {"n": 4, "kind": "error", "text": FAKE_REFUSAL},  # and turn.failed
+    ]),
+    ("gemini", "gemini_stream.jsonl", TOOL, [
+        {"n": 1, "kind": "prompt", "text": TOOL},  # the stream's echo of the prompt is not kept twice
+        {"n": 2, "kind": "tool_call", "text": "echo hello > hello.txt", "tool": "run_shell_command"},
+        {"n": 3, "kind": "tool_result", "text": "", "tool": "run_shell_command", "status": "ok", "call": 2},
+        {"n": 4, "kind": "message", "text": "done."},
+    ]),
+    ("gemini", "gemini_error.jsonl", ERROR, [
+        {"n": 1, "kind": "prompt", "text": ERROR},
+        {"n": 2, "kind": "error", "text":
+         '[API Error: {"error":{"code":400,"message":"fake refusal","status":"INVALID_ARGUMENT"}}]'},
+    ]),
+    ("opencode", "opencode_run.jsonl", TOOL, [
+        {"n": 1, "kind": "prompt", "text": TOOL},
+        {"n": 2, "kind": "tool_call", "text": "echo hello > hello.txt", "tool": "bash"},
+        {"n": 3, "kind": "tool_result", "text": "(no output)", "tool": "bash", "status": "ok", "call": 2},
+        {"n": 4, "kind": "message", "text": "done.", "usage": {"input_tokens": 40, "output_tokens": 8}},
+    ]),
+    ("opencode", "opencode_error.jsonl", ERROR, [{"n": 1, "kind": "prompt", "text": ERROR},
+                                                 {"n": 2, "kind": "error", "text": "fake refusal"}]),
+    ("aider", "aider.txt", "say hi", []),  # plain text: no transcript, the raw output is the run
+]
+
+
+@pytest.mark.parametrize("name,fixture,prompt,expected", ENTRY_CASES, ids=[c[1] for c in ENTRY_CASES])
+def test_g4_recorded_streams_become_transcript_entries(name, fixture, prompt, expected):
+    parser = make_parser(name, prompt)
+    data = (FIXTURES / fixture).read_bytes()
+    rng = random.Random(fixture)
+    i = 0
+    while i < len(data):  # any chunking: the same entries
+        n = rng.choice([1, 5, 64, 4096])
+        parser.feed(data[i:i + n])
+        i += n
+    parser.close()
+    assert list(parser.entries) == expected
+    assert parser.entries_since(2) == expected[2:]
+
+
+@pytest.mark.parametrize("name", sorted(PARSERS))
+def test_g4_every_entry_passes_the_services_validation(name):
+    """What the parsers make on garbage and on every fixture is what the service accepts."""
+    from tasks_app.agent_facts import clean_entries
+
+    rng = random.Random("entries" + name)
+    parser = make_parser(name, "p\x00rompt")
+    for fixture in sorted(FIXTURES.iterdir()):
+        parser.feed(fixture.read_bytes())
+    for _ in range(200):
+        parser.feed(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 100))) + b"\n")
+        parser.feed_line(json.dumps({"type": "assistant", "message": {"id": str(rng.random()), "content": [
+            {"type": "text", "text": "\ud800 é\x00" * rng.randrange(2000)},
+            {"type": "tool_use", "id": "t", "name": "N" * 300, "input": {"command": ["ls", "-l"]}}]}}))
+    parser.close()
+    entries = list(parser.entries)
+    for start in range(0, len(entries), 50):
+        clean_entries(entries[start:start + 50])
+    assert [e["n"] for e in entries] == sorted({e["n"] for e in entries})
+
+
+def test_g4_a_long_entry_is_cut_to_2_kib_and_marked():
+    parser = make_parser("claude", "p")
+    parser.feed_line(json.dumps({"type": "assistant", "message": {"id": "m", "content": [
+        {"type": "text", "text": "line one\nline two\n" + "é" * 3000}]}}))
+    text = parser.entries[-1]["text"]
+    assert text.startswith("line one\nline two\n") and text.endswith(ENTRY_CUT_MARK)
+    assert len(text.encode()) <= ENTRY_TEXT_MAX_BYTES
+
+
+def test_g4_a_gemini_message_streamed_in_deltas_is_one_entry_when_it_ends():
+    parser = make_parser("gemini")
+    for part in ("Hel", "lo", " world"):
+        parser.feed_line(json.dumps({"type": "message", "role": "assistant", "content": part, "delta": True}))
+    assert list(parser.entries) == []  # still growing
+    parser.close()  # the stream ended mid-message: it is kept
+    assert list(parser.entries) == [{"n": 1, "kind": "message", "text": "Hello world"}]

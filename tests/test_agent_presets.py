@@ -23,18 +23,33 @@ def command(spec: dict, prompt: str = "fix the test", session: str | None = None
     return parse_profile("p", spec).command(prompt=prompt, folder="/repo", agent_session_id=session)
 
 
-# --- G1: argv per preset, as documented ------------------------------------------------------
+# --- G1: argv per preset, as the real CLI takes it (tests/test_agent_presets_real.py runs them) ----
 
 @pytest.mark.parametrize("preset,argv", [
     ("claude", ["claude", "-p", "--output-format", "stream-json", "--verbose", "--", "fix the test"]),
-    ("codex", ["codex", "exec", "--json", "--", "fix the test"]),
-    ("gemini", ["gemini", "--output-format", "stream-json", "--prompt=fix the test"]),
-    ("opencode", ["opencode", "run", "--format", "json", "--", "fix the test"]),
-    ("aider", ["aider", "--yes", "--message=fix the test"]),
+    ("codex", ["codex", "exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write", "--",
+               "fix the test"]),
+    ("gemini", ["gemini", "--output-format", "stream-json", "--yolo", "--prompt=fix the test"]),
+    ("opencode", ["opencode", "run", "--format", "json"]),  # the prompt goes on stdin
+    ("aider", ["aider", "--yes", "--no-check-update", "--no-analytics", "--analytics-log={record}",
+               "--message=fix the test"]),
 ])
-def test_g1_preset_argv_as_documented(preset, argv):
+def test_g1_preset_argv_as_the_real_cli_takes_it(preset, argv):
     assert command({"preset": preset}) == argv
     assert parse_profile("p", {"preset": preset}).parser == preset
+
+
+def test_g1_preset_env_and_run_record():
+    """Gemini trusts the folder the worker already checked (W4); aider's analytics log
+    is written into the operation directory and read as its verdict (G3)."""
+    assert parse_profile("p", {"preset": "gemini"}).env == {"GEMINI_CLI_TRUST_WORKSPACE": "true"}
+    assert parse_profile("p", {"preset": "gemini", "env": {"GEMINI_CLI_TRUST_WORKSPACE": "false"}}).env == {
+        "GEMINI_CLI_TRUST_WORKSPACE": "false"}  # the profile's keys win
+    aider = parse_profile("p", {"preset": "aider"})
+    assert aider.record_path("/state/ops/1") == "/state/ops/1/aider-analytics.jsonl"
+    assert "--analytics-log=/state/ops/1/aider-analytics.jsonl" in aider.command(prompt="x", folder="/r",
+                                                                                 op_dir="/state/ops/1")
+    assert parse_profile("p", {"preset": "claude"}).record_path("/state/ops/1") is None
 
 
 def test_g1_every_preset_has_a_parser_and_fixture_named_after_it():
@@ -47,8 +62,9 @@ def test_g1_extra_args_and_binary_override():
                     "extra_args": ["--permission-mode", "acceptEdits", "--max-turns", "30"]})
     assert argv == ["/opt/claude/bin/claude", "-p", "--output-format", "stream-json", "--verbose",
                     "--permission-mode", "acceptEdits", "--max-turns", "30", "--", "fix the test"]
-    assert command({"preset": "codex", "extra_args": ["--full-auto"]}) == [
-        "codex", "exec", "--json", "--full-auto", "--", "fix the test"]
+    assert command({"preset": "codex", "extra_args": ["-m", "o3"]}) == [
+        "codex", "exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write", "-m", "o3", "--",
+        "fix the test"]
 
 
 def test_g1_profile_argv_wins_over_the_preset_and_keeps_its_parser():
@@ -88,6 +104,8 @@ def test_g1_config_refuses_broken_profiles_with_the_key_named():
         parse_profile("p", {"preset": "claude", "binary": "bin/claude"})
     with pytest.raises(ConfigError, match="aider takes the prompt as an argument"):
         parse_profile("p", {"preset": "aider", "prompt_via": "stdin"})
+    with pytest.raises(ConfigError, match="opencode takes the prompt on stdin"):
+        parse_profile("p", {"preset": "opencode", "prompt_via": "arg"})
     with pytest.raises(ConfigError, match="parser must be one of"):
         parse_profile("p", {"argv": ["x"], "parser": "xml"})
 
@@ -103,9 +121,10 @@ def test_g1_plain_profiles_still_work_as_before():
 
 @pytest.mark.parametrize("preset,argv", [
     ("claude", ["claude", "-p", "--output-format", "stream-json", "--verbose", "--resume", "S-1", "--", "more"]),
-    ("codex", ["codex", "exec", "--json", "resume", "S-1", "--", "more"]),
-    ("gemini", ["gemini", "--output-format", "stream-json", "--resume=S-1", "--prompt=more"]),
-    ("opencode", ["opencode", "run", "--format", "json", "--session", "S-1", "--", "more"]),
+    ("codex", ["codex", "exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write", "resume", "S-1",
+               "--", "more"]),
+    ("gemini", ["gemini", "--output-format", "stream-json", "--yolo", "--resume=S-1", "--prompt=more"]),
+    ("opencode", ["opencode", "run", "--format", "json", "--session", "S-1"]),
 ])
 def test_g6_presets_that_resume_pass_the_session_id(preset, argv):
     assert command({"preset": preset}, prompt="more", session="S-1") == argv
@@ -131,7 +150,7 @@ def _spawn(tmp_path, profile, prompt):
     return json.loads(record.read_text())
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("preset", sorted(p for p in PRESETS if PRESETS[p].prompt_via == "arg"))
 def test_w4_prompt_arrives_byte_equal_as_one_argument(tmp_path, preset):
     marker = tmp_path / "x"
     prompt = NASTY.replace("{marker}", str(marker))
@@ -210,3 +229,57 @@ def test_g1_check_needs_no_pairing_and_is_quick(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no allowed_roots" in out.stdout
     assert time.monotonic() - start < 30
+
+
+# --- Q5: approvals = "ask" -----------------------------------------------------------------
+
+
+def test_q5_profile_approvals_is_validated_and_off_by_default():
+    assert parse_profile("p", {"preset": "claude"}).approvals == "off"
+    assert parse_profile("p", {"preset": "claude", "approvals": "ask"}).approvals == "ask"
+    with pytest.raises(ConfigError, match='approvals must be "off" or "ask"'):
+        parse_profile("p", {"preset": "claude", "approvals": "yes"})
+    with pytest.raises(ConfigError, match=r'approvals = "ask" needs a preset .*\(claude\)'):
+        parse_profile("p", {"preset": "codex", "approvals": "ask"})
+    with pytest.raises(ConfigError, match='approvals = "ask" needs a preset'):
+        parse_profile("p", {"argv": ["/bin/echo", "{prompt}"], "approvals": "ask"})
+    with pytest.raises(ConfigError, match=r'needs the element "\{binary\}"'):
+        parse_profile("p", {"preset": "claude", "argv": ["/usr/bin/claude", "-p", "{prompt}"], "approvals": "ask"})
+
+
+def test_q5_the_run_settings_go_right_after_the_executable_and_hold_no_secret():
+    from tasks_app.worker import approvals
+
+    profile = parse_profile("p", {"preset": "claude", "approvals": "ask", "extra_args": ["--permission-mode", "default"]})
+    argv = profile.command(prompt="fix it", folder="/repo", binary="/opt/claude",
+                           after_binary=approvals.settings_args(wait_s=1.5))
+    assert argv[:2] == ["/opt/claude", "--settings"]
+    assert argv[3:] == ["-p", "--output-format", "stream-json", "--verbose", "--permission-mode", "default", "--",
+                        "fix it"]
+    settings = json.loads(argv[2])
+    assert list(settings) == ["hooks"] and list(settings["hooks"]) == ["PermissionRequest"]
+    (entry,) = settings["hooks"]["PermissionRequest"]
+    (hook,) = entry["hooks"]
+    assert entry["matcher"] == "*" and hook["type"] == "command"
+    assert hook["timeout"] == 2 + approvals.HOOK_TIMEOUT_MARGIN_S  # above approval_wait_s (Q3)
+    assert hook["command"].endswith(f"{sys.executable} -m sessions_app.hooks claude --task")
+    assert "RUNSTEAD_TASK_CREDENTIAL" not in argv[2]  # the credential goes in the environment only
+    # A profile's own argv: after its {binary} element.
+    own = parse_profile("p", {"preset": "claude", "approvals": "ask", "argv": ["/usr/bin/env", "{binary}", "-p", "{prompt}"]})
+    assert own.command(prompt="x", folder="/r", binary="/opt/claude", after_binary=("--settings", "{}")) == [
+        "/usr/bin/env", "/opt/claude", "--settings", "{}", "-p", "x"]
+
+
+def test_q5_worker_check_shows_approvals(tmp_path):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "claude").symlink_to(RECORDER)
+    path = f"{bindir}:{Path(sys.executable).parent}:/usr/bin:/bin"
+    toml = (f'allowed_roots = ["{tmp_path}"]\n[profiles.asks]\npreset = "claude"\napprovals = "ask"\n'
+            '[profiles.plain]\npreset = "claude"\n')
+    out = _check(tmp_path, toml, path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    asks, plain = out.stdout.split("[profiles.plain]")
+    assert "approvals:  ask (the owner answers" in asks and "approvals:  off" in plain
+    bad = _check(tmp_path, toml + '[profiles.c]\npreset = "codex"\napprovals = "ask"\n', path)
+    assert bad.returncode == 1 and 'approvals = "ask" needs a preset' in bad.stdout

@@ -94,7 +94,37 @@ def test_g4_progress_at_most_once_a_second_and_only_on_change(tmp_path):
     for before, after in zip(bodies, bodies[1:]):  # each one says something new
         assert {k: before[k] for k in ("output_tail", "last_message", "usage")} != \
                {k: after[k] for k in ("output_tail", "last_message", "usage")}
-    assert set(bodies[0]) == {"operation_id", "seq", "output_tail", "last_message", "usage"}
+    assert set(bodies[0]) == {"operation_id", "seq", "output_tail", "last_message", "usage", "entries"}
     assert bodies[-1]["usage"]["turns"] > bodies[0]["usage"]["turns"]
     # Fewer posts than changes: the newest offer replaced the older ones (a slot, not a queue).
     assert len(posts) < 12
+
+
+def test_g4_progress_posts_and_the_final_receipt_carry_the_whole_transcript_once(tmp_path):
+    """Entries go with progress while the agent runs; those no post delivered (the last
+    ones, within a second of the exit) go with the final receipt: together the transcript
+    from the prompt to the last message, numbered 1..N without a gap."""
+    service = InMemoryService(SYSTEM_CLOCK, **TERMS)
+    worker, repo = make(tmp_path, service, pause_s=0.3, turns=4)
+    thread = run(worker)
+    try:
+        start = service.add_start(folder=str(repo), grant_root=str(repo.parent), agent="claude", prompt="tidy up")
+        final = wait_for(lambda: service.receipt(start.operation_id, "final"), timeout=20, what="final receipt")
+    finally:
+        stop(worker, thread)
+    posted = [e for _, body in service.progress_posts for e in body["entries"]]
+    assert posted, "entries went with progress while the agent ran"
+    transcript = {e["n"]: e for e in posted + final["facts"]["entries"]}
+    assert sorted(transcript) == list(range(1, len(transcript) + 1))
+    kinds = [transcript[n]["kind"] for n in sorted(transcript)]
+    # prompt, then per turn a message and (but the last) a Bash call with its result
+    assert kinds == ["prompt"] + ["message", "tool_call", "tool_result"] * 3 + ["message"]
+    assert transcript[1]["text"] == "tidy up"
+    assert transcript[len(transcript)]["text"].startswith("Done:")
+    call = transcript[3]
+    assert (call["tool"], call["text"]) == ("Bash", "git status --short")
+    assert transcript[4]["call"] == 3 and transcript[4]["status"] in ("ok", "error")
+    assert transcript[2]["usage"] == {"input_tokens": 2000, "output_tokens": 70}
+    # the final carries the tail that no confirmed post delivered, not the whole run again
+    tail = [e["n"] for e in final["facts"]["entries"]]
+    assert tail and tail == list(range(tail[0], len(transcript) + 1)) and tail[0] > 1

@@ -72,7 +72,7 @@ def test_g5_report_with_final_facts_carries_git_evidence(owner, machine, grant, 
     """U1/U2: the report's record.final settles the task and brings its evidence."""
     task_id = running(owner, machine, grant_root)
     pinned.shift(61)
-    from config import clock
+    from core import clock
     from tasks_app.services.sweeps import expire_leases
     assert expire_leases(now=clock.now()) == 1
     query = OutboxMessage.objects.get(operation__task_id=task_id, kind="query")
@@ -103,7 +103,8 @@ def test_g4_progress_is_kept_and_pushed_as_task_progress(owner, machine, grant, 
     assert task.state == "running"  # never a state change
     assert task.version == version + 1
     expected = {"seq": 1, "at": pinned_iso(), "last_message": "Working.", "output_tail": "line\n",
-                "usage": {"turns": 1, "tool_calls": 0, "input_tokens": 1, "output_tokens": 1, "cost_usd": None}}
+                "usage": {"turns": 1, "tool_calls": 0, "input_tokens": 1, "output_tokens": 1, "cost_usd": None},
+                "entries": []}
     assert task.progress == expected
     (event,) = [e for e in board_events.of(owner) if e["type"] == "task.progress"]
     assert event == {"type": "task.progress", "task_id": task_id, "progress": expected, "version": version + 1,
@@ -112,7 +113,7 @@ def test_g4_progress_is_kept_and_pushed_as_task_progress(owner, machine, grant, 
 
 
 def pinned_iso():
-    from config import clock
+    from core import clock
     return clock.now().isoformat()
 
 
@@ -175,10 +176,13 @@ def test_g6_follow_up_start_payload_carries_the_agent_session_id(owner, machine,
 
 
 def test_g6_invalid_follow_ups_get_the_same_400(owner, other_owner, machine, grant, grant_root, make_machine, pinned):
+    """Only a task of the same owner and machine can be followed; a final one must carry an
+    agent session id. (An unfinished one is fine since G8: the follow-up is queued,
+    tests/test_g8_queued_followups.py.)"""
     from tests.conftest import owner_api as api
     no_session = running(owner, machine, grant_root)
     receipt(machine, no_session, "final", final_facts())  # final, but no agent session id
-    unfinished = submit(owner, machine, grant_root, exclusive=False).json()["id"]
+    unfinished_elsewhere = submit(owner, machine, grant_root, exclusive=False).json()["id"]
     other_machine = make_machine(owner, name="desk")
     elsewhere = finished(owner, machine, grant_root)
     theirs_machine = make_machine(other_owner, name="theirs")
@@ -186,7 +190,7 @@ def test_g6_invalid_follow_ups_get_the_same_400(owner, other_owner, machine, gra
     theirs_grant = Grant.objects.create(owner=other_owner, machine=theirs_machine, path=str(grant_root))
     theirs = finished(other_owner, theirs_machine, theirs_grant.path)
     answers = []
-    for target, on_machine in ((no_session, machine), (unfinished, machine), (elsewhere, other_machine),
+    for target, on_machine in ((no_session, machine), (unfinished_elsewhere, other_machine), (elsewhere, other_machine),
                                (theirs, machine), ("00000000-0000-0000-0000-000000000000", machine)):
         if on_machine is other_machine:
             Grant.objects.get_or_create(owner=owner, machine=other_machine, path=str(grant_root))

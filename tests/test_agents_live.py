@@ -6,14 +6,13 @@ environment. Board events are read from a real ``/ws/board/`` socket.
 import json
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from tests.live import BoardSocket, live_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import SHORT_TIMINGS, LiveSetup
+from tests.live import BoardSocket, module_daphne  # noqa: F401  (fixture)
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -27,10 +26,10 @@ def git(repo, *args):
 
 
 @pytest.fixture
-def agents(live_daphne, make_owner, tmp_path):  # noqa: F811
+def agents(module_daphne, transactional_db, make_owner, tmp_path):  # noqa: F811
     """A paired worker whose config has preset profiles and whose PATH has a fake
     ``claude`` (and no ``gemini``)."""
-    setup = LiveSetup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path)
+    setup = LiveSetup(module_daphne(**SHORT_TIMINGS), make_owner(), tmp_path)
     git(setup.repo, "init", "-q")
     (setup.repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
     git(setup.repo, "add", "calc.py")
@@ -98,13 +97,13 @@ def test_g4_live_progress_reaches_the_board_while_running(agents):
     try:
         task_id = agents.submit("claude-slow", prompt="watch me")
         task = agents.wait_final(task_id, timeout=40)
-        time.sleep(0.3)
+        final_at = wait_for(lambda: next((e["_seen"] for e in list(board.events) if e.get("type") == "task"
+                                          and e["task"]["id"] == task_id and e["task"]["state"] == "succeeded"), None),
+                            what="the board's succeeded event")
     finally:
         board.stop()
     assert task["state"] == "succeeded"
     progress = [e for e in board.events if e.get("type") == "task.progress" and e["task_id"] == task_id]
-    final_at = next(e["_seen"] for e in board.events if e.get("type") == "task" and e["task"]["id"] == task_id
-                    and e["task"]["state"] == "succeeded")
     during = [e for e in progress if e["_seen"] < final_at]
     assert len(during) >= 3, progress
     seqs = [e["progress"]["seq"] for e in during]

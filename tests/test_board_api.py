@@ -74,17 +74,17 @@ def test_k1_snapshot_refuses_anonymous_and_machine_tokens(machine):
 
 @pytest.mark.django_db
 def test_b4_snapshot_keeps_unfinished_tasks_and_recent_finished_ones(owner, machine, grant):
-    from sessions_app import views
+    from board import shapes
 
     now = timezone.now()
     unknown = make_task(owner, machine, grant, state="unknown", created_at=now - timedelta(days=30))
     finished = [
         make_task(owner, machine, grant, state="succeeded", final_at=now - timedelta(minutes=i))
-        for i in range(views.SNAPSHOT_FINISHED_TASKS + 5)
+        for i in range(shapes.SNAPSHOT_FINISHED_TASKS + 5)
     ]
     ids = {t["id"] for t in owner_api(owner).get("/api/board/").json()["tasks"]}
     assert str(unknown.id) in ids
-    assert len(ids) == 1 + views.SNAPSHOT_FINISHED_TASKS
+    assert len(ids) == 1 + shapes.SNAPSHOT_FINISHED_TASKS
     assert str(finished[0].id) in ids and str(finished[-1].id) not in ids
 
 

@@ -11,8 +11,8 @@ from channels.testing import WebsocketCommunicator
 from django.db import transaction
 from django.test import Client
 
-from config.broadcast import broadcast, owner_group
-from sessions_app.routing import websocket_application
+from core.broadcast import broadcast, owner_group
+from board.routing import websocket_application
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_layer")]
 

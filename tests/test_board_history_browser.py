@@ -1,13 +1,12 @@
 """History (B11) and follow-ups (B12) on the board in a real browser: headless Debian
 Chromium against a real daphne (tests/live.py), at 390x844 and on a desktop, light and
 dark (B6)."""
-import pytest
-
 import uuid
 
+import pytest
+
+from tests.browser import SCREENSHOTS, api, chromium, new_page, shot, wait_live  # noqa: F401  (fixtures)
 from tests.live import live_daphne  # noqa: F401  (fixture)
-from tests.test_board_browser import api, chromium, new_page, wait_live  # noqa: F401  (fixtures)
-from tests.test_board_notify_browser import SCREENSHOTS, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -214,11 +213,15 @@ def test_b12_follow_up_from_a_final_task_creates_one_task_per_form(live_daphne, 
     page.route("**/api/tasks/", lose_first_answer)
     box.locator("button[type=submit]").click()
     expect(box.locator("[role=status]")).to_have_text("Network error; send again (it will not create a second task).")
+    # G8: the first follow-up has not finished, so the second one queues behind it.
+    follow_ups = Task.objects.filter(continued_from__isnull=False)
     assert lost == [201] and follow_ups.count() == 2
     box.locator("button[type=submit]").click()
-    expect(box.locator("[role=status]")).to_have_text("Follow-up accepted.")
+    expect(box.locator("[role=status]")).to_have_text("Queued: it runs when the one before it has finished.")
     assert follow_ups.count() == 2  # replayed (A2), not a third task
     assert sorted(follow_ups.values_list("prompt", flat=True)) == ["and update the changelog", "now add a test for it"]
+    second = follow_ups.get(prompt="and update the changelog")
+    assert (second.state, second.queued_behind_id) == ("queued", follow_up.id)
 
     desktop = new_page(url, owner, viewport={"width": 1280, "height": 900})
     desktop.goto(url + "/")

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser import chromium, new_page, shot, wait_live  # noqa: F401  (fixtures)
 from tests.live import BASE_DIR, live_daphne  # noqa: F401  (fixture)
-from tests.test_board_browser import chromium, new_page, wait_live  # noqa: F401  (fixtures)
-from tests.test_board_notify_browser import shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -27,7 +26,9 @@ def run_shown_command(command: str, state_dir: Path) -> subprocess.CompletedProc
 def test_b10_pair_a_machine_from_the_board_and_it_appears_live(live_daphne, new_page, owner, tmp_path):
     from playwright.sync_api import expect
 
+    from tasks_app.auth import token_digest
     from tasks_app.models import Machine
+    from tasks_app.worker.store import StateDir
 
     url = live_daphne()
     page = new_page(url, owner, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
@@ -52,7 +53,12 @@ def test_b10_pair_a_machine_from_the_board_and_it_appears_live(live_daphne, new_
     expect(page.locator("#pair-result")).to_have_text("Paired: work-mac is connected.")
     expect(page.locator(f"#machine-list li[data-machine-id='{machine.id}']")).to_contain_text("work-mac")
     expect(page.locator(f"#manage-list li[data-manage-machine='{machine.id}']")).to_be_visible()
-    assert (tmp_path / "state" / "token").exists() or any((tmp_path / "state").iterdir())
+    # What the shown command kept is this machine's identity: its id, generation, name and
+    # server, and the very token whose digest the service stores for it (K1).
+    identity = StateDir(str(tmp_path / "state")).read_identity()
+    assert (identity.machine_id, identity.generation, identity.name, identity.server) == (
+        str(machine.id), machine.generation, "work-mac", url)
+    assert token_digest(identity.token) == machine.token_hash
 
 
 def test_b10_grant_and_revoke_a_folder_with_confirmations(live_daphne, new_page, owner, machine, tmp_path):

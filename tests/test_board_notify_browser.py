@@ -3,17 +3,14 @@ true idle only, the PWA's manifest and service worker, the settings panel on a p
 Headless Debian Chromium against a real daphne (tests/live.py), as in test_board_browser."""
 import json
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.browser import api, chromium, new_page, shot, wait_live  # noqa: F401  (fixtures)
 from tests.live import live_daphne  # noqa: F401  (fixture)
-from tests.test_board_browser import api, chromium, new_page, wait_live  # noqa: F401  (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "var" / "test-output" / "screenshots"
 
 # Wraps the real Notification constructor so the test sees every call the page makes.
 CAPTURE_NOTIFICATIONS = """
@@ -29,11 +26,6 @@ CAPTURE_NOTIFICATIONS = """
   window.Notification = Captured;
 })();
 """
-
-
-def shot(page, name):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / name), full_page=True)
 
 
 def test_n1_web_notification_once_at_true_idle_not_at_a_wake_blip(live_daphne, new_page, owner):

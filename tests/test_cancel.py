@@ -4,7 +4,7 @@ import threading
 import pytest
 from django.db import connection
 
-from config import clock
+from core import clock
 from tasks_app.models import Budget, OutboxMessage, Task, TaskEvent
 from tasks_app.services.sweeps import expire_leases
 from tests.conftest import machine_api, owner_api

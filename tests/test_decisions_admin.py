@@ -8,9 +8,9 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from config import clock
+from core import clock
 from tasks_app.models import Budget, OutboxMessage, Task, TaskEvent
-from sessions_app.sweep import sweep_once
+from board.sweep import sweep_once
 from tasks_app.services.sweeps import expire_leases
 from tests.conftest import machine_api
 from tests.factories import final_facts, grant_lease, receipt, submit

@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 
-from config import clock
+from core import clock
 from tasks_app.models import Grant, Machine
 from tasks_app.services.pairing import machine_pair, pairing_code_create
 from tasks_app.worker.store import StateDir

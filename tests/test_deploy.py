@@ -50,7 +50,7 @@ def test_d3_deploy_ships_postgres_redis_service_processes_one_sweep_and_a_tls_pr
     assert services["sweep"]["command"] == ["python", "manage.py", "sweep"]
     assert services["proxy"]["image"].startswith("caddy")
     caddy = (BASE_DIR / "deploy" / "Caddyfile").read_text()
-    assert "@daphne path /ws/* /api/worker/messages/" in caddy
+    assert "@daphne path /ws/* /api/worker/messages/ /api/approvals/*" in caddy  # config.asgi.LONG_POLL_VIEWS
     units = {p.name: p.read_text() for p in (BASE_DIR / "deploy" / "systemd").glob("*.service")}
     assert set(units) == {"runstead-api.service", "runstead-ws.service", "runstead-sweep.service", "runstead-proxy.service"}
     assert "gunicorn config.wsgi:application" in units["runstead-api.service"]

@@ -56,3 +56,16 @@ def test_g3_fake_claude_api_error_exits_zero_with_is_error(tmp_path):
     code, facts = run(tmp_path, tmp_path, "x", {"FAKE_CLAUDE_PAUSE_S": "0", "FAKE_CLAUDE_RESULT": "api_error"})
     assert code == 0
     assert facts["agent_result"]["is_error"] is True and facts["agent_result"]["subtype"] == "api_error"
+
+
+def test_g1_fake_claude_version_answers_and_runs_nothing(tmp_path):
+    """``worker --check`` asks every preset CLI for ``--version``: the demo's fake answers
+    the version whose stream it speaks and neither writes nor commits (it used to run a
+    turn and commit into whatever folder the check ran in)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    answer = subprocess.run([str(FAKE), "--version"], cwd=repo, capture_output=True, text=True, timeout=30)
+    assert answer.returncode == 0 and answer.stdout.startswith("2.1.328 "), answer
+    assert list(repo.iterdir()) == [repo / ".git"]
+    assert subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "-q", "HEAD"]).returncode != 0  # no commit

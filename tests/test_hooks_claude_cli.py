@@ -11,9 +11,8 @@ import pytest
 
 from sessions_app.hooks import mapping
 from tests.claude_cli import claude_bin, claude_env, fake_model_api  # noqa: F401
-from tests.hooks_support import BASE_DIR, stop_sender
+from tests.hooks_support import BASE_DIR, Board, stop_sender
 from tests.live import live_daphne  # noqa: F401
-from tests.test_hooks_live import Board
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -8,6 +8,8 @@ import tomllib
 import pytest
 from django.core.management import CommandError, call_command
 
+from sessions_app.hooks import approval as hook_approval
+from sessions_app.hooks import store
 from sessions_app.hooks.install import InstallError, install
 
 USER_CLAUDE = {
@@ -40,12 +42,15 @@ def test_i5_claude_merges_keeps_user_entries_backs_up_and_is_idempotent(dirs):
                      state_dir=state_dir)
     data = json.loads(settings.read_text())
     assert data["model"] == "opus" and data["permissions"] == USER_CLAUDE["permissions"]
-    assert data["hooks"]["PreToolUse"] == USER_CLAUDE["hooks"]["PreToolUse"]
+    # the user's PreToolUse group stays first; RunStead's (I7, matcher "*") follows it
+    assert data["hooks"]["PreToolUse"][0] == USER_CLAUDE["hooks"]["PreToolUse"][0]
+    assert data["hooks"]["PreToolUse"][1]["matcher"] == "*"
+    assert "sessions_app.hooks claude" in data["hooks"]["PreToolUse"][1]["hooks"][0]["command"]
     assert data["hooks"]["Stop"][0] == USER_CLAUDE["hooks"]["Stop"][0]
     ours = data["hooks"]["Stop"][1]["hooks"][0]
     assert ours["type"] == "command" and "sessions_app.hooks claude" in ours["command"] and ours["timeout"] == 10
-    assert set(data["hooks"]) == {"PreToolUse", "Stop", "SessionStart", "UserPromptSubmit", "Notification",
-                                  "SessionEnd"}
+    assert set(data["hooks"]) == {"PreToolUse", "PostToolUse", "Stop", "SessionStart", "UserPromptSubmit",
+                                  "Notification", "SessionEnd", "PermissionRequest"}
     assert data["hooks"]["Notification"][0]["matcher"] == "permission_prompt"
     assert "tok-123" not in settings.read_text()
     config = state_dir / "config.json"
@@ -69,7 +74,8 @@ def test_i5_claude_on_a_missing_config_creates_it_and_uninstall_leaves_it_empty(
     config_dir, state_dir = dirs
     install("claude", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
     assert set(json.loads((config_dir / "settings.json").read_text())["hooks"]) == {
-        "SessionStart", "UserPromptSubmit", "Stop", "Notification", "SessionEnd"}
+        "SessionStart", "UserPromptSubmit", "Stop", "Notification", "SessionEnd", "PreToolUse", "PostToolUse",
+        "PermissionRequest"}
     install("claude", server="http://s", config_dir=config_dir, state_dir=state_dir, uninstall=True)
     assert json.loads((config_dir / "settings.json").read_text()) == {}
 
@@ -114,8 +120,9 @@ def test_i5_codex_notify_and_hooks_merged_second_run_byte_equal_uninstall_restor
     assert parsed["model"] == "o4-mini" and parsed["mcp_servers"] == {"docs": {"command": "docs-mcp"}}
     assert parsed["notify"][-3:] == ["-m", "sessions_app.hooks", "codex"]
     hooks = json.loads((config_dir / "hooks.json").read_text())["hooks"]
-    assert hooks["Stop"][0] == user_hooks["hooks"]["Stop"][0] and set(hooks) == {"SessionStart", "UserPromptSubmit",
-                                                                                 "Stop"}
+    assert hooks["Stop"][0] == user_hooks["hooks"]["Stop"][0] and set(hooks) == {
+        "SessionStart", "UserPromptSubmit", "Stop", "PreToolUse", "PostToolUse", "PermissionRequest"}
+    assert hooks["PermissionRequest"][0]["hooks"][0]["timeout"] == 630 and hooks["Stop"][1]["hooks"][0]["timeout"] == 10
     first = ((config_dir / "config.toml").read_bytes(), (config_dir / "hooks.json").read_bytes())
     install("codex", server="http://s", config_dir=config_dir, state_dir=state_dir)
     assert ((config_dir / "config.toml").read_bytes(), (config_dir / "hooks.json").read_bytes()) == first
@@ -184,3 +191,32 @@ def test_i5_install_refuses_a_server_that_is_not_an_http_url(tmp_path):
         call_command("install_hooks", "claude", "--server", "notaurl", "--token", "t",
                      "--config-dir", str(tmp_path / "cli"), "--state-dir", str(tmp_path / "state"))
     assert not (tmp_path / "cli").exists() and not (tmp_path / "state").exists()
+
+
+# --- Q3: install_hooks and the settings --------------------------------------------------
+
+
+def test_q3_install_hooks_adds_permission_request_with_a_timeout_above_the_wait(tmp_path):
+    config_dir, state_dir = tmp_path / "claude", tmp_path / "state"
+    install("claude", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
+    settings = config_dir / "settings.json"
+    hooks = json.loads(settings.read_text())["hooks"]
+    [group] = hooks["PermissionRequest"]
+    assert group["matcher"] == "*" and group["hooks"][0]["timeout"] == 630  # 600 + 30
+    assert {h["hooks"][0]["timeout"] for e, [h] in hooks.items() if e != "PermissionRequest"} == {10}
+    assert json.loads((state_dir / "config.json").read_text()) == {"server": "http://s", "token": "t"}
+    first = settings.read_bytes()
+    install("claude", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
+    assert settings.read_bytes() == first  # idempotent
+    install("claude", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir, approval_wait_s=120)
+    hooks = json.loads(settings.read_text())["hooks"]
+    assert [g["hooks"][0]["timeout"] for g in hooks["PermissionRequest"]] == [150]
+    assert json.loads((state_dir / "config.json").read_text())["approval_wait_s"] == 120
+    again = settings.read_bytes()
+    install("claude", server="http://s", config_dir=config_dir, state_dir=state_dir)  # the configured wait stays
+    assert settings.read_bytes() == again
+    config = store.read_config(state_dir)
+    assert hook_approval.load_settings(config, {}).wait_s == 120
+    assert hook_approval.load_settings(config, {"RUNSTEAD_HOOK_APPROVAL_WAIT_S": "2.5"}).wait_s == 2.5
+    assert hook_approval.load_settings({}, {}) == hook_approval.Settings(wait_s=600, unreachable_s=10, poll_s=25)
+    assert hook_approval.load_settings({}, {"RUNSTEAD_HOOK_APPROVAL_POLL_S": "90"}).poll_s == 25

@@ -17,8 +17,8 @@ import pytest
 from sessions_app.hooks import mapping, store
 from sessions_app.hooks.sender import ensure_sender
 from sessions_app.models import EndedTurn, Marker, Session
-from tests.hooks_support import BASE_DIR, fixture, hook_env, run_hook, stop_sender, wait_until
-from tests.live import BoardSocket, DaphneServer, live_daphne  # noqa: F401
+from tests.hooks_support import BASE_DIR, Board, fixture, hook_env, run_hook, stop_sender, wait_until
+from tests.live import DaphneServer, live_daphne  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 SENDER_ENV = {"RUNSTEAD_HOOK_SENDER_IDLE_S": "2", "RUNSTEAD_HOOK_BACKOFF_BASE_S": "0.05",
@@ -27,31 +27,13 @@ HOOK_BOUND_MEDIAN_S = 0.3  # I1
 HOOK_BOUND_MAX_S = 1.0  # one call on this shared 2-core machine, whatever else runs
 
 
-class Board(BoardSocket):
-    """The owner's board socket, read per session."""
-
-    def of(self, session_id) -> list[tuple]:
-        """The session's marker events as ``("marker", state, turn_id)`` and its status
-        changes as ``("status", status)``, in arrival order. A ``session.status`` event
-        that repeats the status (a title or attention change, I6) is not a change."""
-        out = []
-        status = None
-        for e in list(self.events):
-            if e.get("session_id") != str(session_id):
-                continue
-            if e["type"] == "marker":
-                out.append(("marker", e["state"], e["turn_id"]))
-            elif e["type"] == "session.status" and e["status"] != status:
-                status = e["status"]
-                out.append(("status", e["status"]))
-        return out
-
-    def wait_for(self, session_id, last, timeout=20.0, since: int = 0) -> list[tuple]:
-        """The session's sequence once it has more than ``since`` entries and ends with
-        ``last`` (``since``: the length already seen, so an earlier ``last`` does not count)."""
-        return wait_until(
-            lambda: (seq := self.of(session_id)) and len(seq) > since and seq[-1] == last and seq, timeout=timeout
-        )
+def interpreter_start_s() -> float:
+    """One ``python -c pass``: the floor under every hook call on this machine right now
+    (bench/hook_latency.py reports the absolute figures; here the bound is on the hook's
+    own share, so a loaded CI machine cannot fail it or hide a slow hook)."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    return time.monotonic() - start
 
 
 class Rig:
@@ -165,7 +147,7 @@ def test_i4_codex_notify_gemini_and_opencode_turns_reach_the_board(rig):
     assert [e[:2] for e in rig.board.wait_for(os_, ("status", "idle"))] == [
         ("marker", "running"), ("status", "busy"), ("marker", "ended"), ("status", "idle"),
     ]
-    assert Session.objects.get(pk=cs).title == "Rename `foo` to `bar` and update the callsites."
+    assert Session.objects.get(pk=cs).title == codex["input-messages"][0]
 
 
 def test_m5_two_sessions_in_two_folders_and_a_resume_after_crash_sweeps_only_that_instance(rig):
@@ -216,15 +198,17 @@ def test_i1_r4_service_down_hooks_stay_fast_then_every_write_arrives_once_in_ord
         calls += [claude("user_prompt_submit", sid, prompt_id=f"t{i}"), claude("stop", sid, prompt_id=f"t{i}")]
     calls.append(claude("session_end", sid))
     assert len(calls) == 20
-    durations = []
+    durations, floors = [], []
     try:
         for payload in calls:
+            floors.append(interpreter_start_s())  # interleaved: the same load for both
             start = time.monotonic()
             result = run_hook("claude", payload, state_dir, env=env)
             durations.append(time.monotonic() - start)
             assert (result.returncode, result.stdout, result.stderr) == (0, b"", b"")
-        assert statistics.median(durations) < HOOK_BOUND_MEDIAN_S, durations
-        assert max(durations) < HOOK_BOUND_MAX_S, durations
+        floor = statistics.median(floors)
+        assert statistics.median(durations) - floor < HOOK_BOUND_MEDIAN_S, (durations, floors)
+        assert max(durations) - floor < HOOK_BOUND_MAX_S, (durations, floors)
         with store.Outbox(state_dir) as outbox:
             queued = outbox.rows()
         assert len(queued) == 1 + 1 + 1 + 9 * 2  # create, sweep, title, 9 x (running, ended)

@@ -204,3 +204,184 @@ def test_i1_hook_starts_a_sender_that_delivers_and_exits_when_idle(state_dir, re
 
     wait_until(lambda: not sender_running(state_dir), timeout=10)
     assert os.listdir(state_dir)  # state kept
+
+
+# --- bounded local state (I1) -----------------------------------------------------------------
+
+
+def marker(turn, state):
+    return {"method": "PUT", "path": "/api/sessions/5f0c6f3e-0000-4000-8000-000000000001/marker/",
+            "body": {"turn_id": turn, "device_id": "host:claude:s1", "state": state}}
+
+
+def attention(i):
+    return {"method": "PATCH", "path": "/api/sessions/5f0c6f3e-0000-4000-8000-000000000001/",
+            "body": {"attention": "permission", "attention_message": f"may I? {i}"}}
+
+
+def test_i1_outbox_full_drops_oldest_refresh_writes_before_turn_starts_and_ends(state_dir):
+    with store.Outbox(state_dir, max_rows=12) as outbox:
+        for i in range(10):  # 20 writes: a turn start or end between attention refreshes
+            outbox.enqueue([attention(i), marker(f"t{i}", "running" if i % 2 == 0 else "ended")])
+        kept = outbox.rows()
+        assert len(kept) == 12
+        # the 8 dropped were the 8 oldest refreshes; every turn start and end is kept, in order
+        assert [r.body.get("turn_id") for r in kept if r.method == "PUT"] == [f"t{i}" for i in range(10)]
+        assert [r.body["attention_message"] for r in kept if r.method == "PATCH"] == ["may I? 8", "may I? 9"]
+        log = (state_dir / "hook.log").read_text()
+        assert "outbox full" in log and "refresh PATCH /api/sessions/*/" in log
+        assert sum(int(line.split("dropped ")[1].split()[0]) for line in log.splitlines()) == 8
+        # with no refresh left to drop, the oldest of the rest go, never the newest
+        outbox.enqueue([marker("t10", "running"), marker("t10", "ended")])
+        outbox.enqueue([marker("t11", "running"), marker("t11", "ended")])
+        turns = [r.body.get("turn_id") for r in outbox.rows() if r.method == "PUT"]
+        assert len(outbox.rows()) == 12 and turns[-4:] == ["t10", "t10", "t11", "t11"]
+        assert "write PUT /api/sessions/*/marker/" in (state_dir / "hook.log").read_text()
+
+
+def test_i1_outbox_keeps_at_most_10000_rows(state_dir):
+    assert store.MAX_ROWS == 10_000 and store.MAX_BYTES == 50 * 1024 * 1024
+    with store.Outbox(state_dir) as outbox:
+        outbox.enqueue([attention(i) for i in range(5_000)] + writes(5_000))
+        assert outbox.size()[0] == 10_000
+        outbox.enqueue([marker("last", "running")] + writes(20))
+        rows, _ = outbox.size()
+        assert rows == 10_000
+        kept = outbox.rows()
+        assert sum(r.method == "PATCH" for r in kept) == 5_000 - 21  # only refreshes went
+        assert kept[-1].path == "/api/w/19/" and kept[-21].body["turn_id"] == "last"
+
+
+def test_i1_outbox_keeps_at_most_its_byte_cap(state_dir):
+    big = "x" * 10_000
+    with store.Outbox(state_dir, max_bytes=100_000) as outbox:
+        for i in range(30):
+            outbox.enqueue([{"method": "PATCH", "path": f"/api/sessions/{i}/", "body": {"title": big}},
+                            {"method": "POST", "path": "/api/sessions/", "body": {"id": str(i), "title": big}}])
+            assert outbox.size()[1] <= 100_000
+        kept = outbox.rows()
+        assert all(r.method == "POST" for r in kept) and [r.body["id"] for r in kept][-1] == "29"
+        assert outbox.size()[1] > 100_000 - 2 * 10_100  # full up to the cap, not emptied
+
+
+def test_i1_hook_writes_are_classified_refresh_only_by_what_they_do():
+    sid = "5f0c6f3e-0000-4000-8000-000000000001"
+    assert store.refresh_only(attention(1))
+    assert store.refresh_only({"method": "PATCH", "path": f"/api/sessions/{sid}/", "body": {"attention": ""}})
+    assert store.refresh_only({"method": "PATCH", "path": f"/api/sessions/{sid}/", "body": {"title": "x"}})
+    assert not store.refresh_only(marker("t", "running")) and not store.refresh_only(marker("t", "ended"))
+    assert not store.refresh_only({"method": "POST", "path": "/api/sessions/", "body": {"id": sid, "title": "x"}})
+    assert not store.refresh_only({"method": "POST", "path": f"/api/sessions/{sid}/jobs/", "body": {"job_id": "j"}})
+    assert not store.refresh_only({"method": "POST", "path": "/api/devices/d/sweep/", "body": None})
+
+
+def _age_sessions(outbox, keys, age_s):
+    import time
+
+    with outbox.transaction():
+        for key in keys:
+            outbox.save_session_state(key, {"created": True})
+        outbox.db.executemany("UPDATE agent_sessions SET updated_at = ? WHERE key = ?",
+                              [(time.time() - age_s, key) for key in keys])
+
+
+def test_i1_sender_prunes_session_states_older_than_7_days_at_start_and_daily(state_dir, recorder):
+    from unittest import mock
+
+    store.write_config(state_dir, server=recorder.url, token="tok")
+    week = store.SESSION_RETENTION_S
+    with store.Outbox(state_dir) as outbox:
+        _age_sessions(outbox, [f"claude:old{i}" for i in range(50)], week + 60)
+        _age_sessions(outbox, ["claude:recent"], week - 60)
+        outbox.enqueue(writes(1))
+    Sender(state_dir, idle_exit_s=0.1).run()  # at start
+    with store.Outbox(state_dir) as outbox:
+        assert [k for (k,) in outbox.db.execute("SELECT key FROM agent_sessions")] == ["claude:recent"]
+        assert "pruned 50 agent session state(s)" in (state_dir / "sender.log").read_text()
+        sender = Sender(state_dir, prune_every_s=86400)
+        sender.prune(outbox)
+        _age_sessions(outbox, ["claude:later"], week + 1)
+        sender.prune(outbox)  # not due again yet
+        assert outbox.db.execute("SELECT count(*) FROM agent_sessions").fetchone()[0] == 2
+        import time as real_time
+
+        with mock.patch("sessions_app.hooks.sender.time.monotonic", return_value=real_time.monotonic() + 86401):
+            sender.prune(outbox)  # a day later
+        assert [k for (k,) in outbox.db.execute("SELECT key FROM agent_sessions")] == ["claude:recent"]
+
+
+def test_i1_outbox_made_before_the_caps_is_upgraded(state_dir):
+    import sqlite3
+
+    store.ensure_state_dir(state_dir)
+    db = sqlite3.connect(state_dir / store.DB_NAME)
+    db.executescript(store.SCHEMA.replace(",\n    refresh INTEGER NOT NULL DEFAULT 0", ""))
+    db.execute("INSERT INTO outbox (method, path, body, created_at) VALUES ('PUT', '/api/w/0/', '{}', 0)")
+    db.commit()
+    db.close()
+    with store.Outbox(state_dir, max_rows=1) as outbox:
+        outbox.enqueue([attention(1)])  # the refresh goes, the old write (not one) stays
+        assert [r.path for r in outbox.rows()] == ["/api/w/0/"]
+        assert outbox.db.execute("SELECT refresh FROM outbox").fetchall() == [(0,)]
+
+
+# --- I7: tool hooks ------------------------------------------------------------------------------
+
+
+def _files(state_dir):
+    """Each file of the state directory with its size and mtime, what a hook changed;
+    SQLite's side files only as "the write-ahead log holds nothing" (a reader may open
+    an empty one and touch the shared-memory index)."""
+    files = {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in state_dir.iterdir()
+             if not p.name.startswith(store.DB_NAME + "-")}
+    wal = state_dir / (store.DB_NAME + "-wal")
+    files["wal empty"] = not wal.exists() or wal.stat().st_size == 0
+    return files
+
+
+def test_i7_tool_hook_with_nothing_due_only_reads_then_one_due_writes_one_running(state_dir):
+    prompt = fixture("claude", "user_prompt_submit", session_id="long-1")
+    assert run_hook("claude", prompt, state_dir).returncode == 0
+    # No service configured: the sender it started finds no config, keeps the rows, exits.
+    wait_until(lambda: "no server or token" in (state_dir / store.SENDER_LOG).read_text(errors="replace")
+               if (state_dir / store.SENDER_LOG).exists() else False, timeout=20)
+    stop_sender(state_dir)
+    with store.Outbox(state_dir) as outbox:
+        queued = len(outbox.rows())
+    before = _files(state_dir)
+    tool = {"session_id": "long-1", "hook_event_name": "PreToolUse", "tool_name": "Bash", "cwd": "/x",
+            "tool_input": {"command": "ls"}}
+    result = run_hook("claude", tool, state_dir)
+    assert (result.returncode, result.stdout) == (0, b"")
+    assert _files(state_dir) == before  # no outbox write, no log line, no sender started
+    from sessions_app.hooks.sender import sender_running
+
+    assert not sender_running(state_dir)
+
+    # The service answered a class so short that the turn is past half of it: continued.
+    store.write_marker_class(state_dir, 0.001)
+    assert store.marker_class_s(state_dir) == 0.001
+    assert run_hook("claude", {**tool, "hook_event_name": "PostToolUse"}, state_dir).returncode == 0
+    with store.Outbox(state_dir) as outbox:
+        rows = outbox.rows()
+        state = outbox.session_state("claude:long-1")
+    assert len(rows) == queued + 1
+    assert rows[-1].body["state"] == "running" and rows[-1].body["turn_id"] == state["turn"]
+    assert state["turn_origin"] == prompt["prompt_id"] != state["turn"]
+
+
+def test_i7_sender_records_the_class_of_the_running_marker_the_service_answered(state_dir):
+    answered = {"outcome": "applied", "marker": {"started_at": "2026-03-01T10:00:00Z",
+                                                 "expires_at": "2026-03-01T10:00:30Z"}}
+
+    class Answer:
+        def json(self):
+            return answered
+
+    sender = Sender(store.ensure_state_dir(state_dir))
+    assert store.marker_class_s(state_dir) == 1200.0  # M2's default until then
+    sender.learn_marker_class(Answer())
+    assert store.marker_class_s(state_dir) == 30.0
+    answered["marker"] = None  # a refused write carries none: the last class stays
+    sender.learn_marker_class(Answer())
+    assert store.marker_class_s(state_dir) == 30.0

@@ -7,7 +7,7 @@ the rest, or releases everything when the process certainly never started.
 """
 import pytest
 
-from config import clock
+from core import clock
 from tasks_app.models import Budget, OutboxMessage, Task, TaskEvent
 from tasks_app.services.judging import judge
 from tasks_app.worker.wire import refusal_stop_reason

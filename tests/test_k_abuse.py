@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from tests.conftest import machine_api, owner_api
 from tests.factories import submit
-from tests.test_k_isolation_matrix import table_digest
+from tests.factories import table_digest
 
 pytestmark = pytest.mark.django_db
 
@@ -140,16 +140,17 @@ def test_k3_rate_limit_is_declared_in_the_schema():
     ("anonymous", "/api/worker/pair/"),
 ])
 def test_k3_body_over_the_limit_is_refused_before_parsing(who, path, owner, machine, pinned):
-    """A body larger than DATA_UPLOAD_MAX_MEMORY_SIZE answers 413 ``body_too_large`` with
+    """A body larger than DATA_UPLOAD_MAX_MEMORY_SIZE (or the route's own limit in
+    RUNSTEAD_BODY_LIMITS: receipts carry diffs, G7) answers 413 ``body_too_large`` with
     the error shape, before parsing: the body is not even JSON, which would be a 400 if it
     were read; and nothing is written (not even a pairing attempt)."""
-    from config import clock
+    from core import clock
     from tasks_app.models import Machine
 
     client = {"owner": lambda: owner_api(owner), "machine": lambda: machine_api(machine), "anonymous": APIClient}[who]()
     Machine.objects.update(last_heard_at=clock.now())  # P2: a heard machine is not written again within 5 s
     before = table_digest()
-    body = b"{" + b"x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)
+    body = b"{" + b"x" * settings.RUNSTEAD_BODY_LIMITS.get(path, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
     response = client.generic("POST", path, body, content_type="application/json", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()))
     assert response.status_code == 413
     assert response.json()["error"] == "body_too_large" and response.json()["detail"]

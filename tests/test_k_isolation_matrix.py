@@ -12,7 +12,8 @@ allows is tried by every identity in ``IDENTITIES``, against the victim owner's 
 - another machine's token (another owner's machine), and a sibling machine of the same
   owner on machine paths (K2: a machine reaches only its own messages, leases, receipts);
 - an old-generation machine token (the victim's machine was re-paired);
-- a revoked owner token (the victim rotated it).
+- a revoked owner token (the victim rotated it);
+- another owner's task approval credential (Q5: it reaches its own task's approvals only).
 
 Each gets the documented refusal: 401 ``not_authenticated`` / ``token_revoked`` /
 ``authentication_failed``, 403 ``permission_denied`` (wrong kind of credential), 404
@@ -23,10 +24,9 @@ rotate), another owner's call is answered for the caller alone: the victim's ids
 nowhere in the answer, and the victim's own view of the service is unchanged (that cell
 runs inside a rolled-back savepoint so it cannot disturb the next one).
 
-The ASGI-level routes outside the urlconf (the worker long-poll in ``tasks_app.longpoll``
+The ASGI-level routes outside the urlconf (the worker long-poll in ``core.longpoll``
 and the ``/ws/board/`` socket) have their own rows and tests below, on the real ASGI app.
 """
-import hashlib
 import json
 import re
 import uuid
@@ -35,13 +35,12 @@ from dataclasses import dataclass, field
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
-from django.db import connection, transaction
+from django.db import transaction
 from django.test import Client
 from django.urls import URLResolver, get_resolver
 
 from tests.conftest import machine_api, owner_api
-from tests.factories import grant_lease, operation_id, submit
-from tests.test_strict_input import _settings, _subscription
+from tests.factories import grant_lease, notification_settings, operation_id, push_subscription, submit, table_digest
 
 ADMIN_LOGIN = "/admin/login/"
 LOGIN = "/accounts/login/"
@@ -99,6 +98,7 @@ class Row:
     headers: dict = field(default_factory=dict)
     stale_refused: bool = False  # PUBLIC: a revoked credential is still refused (401)
     options_open: bool = False  # PAGE: OPTIONS answers everyone (no login_required on it)
+    task_credential: object = ("403", "permission_denied")  # another owner's task approval credential (Q5)
 
 
 def _task(w):
@@ -107,6 +107,14 @@ def _task(w):
 
 def _session(w):
     return {"session_id": w["session"]}
+
+
+def _approval(w):
+    return {"approval_id": w["approval"]}
+
+
+def _ask(w):
+    return {"key": "matrix", "session": w["session"], "agent": "claude", "tool_name": "Bash", "tool_input": {}}
 
 
 def _receipt(w):
@@ -122,6 +130,9 @@ ROWS = {
                       self_status={"GET": 200, "HEAD": 200, "OPTIONS": 200}, headers={"HTTP_IDEMPOTENCY_KEY": "matrix"}),
     "api/tasks/<uuid:task_id>/": Row(OWNER, kwargs=_task),
     "api/tasks/<uuid:task_id>/cancel/": Row(OWNER, kwargs=_task, bodies={"POST": lambda w: {}}),
+    "api/tasks/<uuid:task_id>/entries/": Row(OWNER, kwargs=_task),
+    "api/tasks/<uuid:task_id>/integrate/": Row(OWNER, kwargs=_task, bodies={"POST": lambda w: {"action": "discard"}},
+                                               headers={"HTTP_IDEMPOTENCY_KEY": "matrix"}),
     "api/budget/": Row(OWNER, other="self", self_status={"GET": 200, "HEAD": 200, "OPTIONS": 200}),
     "api/token/rotate/": Row(OWNER, bodies={"POST": lambda w: {}}, other="self",
                              self_status={"POST": 201, "OPTIONS": 200}),
@@ -143,13 +154,23 @@ ROWS = {
     "api/sessions/<uuid:session_id>/": Row(OWNER, kwargs=_session, bodies={"PATCH": lambda w: {"title": "x"},
                                                                            "DELETE": lambda w: {}}),
     "api/sessions/<uuid:session_id>/stop/": Row(OWNER, kwargs=_session, bodies={"POST": lambda w: {}}),
-    "api/notifications/settings/": Row(OWNER, bodies={"PUT": lambda w: _settings()}, other="self",
+    "api/notifications/settings/": Row(OWNER, bodies={"PUT": lambda w: notification_settings()}, other="self",
                                        self_status={"GET": 200, "HEAD": 200, "PUT": 200, "OPTIONS": 200}),
-    "api/push/subscriptions/": Row(OWNER, bodies={"POST": lambda w: _subscription()}, other="self",
+    "api/push/subscriptions/": Row(OWNER, bodies={"POST": lambda w: push_subscription()}, other="self",
                                    self_status={"POST": 201, "OPTIONS": 200}),
     "api/push/subscriptions/<uuid:subscription_id>/": Row(OWNER, kwargs=lambda w: {"subscription_id": w["subscription"]},
                                                           bodies={"DELETE": lambda w: {}}),
     "api/push/vapid-public-key/": Row(OWNER, other="self", self_status={"GET": 200, "HEAD": 200, "OPTIONS": 200}),
+    # approvals (Q1-Q4, Q7): the owner, or a task credential for its own task's approvals
+    "api/approvals/": Row(OWNER, bodies={"POST": _ask}, other={"GET": "self", "HEAD": "self", "OPTIONS": "self", "POST": 404},
+                          self_status={"GET": 200, "HEAD": 200, "OPTIONS": 200},
+                          task_credential={"GET": "self", "HEAD": "self", "OPTIONS": "self",
+                                           "POST": ("403", "permission_denied")}),
+    "api/approvals/<uuid:approval_id>/": Row(OWNER, kwargs=_approval, self_status={"OPTIONS": 200},
+                                             task_credential={"GET": 404, "HEAD": 404, "OPTIONS": "self"}),
+    "api/approvals/<uuid:approval_id>/decision/": Row(OWNER, kwargs=_approval, bodies={"POST": lambda w: {"behavior": "allow"}},
+                                                      headers={"HTTP_IDEMPOTENCY_KEY": "matrix"}),
+    "api/approvals/<uuid:approval_id>/terminal/": Row(OWNER, kwargs=_approval, bodies={"POST": lambda w: {}}),
     # owner or machine (markers, sweeps, jobs: SPEC H, M8)
     "api/sessions/<uuid:session_id>/marker/": Row(
         OWNER_OR_MACHINE, kwargs=_session,
@@ -251,7 +272,7 @@ def test_k2_every_route_has_an_isolation_row():
 # --- the identities -------------------------------------------------------------------------
 
 IDENTITIES = ("anonymous", "other_token", "other_cookie", "machine_on_owner_path", "owner_on_machine_path",
-              "other_machine", "sibling_machine", "old_generation", "revoked_owner_token")
+              "other_machine", "sibling_machine", "old_generation", "revoked_owner_token", "other_task_credential")
 
 
 def expected(row: Row, identity: str, method: str):
@@ -303,6 +324,8 @@ def _expected_api(row, identity, method, pick):
         return ("refuse", 401, "token_revoked")
     if identity == "revoked_owner_token":
         return ("refuse", 401, "authentication_failed")
+    if identity == "other_task_credential":
+        return pick(row.task_credential)
     if row.who == OWNER:
         if identity in ("other_token", "other_cookie"):
             return pick(row.other)
@@ -331,17 +354,6 @@ def _expected_api(row, identity, method, pick):
 # --- the world --------------------------------------------------------------------------------
 
 
-def table_digest() -> dict:
-    """Row count and a SHA-256 of every row of every table (sorted), per table."""
-    out = {}
-    with connection.cursor() as cursor:
-        for table in sorted(connection.introspection.table_names()):
-            cursor.execute(f'SELECT * FROM "{table}"')
-            rows = sorted(repr(r) for r in cursor.fetchall())
-            out[table] = (len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest())
-    return out
-
-
 def victim_view(w) -> dict:
     """What the victim sees through the API, her token and her login session."""
     from django.contrib.sessions.models import Session as LoginSession
@@ -365,8 +377,9 @@ def world(owner, other_owner, machine, grant, make_machine, pinned):
     has a second (sibling) machine."""
     from rest_framework.authtoken.models import Token
 
-    from sessions_app.notifications import services as notify
-    from tasks_app.models import Machine
+    from notifications import services as notify
+    from tasks_app.models import Grant, Machine, Task
+    from tasks_app.services.approvals import task_credential_issue
 
     task_id = submit(owner, machine, grant.path).json()["id"]
     (message,) = machine_api(machine).get("/api/worker/messages/?wait=0").json()["messages"]
@@ -377,7 +390,8 @@ def world(owner, other_owner, machine, grant, make_machine, pinned):
     assert api.post(f"/api/sessions/{session_id}/jobs/", {"job_id": "j1", "mode": "held"}, format="json").status_code == 201
     marker = {"turn_id": "t1", "device_id": str(machine.id), "state": "running"}
     assert machine_api(machine).put(f"/api/sessions/{session_id}/marker/", marker, format="json").status_code == 200
-    subscription = api.post("/api/push/subscriptions/", _subscription(), format="json").json()["id"]
+    subscription = api.post("/api/push/subscriptions/", push_subscription(), format="json").json()["id"]
+    approval = api.post("/api/approvals/", {**_ask({"session": session_id}), "key": "victim"}, format="json").json()["id"]
     notify.vapid_key()
     # re-pair alice's machine: the current token is new, the old one is the old generation
     old_machine_token = machine.test_token
@@ -392,6 +406,9 @@ def world(owner, other_owner, machine, grant, make_machine, pinned):
     assert Token.objects.get(user=owner).key != revoked_owner_token
     sibling = make_machine(owner, name="alice-desktop")
     attacker_machine = make_machine(other_owner, name="mallory-laptop")
+    attacker_grant = Grant.objects.create(owner=other_owner, machine=attacker_machine, path=grant.path + "-mallory")
+    attacker_task = Task.objects.get(pk=submit(other_owner, attacker_machine, attacker_grant.path).json()["id"])
+    attacker_credential = task_credential_issue(attacker_task)
     Machine.objects.update(last_heard_at=pinned_now())  # P2 writes last_heard_at at most every 5 s
     victim_browser, attacker_browser = Client(), Client()
     victim_browser.force_login(owner)
@@ -400,7 +417,7 @@ def world(owner, other_owner, machine, grant, make_machine, pinned):
         "victim": owner, "attacker": other_owner, "victim_cookie": victim_browser.cookies["sessionid"].value,
         "attacker_cookie": attacker_browser.cookies["sessionid"].value, "task": task_id, "op": operation_id(task_id), "lease": lease_id,
         "message": message["id"], "session": session_id, "machine": str(machine.id), "grant": str(grant.id),
-        "folder": grant.path, "generation": 2, "subscription": subscription,
+        "folder": grant.path, "generation": 2, "subscription": subscription, "approval": approval,
         "devices": {"machine_on_owner_path": str(machine.id), "other_machine": str(attacker_machine.id),
                     "sibling_machine": str(sibling.id), "old_generation": str(machine.id)},
         "credentials": {
@@ -413,6 +430,7 @@ def world(owner, other_owner, machine, grant, make_machine, pinned):
             "sibling_machine": f"Machine {sibling.test_token}",
             "old_generation": f"Machine {old_machine_token}",
             "revoked_owner_token": f"Token {revoked_owner_token}",
+            "other_task_credential": f"Task {attacker_credential}",
         },
     }
 
@@ -430,13 +448,13 @@ def _is_uuid(value) -> bool:
 
 
 def pinned_now():
-    from config import clock
+    from core import clock
 
     return clock.now()
 
 
 def victim_ids(w) -> list[str]:
-    return [w[k] for k in ("task", "op", "lease", "message", "session", "machine", "grant", "subscription")]
+    return [w[k] for k in ("task", "op", "lease", "message", "session", "machine", "grant", "subscription", "approval")]
 
 
 # --- the matrix --------------------------------------------------------------------------------

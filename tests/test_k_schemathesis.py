@@ -37,9 +37,6 @@ MAX_EXAMPLES = int(os.environ.get("RUNSTEAD_SCHEMATHESIS_EXAMPLES", "15"))
 SEED = int(os.environ.get("RUNSTEAD_SCHEMATHESIS_SEED", "20261201"))
 
 
-from tests.test_strict_input import world  # noqa: E402,F401 - the fixture: one of everything
-
-
 def error_shape(ctx, response, case):
     """Every 4xx answer is ``{"error": str, "detail": str}`` (H)."""
     if 400 <= response.status_code < 500 and case.method.upper() != "HEAD":
@@ -53,10 +50,10 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 
 @pytest.fixture
-def api_schema(world):
+def api_schema(one_of_each):
     """The schema, loaded from the app itself. Requests go through the WSGI handler
     in this thread, so, as Django's test client does, the handler must not close the test
-    transaction's connection at the end of each request. (After ``world``: Django's test
+    transaction's connection at the end of each request. (After ``one_of_each``: Django's test
     client connects that signal again after each of its requests.)"""
     from django.core import signals
     from django.db import close_old_connections
@@ -84,7 +81,8 @@ def real_ids(operation, world) -> dict | None:
     """The operation's path parameters filled with ids that exist (the caller's own), so
     examples reach past the 404 of a random id; None when it has none."""
     names = {"task_id": "task", "machine_id": "machine", "grant_id": "grant", "lease_id": "lease",
-             "message_id": "message", "session_id": "session", "subscription_id": "subscription"}
+             "message_id": "message", "session_id": "session", "subscription_id": "subscription",
+             "approval_id": "approval"}
     params = [p.name for p in operation.path_parameters]
     if not params:
         return None
@@ -100,7 +98,7 @@ def real_ids(operation, world) -> dict | None:
 
 
 @pytest.mark.slow
-def test_h_k3_property_based_run_over_the_schema(api_schema, world, owner, machine):
+def test_h_k3_property_based_run_over_the_schema(api_schema, one_of_each, owner, machine):
     """Per operation: positive examples with random ids, negative examples (schema
     violations), and positive examples with the caller's real ids."""
     from tasks_app.models import Machine
@@ -112,7 +110,7 @@ def test_h_k3_property_based_run_over_the_schema(api_schema, world, owner, machi
         operation = result.ok()
         plans.append((operation, GenerationMode.POSITIVE, None))
         plans.append((operation, GenerationMode.NEGATIVE, None))
-        ids = real_ids(operation, world)
+        ids = real_ids(operation, one_of_each)
         if ids:
             plans.append((operation, GenerationMode.POSITIVE, ids))
     for operation, mode, ids in plans:

@@ -15,7 +15,6 @@ import json
 import os
 import stat
 import threading
-import time
 
 import httpx
 import pytest
@@ -24,7 +23,7 @@ from django.test import Client
 
 from tests.conftest import owner_api
 from tests.live import live_daphne  # noqa: F401 - the fixture
-from tests.test_strict_input import _settings, _subscription
+from tests.factories import notification_settings, push_subscription
 
 
 def every_stored_value() -> str:
@@ -74,14 +73,14 @@ def test_i1_hook_state_file_is_0600_in_a_0700_directory_whatever_the_umask(tmp_p
 
 
 def test_n2_webhook_secret_is_answered_once_and_the_vapid_private_key_never(owner, pinned):
-    from sessions_app.notifications.models import VapidKey
+    from notifications.models import VapidKey
 
     api = owner_api(owner)
-    settings_body = {**_settings(), "webhook_url": "https://ntfy.example.com/topic"}
+    settings_body = {**notification_settings(), "webhook_url": "https://ntfy.example.com/topic"}
     first = api.put("/api/notifications/settings/", settings_body, format="json").json()
     secret = first["webhook_secret"]
     assert len(secret) == 64
-    assert api.post("/api/push/subscriptions/", _subscription(), format="json").status_code == 201
+    assert api.post("/api/push/subscriptions/", push_subscription(), format="json").status_code == 201
     public = api.get("/api/push/vapid-public-key/").json()["public_key"]
     private = VapidKey.objects.get().private_pem
     private_lines = [line for line in private.splitlines() if line and not line.startswith("-----")]
@@ -106,10 +105,14 @@ def test_k1_w5_no_secret_in_logs_agent_environment_board_events_or_pages(live_da
     from rest_framework.authtoken.models import Token
     from websockets.sync.client import connect
 
-    from sessions_app.notifications.models import NotificationSettings, VapidKey
-    from tests.worker_harness import PROFILES, SHORT_TIMINGS, LiveSetup
+    from notifications.models import NotificationSettings, VapidKey
+    from tests.worker_harness import PROFILES, SHORT_TIMINGS, LiveSetup, wait_for
 
-    url = live_daphne(**SHORT_TIMINGS, RUNSTEAD_LOG_LEVEL="DEBUG")
+    url = live_daphne(**SHORT_TIMINGS, RUNSTEAD_LOG_LEVEL="DEBUG", RUNSTEAD_OUTBOUND_ALLOW="127.0.0.0/8")  # K5
+
+    def daphne_log() -> str:
+        return "".join(p.read_text(errors="replace") for p in tmp_path.glob("daphne-*.log"))
+
     owner = make_owner()
     env_dump = tmp_path / "agent-env.json"
     live = LiveSetup(url, owner, tmp_path, profiles={**PROFILES, "envdump": {"AGENT_ENV_DUMP": str(env_dump),
@@ -128,7 +131,7 @@ def test_k1_w5_no_secret_in_logs_agent_environment_board_events_or_pages(live_da
 
         listener = threading.Thread(target=listen, daemon=True)
         listener.start()
-        settings_body = {**_settings(), "webhook_url": "http://127.0.0.1:9/hook"}
+        settings_body = {**notification_settings(), "webhook_url": "http://127.0.0.1:9/hook"}
         secret = live.api.put("/api/notifications/settings/", json=settings_body).json()["webhook_secret"]
         live.api.get("/api/push/vapid-public-key/")
         worker = live.start_worker()
@@ -141,7 +144,11 @@ def test_k1_w5_no_secret_in_logs_agent_environment_board_events_or_pages(live_da
         assert httpx.get(f"{url}/api/tasks/", headers={"Authorization": f"Token {stale}"}).status_code == 401
         machine_token = (live.state_dir / "token").read_text().strip()
         assert httpx.get(f"{url}/api/tasks/", headers={"Authorization": f"Machine {machine_token}"}).status_code == 403
-        time.sleep(0.5)
+        # Searched below once they are there: the board's event of the final state, and
+        # daphne's log lines of both refusals (written just after their answers).
+        wait_for(lambda: any(task_id in e and '"succeeded"' in e for e in list(events)), what="the succeeded event")
+        wait_for(lambda: all(f'"GET /api/tasks/" {code}' in daphne_log() for code in (401, 403)),
+                 what="the refusals in daphne's log")
         stop.set()
         listener.join(timeout=5)
         worker.terminate()
@@ -154,7 +161,7 @@ def test_k1_w5_no_secret_in_logs_agent_environment_board_events_or_pages(live_da
         browser = Client()
         browser.force_login(owner)
         places = {
-            "daphne log": "".join(p.read_text(errors="replace") for p in tmp_path.glob("daphne-*.log")),
+            "daphne log": daphne_log(),
             "worker log": live.log(),
             "agent environment": env_dump.read_text(),
             "board events": "\n".join(events),

@@ -1,5 +1,5 @@
 """K1, K2 on the routes that ``config/asgi.py`` serves outside Django's urlconf: the board
-socket ``/ws/board/`` and the worker long-poll (``tasks_app.longpoll``), each driven
+socket ``/ws/board/`` and the worker long-poll (``core.longpoll``), each driven
 through the real ASGI application (``config.asgi.application``) with channels' test
 communicators. A route added at the ASGI level without a row here fails
 ``test_k2_every_asgi_route_has_a_row``.
@@ -12,6 +12,7 @@ Long-poll: the documented refusals with the error shape, another machine sees no
 victim's messages. Nothing of that changes a row (digest of every table).
 """
 import json
+import uuid
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -19,11 +20,12 @@ from channels.layers import channel_layers
 from channels.routing import URLRouter
 from channels.testing import HttpCommunicator, WebsocketCommunicator
 from django.test import Client
+from rest_framework.test import APIClient
 
-from config.broadcast import broadcast
+from core.broadcast import broadcast
 from tests.conftest import machine_api, owner_api
 from tests.factories import submit
-from tests.test_k_isolation_matrix import table_digest
+from tests.factories import table_digest
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -32,7 +34,10 @@ EVIL = (b"origin", b"http://evil.example")
 
 # ASGI-level routes and who may use them (the urlconf's routes are in test_k_isolation_matrix).
 WS_ROWS = {"ws/board/": "owner: session cookie + same origin, or Authorization: Token"}
-HTTP_ROWS = {"/api/worker/messages/": "machine token (long-poll, D1)"}
+HTTP_ROWS = {
+    "/api/worker/messages/": "machine token (long-poll, D1)",
+    "/api/approvals/00000000-0000-0000-0000-000000000000/": "owner token or the task's credential (long-poll, Q3)",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -49,18 +54,21 @@ def asgi_app():
 
 
 def test_k2_every_asgi_route_has_a_row():
-    """The http side is the long-poll router over Django (its one path has a row); the
-    websocket side's URL router has a row per route."""
-    from sessions_app.consumers import TokenOrBrowserAuth
-    from tasks_app import longpoll
+    """The http side is the long-poll router over Django (each of its views has a row by
+    path); the websocket side's URL router has a row per route."""
+    from django.urls import resolve
+
+    from board.consumers import HandshakeLimit, TokenOrBrowserAuth
+    from core.longpoll import LongPollRouter
 
     app = asgi_app()
     assert set(app.application_mapping) == {"http", "websocket"}
     http = app.application_mapping["http"]
-    assert (http.__module__, http.__qualname__) == ("tasks_app.longpoll", "route.<locals>.app"), (
-        "a new ASGI http wrapper: give its routes rows in tests/test_k_socket_matrix.py")
-    assert set(HTTP_ROWS) == {longpoll.PATH}
-    ws = app.application_mapping["websocket"]
+    assert type(http) is LongPollRouter, "a new ASGI http wrapper: give its routes rows in tests/test_k_socket_matrix.py"
+    assert {resolve(path).func.view_class for path in HTTP_ROWS} == set(http.views)
+    limit = app.application_mapping["websocket"]
+    assert isinstance(limit, HandshakeLimit)  # K3: the handshake brake comes first
+    ws = limit.inner
     assert isinstance(ws, TokenOrBrowserAuth) and isinstance(ws.token_app, URLRouter)
     routes = {str(route.pattern) for route in ws.token_app.routes}
     assert routes == set(WS_ROWS)
@@ -188,6 +196,31 @@ async def test_k2_long_poll_matrix_on_the_asgi_route(world):
     assert await sync_to_async(table_digest)() == baseline
     status, body = await long_poll([auth(f"Machine {w['machine']}")])
     assert status == 200 and [m["kind"] for m in body["messages"]] == ["start"]
+
+
+@pytest.mark.asyncio
+async def test_k2_approval_long_poll_matrix_on_the_asgi_route(world):
+    """Q3, Q7 through the ASGI route (a waiting read passes no middleware): another
+    owner's approval is 404, a machine token 403, no credential 401; the owner reads it."""
+    w = world
+    body = {"key": "k-1", "session": str(uuid.uuid4()), "agent": "claude", "tool_name": "Bash", "tool_input": {}}
+    created = await sync_to_async(lambda: APIClient(HTTP_AUTHORIZATION=f"Token {w['token']}").post(
+        "/api/approvals/", body, format="json"))()
+    path = f"/api/approvals/{created.json()['id']}/?wait=0"
+    baseline = await sync_to_async(table_digest)()
+    cases = [
+        ("anonymous", [], 401, "not_authenticated"),
+        ("another owner's token", [auth(f"Token {w['attacker_token']}")], 404, "not_found"),
+        ("machine token", [auth(f"Machine {w['machine']}")], 403, "permission_denied"),
+        ("session cookie", [ORIGIN, w["victim_cookie"]], 401, "not_authenticated"),
+    ]
+    for name, headers, status, code in cases:
+        response = await HttpCommunicator(asgi_app(), "GET", path, headers=headers).get_response(timeout=5)
+        assert (name, response["status"], json.loads(response["body"])["error"]) == (name, status, code)
+    assert await sync_to_async(table_digest)() == baseline
+    response = await HttpCommunicator(asgi_app(), "GET", path, headers=[auth(f"Token {w['token']}")]).get_response(
+        timeout=5)
+    assert response["status"] == 200 and json.loads(response["body"])["state"] == "pending"
 
 
 def test_k1_machine_token_on_owner_paths_is_refused_after_repair(owner, machine):

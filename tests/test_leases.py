@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from config import clock
+from core import clock
 from tasks_app.models import Budget, Lease, Machine, OutboxMessage, Task, TaskEvent
 from tasks_app.services.leases import LeaseRefused, lease_grant, lease_renew
 from tasks_app.services.revocation import machine_unpair

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from tasks_app.models import OutboxMessage, Task
-from tests.live import DaphneServer, live_daphne  # noqa: F401
+from tests.live import Background, DaphneServer, live_daphne, local_listener  # noqa: F401
 from tests.worker_harness import LiveSetup
 
 pytestmark = pytest.mark.slow
@@ -34,51 +34,20 @@ def _submit(url, owner, machine, folder):
     return resp.json()["id"]
 
 
-class Background:
-    """Run ``fn`` in a thread; ``result(timeout)`` returns its value or raises."""
-
-    def __init__(self, fn, *args, **kwargs):
-        self.value = self.error = None
-        self.done = threading.Event()
-
-        def run():
-            try:
-                self.value = fn(*args, **kwargs)
-            except BaseException as exc:  # noqa: BLE001 - handed to the test
-                self.error = exc
-            finally:
-                self.done.set()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-
-    def result(self, timeout):
-        assert self.done.wait(timeout), f"not done within {timeout} s"
-        if self.error:
-            raise self.error
-        return self.value
+DEBUG = {"RUNSTEAD_LOG_LEVEL": "DEBUG"}  # core.waiting logs each wait that begins waiting
 
 
-def _wait_waiting(server_pid, port, count, timeout=10.0):
-    """Until the server has ``count`` established client connections on ``port``."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        conns = [c for c in psutil.Process(server_pid).net_connections("tcp")
-                 if c.status == "ESTABLISHED" and c.laddr.port == port]
-        if len(conns) >= count:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"fewer than {count} connections reached the server")
+def _key(machine) -> str:
+    from tasks_app.services.transitions import outbox_key
+
+    return outbox_key(machine.id)
 
 
 def test_d1_waiting_pull_wakes_after_commit_not_on_a_timer(live_daphne, owner, machine, grant):
     # Re-check every 30 s: only the after-commit notification can answer within 3 s.
-    url = live_daphne(RUNSTEAD_LONGPOLL_RECHECK_S="30")
-    port = int(url.rsplit(":", 1)[1])
+    url = live_daphne(RUNSTEAD_LONGPOLL_RECHECK_S="30", **DEBUG)
     pull = Background(_pull, url, machine.test_token)
-    server_pid = [p for p in psutil.process_iter(["cmdline"]) if f"{port}" in " ".join(p.info["cmdline"] or [])][0].pid
-    _wait_waiting(server_pid, port, 1)
-    time.sleep(0.3)  # the pull has passed its first take and waits
+    live_daphne.servers[-1].wait_waiting(key=_key(machine))  # its first take found nothing
     sent = time.monotonic()
     task_id = _submit(url, grant.owner, machine, grant.path)
     answer = pull.result(10)
@@ -93,12 +62,12 @@ def test_d1_safety_recheck_finds_a_message_nobody_announced(live_daphne, owner, 
 
     from tests.factories import submit
 
-    url = live_daphne(RUNSTEAD_LONGPOLL_RECHECK_S="0.5")
+    url = live_daphne(RUNSTEAD_LONGPOLL_RECHECK_S="0.5", **DEBUG)
     task_id = submit(owner, machine, grant.path).json()["id"]
     hidden = OutboxMessage.objects.filter(operation__task_id=task_id)
     hidden.update(acked_at=timezone.now())  # the pull's first take does not see it
     pull = Background(_pull, url, machine.test_token)
-    time.sleep(1.0)  # the pull waits
+    live_daphne.servers[-1].wait_waiting(key=_key(machine))  # the first take saw nothing
     hidden.update(acked_at=None)  # visible again, and no notification sent
     answer = pull.result(5)
     assert [m["payload"]["task_id"] for m in answer.json()["messages"]] == [task_id]
@@ -118,18 +87,15 @@ def test_d1_new_pull_gets_delivered_but_unacked_messages_at_once(live_daphne, ow
 
 
 class BlackholeProxy:
-    """A TCP proxy to ``port``; ``blackhole()`` stops forwarding both ways and closes
-    nothing: a half-open connection, as after a Wi-Fi drop."""
+    """A TCP proxy to ``port``; ``blackhole()`` stops forwarding both ways on the
+    connections open then (or only those whose last request starts with ``request``) and
+    closes nothing: a half-open connection, as after a Wi-Fi drop. Later connections pass."""
 
     def __init__(self, port):
         self.target = port
-        self.listener = socket.socket()
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(16)
+        self.listener = local_listener()
         self.port = self.listener.getsockname()[1]
-        self.holes = threading.Event()
-        self.sockets = []
+        self.connections = []  # [{"sockets", "request": last request's first bytes, "holed"}]
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -139,11 +105,12 @@ class BlackholeProxy:
             except OSError:
                 return
             upstream = socket.create_connection(("127.0.0.1", self.target))
-            self.sockets += [client, upstream]
+            connection = {"sockets": (client, upstream), "request": b"", "holed": threading.Event()}
+            self.connections.append(connection)
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pump, args=(a, b, connection, a is client), daemon=True).start()
 
-    def _pump(self, src, dst):
+    def _pump(self, src, dst, connection, from_client):
         while True:
             try:
                 data = src.recv(65536)
@@ -151,31 +118,35 @@ class BlackholeProxy:
                 return
             if not data:
                 return
-            if self.holes.is_set():
+            if connection["holed"].is_set():
                 continue  # dropped on the floor; the connection stays open
+            if from_client and data[:4] in (b"GET ", b"POST", b"PUT ", b"PATC", b"DELE"):
+                connection["request"] = data[:80]
             try:
                 dst.sendall(data)
             except OSError:
                 return
 
-    def blackhole(self):
-        self.holes.set()
+    def blackhole(self, request: bytes = b"") -> int:
+        """Hole the open connections (whose last request starts with ``request``); how many."""
+        chosen = [c for c in list(self.connections) if c["request"].startswith(request)]
+        for connection in chosen:
+            connection["holed"].set()
+        return len(chosen)
 
     def close(self):
         self.listener.close()
-        for s in self.sockets:
-            s.close()
+        for connection in self.connections:
+            for s in connection["sockets"]:
+                s.close()
 
 
 def test_d1_blackholed_pull_connection_delivers_within_seconds_of_the_next_pull(live_daphne, owner, machine, grant):
-    url = live_daphne(RUNSTEAD_LONGPOLL_RECHECK_S="30")  # visibility window 60 s
-    port = int(url.rsplit(":", 1)[1])
-    proxy = BlackholeProxy(port)
+    url = live_daphne(RUNSTEAD_LONGPOLL_RECHECK_S="30", **DEBUG)  # visibility window 60 s
+    proxy = BlackholeProxy(int(url.rsplit(":", 1)[1]))
     try:
         dead = Background(_pull, f"http://127.0.0.1:{proxy.port}", machine.test_token, 25, 3)
-        server_pid = [p for p in psutil.process_iter(["cmdline"]) if f"{port}" in " ".join(p.info["cmdline"] or [])][0].pid
-        _wait_waiting(server_pid, port, 1)
-        time.sleep(0.3)
+        live_daphne.servers[-1].wait_waiting(key=_key(machine))
         proxy.blackhole()
         task_id = _submit(url, grant.owner, machine, grant.path)  # the dead pull takes it; the answer is lost
         with pytest.raises(httpx.ReadTimeout):
@@ -190,25 +161,61 @@ def test_d1_blackholed_pull_connection_delivers_within_seconds_of_the_next_pull(
         proxy.close()
 
 
+def test_d1_waiting_pull_sends_a_space_every_keepalive_interval(live_daphne, owner, machine, grant):
+    """While it waits, the pull's body is spaces, one per keep-alive interval (0.3 s here),
+    then the JSON: a client reading with an inactivity timeout shorter than the wait keeps
+    a healthy pull; the answer parses as JSON."""
+    url = live_daphne(RUNSTEAD_LONGPOLL_KEEPALIVE_S="0.3")
+    started = time.monotonic()
+    answer = _pull(url, machine.test_token, wait=2, timeout=httpx.Timeout(10, read=1.0))
+    assert answer.status_code == 200 and time.monotonic() - started >= 1.5  # 2 s less its end jitter
+    assert answer.headers["content-type"] == "application/json" and "content-length" not in answer.headers
+    spaces = len(answer.content) - len(answer.content.lstrip(b" "))
+    assert 3 <= spaces <= 7, answer.content  # about 1.6-2 s / 0.3 s, never one per read
+    assert answer.json() == {"messages": []}
+
+
+def test_d1_worker_gives_up_a_half_open_pull_by_its_silence_and_gets_the_task_within_seconds(live_daphne, make_owner, tmp_path):
+    """A task submitted while the worker's pull sits on a half-open connection reaches the
+    worker within seconds, not at the end of the wait: the waiting pull sends a space
+    every keep-alive interval, and the worker gives up a pull silent for longer (here
+    0.3 s and 1.5 s; by default 3 s and 7 s, so under 10 s). The lost answer is delivered
+    again to the next pull, and the task runs to its end."""
+    url = live_daphne(RUNSTEAD_LONGPOLL_KEEPALIVE_S="0.3", RUNSTEAD_LONGPOLL_RECHECK_S="30", **DEBUG)
+    server = live_daphne.servers[-1]
+    proxy = BlackholeProxy(int(url.rsplit(":", 1)[1]))
+    live = LiveSetup(f"http://127.0.0.1:{proxy.port}", make_owner(), tmp_path)
+    try:
+        live.start_worker(env={"RUNSTEAD_WORKER_POLL_S": "25", "RUNSTEAD_WORKER_PULL_IDLE_S": "1.5",
+                               "RUNSTEAD_WORKER_BACKOFF_BASE_S": "0.2"})
+        server.wait_waiting(key=f"machine.{live.machine_id}", timeout=20)
+        assert proxy.blackhole(b"GET /api/worker/messages/") >= 1  # the waiting pull's connection
+        submitted = time.monotonic()
+        task_id = live.submit("quick")
+        live.wait_state(task_id, ("running", "succeeded"), timeout=10)
+        took = time.monotonic() - submitted
+        assert took < 5, f"the worker had the task {took:.1f} s after the submit (its pull waits 25 s)"
+        live.wait_state(task_id, "succeeded", timeout=20)
+        message = OutboxMessage.objects.get(operation__task_id=task_id, kind="start")
+        assert message.deliveries == 2  # the answer lost on the dead connection, and the next pull's
+    finally:
+        live.close()
+        proxy.close()
+
+
 def test_d1_kill9_worker_with_a_waiting_pull_then_restart_delivers_within_5s(live_daphne, make_owner, tmp_path):
-    url = live_daphne(RUNSTEAD_EMBEDDED_SWEEP="1", RUNSTEAD_LONGPOLL_RECHECK_S="30")
-    port = int(url.rsplit(":", 1)[1])
+    url = live_daphne(RUNSTEAD_EMBEDDED_SWEEP="1", RUNSTEAD_LONGPOLL_RECHECK_S="30", **DEBUG)
+    server = live_daphne.servers[-1]
     live = LiveSetup(url, make_owner(), tmp_path)
+    key = f"machine.{live.machine_id}"
     try:
         env = {"RUNSTEAD_WORKER_POLL_S": "25"}
         worker = live.start_worker(env=env)
-        end = time.monotonic() + 20
-        while not [c for c in psutil.Process(worker.pid).net_connections("tcp") if c.raddr and c.raddr.port == port]:
-            assert time.monotonic() < end, live.log()
-            time.sleep(0.05)
-        time.sleep(0.5)  # its pull waits in the server
+        server.wait_waiting(key=key, timeout=20)  # its pull waits in the server
         os.kill(worker.pid, signal.SIGKILL)
         worker.wait(10)
         worker = live.start_worker(env=env)
-        end = time.monotonic() + 20
-        while not [c for c in psutil.Process(worker.pid).net_connections("tcp") if c.raddr and c.raddr.port == port]:
-            assert time.monotonic() < end, live.log()
-            time.sleep(0.05)
+        server.wait_waiting(2, key=key, timeout=20)  # the new worker's pull waits
         task_id = live.submit("quick")
         live.wait_state(task_id, ("delivered", "starting", "running", "succeeded"), timeout=5)
     finally:
@@ -221,16 +228,14 @@ def _threads(pid) -> int:
 
 def test_d2_waiting_pulls_hold_no_thread_and_no_database_connection(live_daphne, owner, make_machine, grant):
     # A pool of 4 connections on PostgreSQL: 60 waiting pulls must not take them.
-    url = live_daphne(RUNSTEAD_DB_POOL_MAX="4")
-    port = int(url.rsplit(":", 1)[1])
-    server_pid = [p for p in psutil.process_iter(["cmdline"]) if f"{port}" in " ".join(p.info["cmdline"] or [])][0].pid
+    url = live_daphne(RUNSTEAD_DB_POOL_MAX="4", **DEBUG)
+    server = live_daphne.servers[-1]
     machines = [make_machine(owner, name=f"m{i}") for i in range(60)]
     httpx.get(f"{url}/api/budget/", headers={"Authorization": f"Token {owner.auth_token.key}"})
-    before = _threads(server_pid)
+    before = _threads(server.process.pid)
     pulls = [Background(_pull, url, m.test_token) for m in machines]
-    _wait_waiting(server_pid, port, 60)
-    time.sleep(1.0)
-    during = _threads(server_pid)
+    server.wait_waiting(60)  # 60 machines' pulls wait
+    during = _threads(server.process.pid)
     started = time.monotonic()
     resp = httpx.get(f"{url}/api/budget/", headers={"Authorization": f"Token {owner.auth_token.key}"}, timeout=10)
     assert resp.status_code == 200
@@ -244,7 +249,7 @@ def test_d3_daphne_exits_within_seconds_of_sigterm_with_waiting_pulls_and_open_s
 
     import websockets.sync.client as ws_client
 
-    server = DaphneServer({"RUNSTEAD_EMBEDDED_SWEEP": "0"})
+    server = DaphneServer({"RUNSTEAD_EMBEDDED_SWEEP": "0", **DEBUG})
     try:
         machines = [make_machine(owner, name=f"m{i}") for i in range(10)]
         pulls = [Background(_pull, server.url, m.test_token) for m in machines]
@@ -252,7 +257,7 @@ def test_d3_daphne_exits_within_seconds_of_sigterm_with_waiting_pulls_and_open_s
         for _ in range(5):
             sockets.enter_context(ws_client.connect(server.url.replace("http", "ws") + "/ws/board/",
                                                     additional_headers={"Authorization": f"Token {owner.auth_token.key}"}))
-        _wait_waiting(server.process.pid, server.port, 15)
+        server.wait_waiting(10)  # the 10 pulls wait; the 5 sockets are open (connect returned)
         started = time.monotonic()
         server.process.terminate()
         server.process.wait(timeout=20)
@@ -270,7 +275,8 @@ def test_d1_200_waiting_workers_owner_answers_and_task_arrives_within_1s(live_da
     from tasks_app.auth import token_digest
     from tasks_app.models import Grant, Machine
 
-    url = live_daphne()
+    url = live_daphne(**DEBUG)
+    server = live_daphne.servers[-1]
     port = int(url.rsplit(":", 1)[1])
     tokens = [f"t-{i}-{uuid.uuid4().hex}" for i in range(200)]
     machines = Machine.objects.bulk_create(
@@ -285,11 +291,20 @@ def test_d1_200_waiting_workers_owner_answers_and_task_arrives_within_1s(live_da
         while not stop.is_set():
             writer.write(head)
             status = await reader.readline()
-            length = 0
+            length, chunked = 0, False
             while (line := await reader.readline()) not in (b"\r\n", b""):
                 if line.lower().startswith(b"content-length:"):
                     length = int(line.split(b":")[1])
-            body = json.loads(await reader.readexactly(length))
+                chunked = chunked or line.lower().startswith(b"transfer-encoding: chunked")
+            if chunked:  # a pull that waited past a keep-alive interval (D1)
+                raw = b""
+                while size := int((await reader.readline()).strip(), 16):
+                    raw += await reader.readexactly(size)
+                    await reader.readline()
+                await reader.readline()
+            else:
+                raw = await reader.readexactly(length)
+            body = json.loads(raw)
             assert b"200" in status, status
             for m in body["messages"]:
                 got.setdefault(m["payload"]["task_id"], time.monotonic())
@@ -298,7 +313,7 @@ def test_d1_200_waiting_workers_owner_answers_and_task_arrives_within_1s(live_da
     async def scenario():
         stop = asyncio.Event()
         tasks = [asyncio.create_task(worker(i, stop)) for i in range(200)]
-        await asyncio.sleep(3)
+        await asyncio.to_thread(server.wait_waiting, 200, timeout=30)  # all 200 pulls wait
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Token {owner.auth_token.key}"}) as http:
             for k in range(5):
                 t0 = time.monotonic()
@@ -331,7 +346,10 @@ async def test_d1_pull_whose_client_disconnects_during_its_take_releases_the_mes
     from asgiref.sync import sync_to_async
     from django.utils import timezone
 
-    from tasks_app import longpoll
+    from config.asgi import application
+    from core.waiting import wake, waiting
+    from tasks_app.services import messages
+    from tasks_app.services.transitions import outbox_key
     from tests.factories import submit
 
     task_id = (await sync_to_async(submit)(owner, machine, grant.path)).json()["id"]
@@ -347,37 +365,50 @@ async def test_d1_pull_whose_client_disconnects_during_its_take_releases_the_mes
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "path": longpoll.PATH, "method": "GET", "query_string": b"wait=25", "root_path": "",
+    scope = {"type": "http", "path": "/api/worker/messages/", "method": "GET", "query_string": b"wait=25", "root_path": "",
              "headers": [(b"authorization", f"Machine {machine.test_token}".encode()), (b"host", b"testserver")],
              "client": ("127.0.0.1", 1), "server": ("testserver", 80)}
-    from tasks_app.services import messages
-
     loop = asyncio.get_running_loop()
     take = messages.messages_take
 
     def take_then_client_gone(**kwargs):
         taken = take(**kwargs)
         if taken:
-            loop.call_soon_threadsafe(gone.set)  # the client goes away while the take runs
-            time.sleep(0.3)
+            loop.call_soon_threadsafe(gone.set)  # the client goes away while the take runs...
+            deadline = time.monotonic() + 5
+            while not pull.done():  # ...and the request ends before the take returns
+                assert time.monotonic() < deadline, "the request did not end on the disconnect"
+                time.sleep(0.01)
         return taken
 
     monkeypatch.setattr(messages, "messages_take", take_then_client_gone)
-    pull = asyncio.create_task(longpoll.long_poll(scope, receive, send))
-    registry = longpoll.waiters()  # this loop's registry, the one the pull registers in
-    for _ in range(200):
-        if str(machine.pk) in registry.by_machine:
-            break
-        await asyncio.sleep(0.02)
-    assert str(machine.pk) in registry.by_machine, "the pull never waited"
+    key = outbox_key(machine.pk)
+    pull = asyncio.create_task(application(scope, receive, send))
+    deadline = time.monotonic() + 5
+    while not waiting(key):
+        assert time.monotonic() < deadline and not pull.done(), "the pull never waited"
+        await asyncio.sleep(0.01)
     await hidden.aupdate(acked_at=None)
-    registry.wake(str(machine.pk))
+    wake(key)  # as the after-commit notification would
     await asyncio.wait_for(pull, 5)
     assert sent == []  # nothing was answered to a client that is gone
-    message = await hidden.aget()
-    assert message.deliveries == 1  # it was taken...
-    assert message.acked_at is None and message.visible_at <= timezone.now(), "...and must be visible again"
-    assert str(machine.pk) not in registry.by_machine
+    deadline = time.monotonic() + 5
+    while (message := await hidden.aget()).visible_at > timezone.now():
+        assert time.monotonic() < deadline, "the message taken for the gone client was never released"
+        await asyncio.sleep(0.02)
+    assert message.deliveries == 1 and message.acked_at is None  # taken once, and visible again
+    assert waiting(key) == 0
     from django.db import connections
 
     await sync_to_async(connections.close_all)()  # the ORM's thread: no session left at teardown
+
+
+def test_d1_pulls_begun_together_end_apart():
+    """1,000 workers that pull together after a restart must not end, and pull again,
+    together: each pull's wait is its ``wait`` less a random share of up to 20 %."""
+    from tasks_app.services.messages import messages_wait
+
+    ends = [messages_wait(machine_id=uuid.uuid4(), wait_s=25).timeout_s for _ in range(1000)]
+    assert all(20 <= end <= 25 for end in ends)
+    assert max(ends) - min(ends) > 4  # spread over the whole 5 s
+    assert len({round(end, 2) for end in ends}) > 300  # not a few synchronized groups

@@ -12,13 +12,15 @@ from tests.live import live_daphne  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-ALL_ON = {"session_idle": True, "attention": True, "unknown": True, "task_succeeded": True, "task_failed": True}
+ALL_ON = {"session_idle": True, "attention": True, "unknown": True, "task_succeeded": True, "task_failed": True,
+          "approval": True}
 
 
 def test_n3_hanging_webhook_does_not_delay_the_request_and_embedded_loop_sends(live_daphne, owner):
     hook = Receiver(["hang", 200])
     try:
-        url = live_daphne(RUNSTEAD_EMBEDDED_NOTIFY="1", RUNSTEAD_NOTIFY_INTERVAL_S="0.2")
+        url = live_daphne(RUNSTEAD_EMBEDDED_NOTIFY="1", RUNSTEAD_NOTIFY_INTERVAL_S="0.2",
+                          RUNSTEAD_OUTBOUND_ALLOW="127.0.0.0/8")  # K5: the local receiver
         with httpx.Client(base_url=url, headers={"Authorization": f"Token {owner.auth_token.key}"}, timeout=10) as api:
             put = api.put("/api/notifications/settings/", json={
                 "kinds": ALL_ON, "webhook_url": hook.url + "/hook", "board": True, "push": True})

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 def test_d3_production_shape_runs_a_task_and_wakes_across_processes(production_shape, make_owner, owner, machine, grant, tmp_path):
     timings = {k: v for k, v in SHORT_TIMINGS.items() if k != "RUNSTEAD_EMBEDDED_SWEEP"}
-    shape = production_shape(RUNSTEAD_LONGPOLL_RECHECK_S="30", **timings)
+    shape = production_shape(RUNSTEAD_LONGPOLL_RECHECK_S="30", RUNSTEAD_LOG_LEVEL="DEBUG", **timings)
     api = httpx.Client(base_url=shape.url, headers={"Authorization": f"Token {owner.auth_token.key}"}, timeout=15)
 
     # A pull waiting in daphne is woken by an acceptance that commits in gunicorn.
@@ -27,7 +27,7 @@ def test_d3_production_shape_runs_a_task_and_wakes_across_processes(production_s
     pull = threading.Thread(target=lambda: answer.update(r=httpx.get(
         f"{shape.url}/api/worker/messages/?wait=25", headers={"Authorization": f"Machine {machine.test_token}"}, timeout=35)))
     pull.start()
-    time.sleep(1.0)  # the pull waits in daphne
+    shape.ws.wait_waiting(key=f"machine.{machine.id}")  # the pull waits in daphne: its first take found nothing
     sent = time.monotonic()
     resp = api.post("/api/tasks/", headers={"Idempotency-Key": uuid.uuid4().hex},
                     json={"machine": str(machine.id), "folder": grant.path, "agent": "demo", "prompt": "p"})

@@ -17,6 +17,7 @@ from django.db import OperationalError, connection, transaction
 
 from tasks_app.models import Budget, Grant, IdempotencyRecord, Operation, OutboxMessage, Task
 from tasks_app.services import locking
+from tests.barrier import JOIN_TIMEOUT_S, race
 from tests.conftest import owner_api
 from tests.factories import submit
 
@@ -28,44 +29,10 @@ def _no_acceptance_brake(settings):
     by the locks under test, not by the brake."""
     settings.RUNSTEAD_ACCEPT_RATE = "100000/min"
 
-JOIN_TIMEOUT_S = 60
 T_HEARD = datetime(2026, 1, 1, tzinfo=UTC)
 sqlite_only = pytest.mark.skipif(
     settings.DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3", reason="the SQLite variant (BEGIN IMMEDIATE)"
 )
-
-
-def race(n: int, work, *, prepare=None) -> list:
-    """Run ``work(i)`` in ``n`` threads released together; returns the results in order.
-
-    Each thread opens its own connection before the barrier (so connecting is not part of
-    the race) and closes it at the end. ``prepare(i)`` runs before the barrier, e.g. to
-    build a client. Any exception in a thread fails the test.
-    """
-    barrier = threading.Barrier(n)
-    results: list = [None] * n
-    errors: list = []
-
-    def target(i):
-        try:
-            connection.ensure_connection()
-            ctx = prepare(i) if prepare else None
-            barrier.wait(timeout=JOIN_TIMEOUT_S)
-            results[i] = work(i, ctx) if prepare else work(i)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-            barrier.abort()
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(JOIN_TIMEOUT_S)
-    assert not any(t.is_alive() for t in threads), "a racer hung"
-    assert not errors, errors
-    return results
 
 
 def body_of(resp) -> tuple:

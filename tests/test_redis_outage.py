@@ -15,7 +15,7 @@ import pytest
 import websockets.sync.client as ws_client
 from websockets.exceptions import ConnectionClosed
 
-from sessions_app.consumers import LAYER_DOWN_CLOSE_CODE
+from board.consumers import LAYER_DOWN_CLOSE_CODE
 from tests.live import free_port, live_daphne  # noqa: F401
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]

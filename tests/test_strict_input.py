@@ -2,49 +2,19 @@
 and the ``{"error", "detail"}`` shape, in both apps, in bodies and in query strings, and
 a refused request changes nothing in the database. Also the error shape of the other
 refusals DRF makes (401, 403, 404, 405, 415)."""
-import base64
 import json
 import uuid
 
-import pytest
 from django.apps import apps
 from rest_framework.test import APIClient
 
 from tests.conftest import machine_api, owner_api
-from tests.factories import grant_lease, operation_id, submit
+from tests.factories import notification_settings, push_subscription, submit
 
 
-@pytest.fixture
-def world(owner, machine, grant, pinned):
-    """One of everything an endpoint can name: a task with its operation, lease and start
-    message; a session with a job; a pending pairing code; a push subscription. The machine has been heard
-    from, so its ``last_heard_at`` does not move during the test (P2 writes it at most
-    every few seconds and the clock is pinned)."""
-    task_id = submit(owner, machine, grant.path).json()["id"]
-    (message,) = machine_api(machine).get("/api/worker/messages/?wait=0").json()["messages"]
-    lease_id = grant_lease(machine, task_id).json()["lease_id"]
-    api = owner_api(owner)
-    session_id = str(uuid.uuid4())
-    assert api.post("/api/sessions/", {"id": session_id, "title": "s"}, format="json").status_code == 201
-    assert api.post(f"/api/sessions/{session_id}/jobs/", {"job_id": "j1", "mode": "held"}, format="json").status_code == 201
-    assert api.post("/api/machines/pairing-codes/", {"name": "new"}, format="json").status_code == 201
-    subscription = api.post("/api/push/subscriptions/", _subscription(), format="json").json()["id"]
-    return {"subscription": subscription, "job": "j1", "device": "laptop",
-        "task": task_id, "op": operation_id(task_id), "lease": lease_id, "message": message["id"],
-        "session": session_id, "machine": str(machine.id), "grant": str(grant.id), "folder": grant.path,
-        "generation": machine.generation,
-    }
-
-
-def _settings():
-    kinds = {k: True for k in ("session_idle", "attention", "unknown", "task_succeeded", "task_failed")}
-    return {"kinds": kinds, "webhook_url": None, "board": True, "push": False}
-
-
-def _subscription():
-    """A subscription whose keys have the right sizes (a P-256 point, 16 bytes of auth)."""
-    b64 = lambda raw: base64.urlsafe_b64encode(raw).decode().rstrip("=")  # noqa: E731
-    return {"endpoint": "https://push.example.com/abc", "keys": {"p256dh": b64(b"\x04" + bytes(64)), "auth": b64(bytes(16))}}
+def _ask(session_id, **overrides):
+    return {"key": f"k-{uuid.uuid4()}", "session": session_id, "agent": "claude", "tool_name": "Bash",
+            "tool_input": {"command": "ls"}, **overrides}
 
 
 def _receipt(w, **overrides):
@@ -58,6 +28,8 @@ BODY_ENDPOINTS = [
      lambda w: {"machine": w["machine"], "folder": w["folder"], "agent": "demo", "prompt": "p", "exclusive": "yes"},
      "exclusive", lambda w: {"machine": w["machine"], "folder": w["folder"], "agent": "demo", "prompt": "p"}),
     ("owner", "post", "/api/tasks/{task}/cancel/", lambda w: [], "non_field_errors", lambda w: {}),
+    ("owner", "post", "/api/tasks/{task}/integrate/", lambda w: {"action": True}, "action",
+     lambda w: {"action": "merge"}),
     ("owner", "post", "/api/token/rotate/", lambda w: [], "non_field_errors", lambda w: {}),
     ("owner", "post", "/api/machines/pairing-codes/", lambda w: {"name": 5}, "name", lambda w: {"name": "x"}),
     ("owner", "post", "/api/machines/{machine}/unpair/", lambda w: "now", "non_field_errors", lambda w: {}),
@@ -68,11 +40,18 @@ BODY_ENDPOINTS = [
     ("machine", "post", "/api/worker/messages/{message}/ack/", lambda w: [], "non_field_errors", lambda w: {}),
     ("machine", "post", "/api/worker/leases/", lambda w: {"operation_id": 7}, "operation_id",
      lambda w: {"operation_id": w["op"]}),
+    ("machine", "post", "/api/worker/leases/", lambda w: {"operation_id": w["op"], "approval_credential": "maybe"},
+     "approval_credential", lambda w: {"operation_id": w["op"], "approval_credential": True}),  # Q5
     ("machine", "post", "/api/worker/leases/{lease}/renew/", lambda w: {"output_tail": ["x"]}, "output_tail",
      lambda w: {"output_tail": "x"}),
     ("machine", "post", "/api/worker/progress/",
      lambda w: {"operation_id": w["op"], "seq": "1", "output_tail": "", "last_message": None, "usage": None}, "seq",
      lambda w: {"operation_id": w["op"], "seq": 1, "output_tail": "", "last_message": None, "usage": None}),
+    ("machine", "post", "/api/worker/progress/",
+     lambda w: {"operation_id": w["op"], "seq": 1, "output_tail": "", "last_message": None, "usage": None,
+                "entries": [{"n": "1", "kind": "message", "text": "hi"}]}, "entries",
+     lambda w: {"operation_id": w["op"], "seq": 1, "output_tail": "", "last_message": None, "usage": None,
+                "entries": [{"n": 1, "kind": "message", "text": "hi"}]}),
     ("machine", "put", "/api/worker/profiles/", lambda w: {"profiles": [{"name": "claude", "preset": 1}]}, "profiles",
      lambda w: {"profiles": [{"name": "claude", "preset": None}]}),
     ("machine", "post", "/api/worker/receipts/", lambda w: _receipt(w, generation=str(w["generation"])), "generation",
@@ -93,11 +72,20 @@ BODY_ENDPOINTS = [
     ("owner", "post", "/api/sessions/{session}/jobs/{job}/finish/", lambda w: {"wakes": "yes"}, "wakes",
      lambda w: {"wakes": True}),
     ("owner", "post", "/api/sessions/{session}/stop/", lambda w: [], "non_field_errors", lambda w: {}),
-    ("owner", "put", "/api/notifications/settings/", lambda w: {**_settings(), "board": "yes"}, "board",
-     lambda w: _settings()),
-    ("owner", "post", "/api/push/subscriptions/", lambda w: {**_subscription(), "expirationTime": "soon"},
-     "expirationTime", lambda w: _subscription()),
+    ("owner", "put", "/api/notifications/settings/", lambda w: {**notification_settings(), "board": "yes"}, "board",
+     lambda w: notification_settings()),
+    ("owner", "post", "/api/push/subscriptions/", lambda w: {**push_subscription(), "expirationTime": "soon"},
+     "expirationTime", lambda w: push_subscription()),
     ("owner", "delete", "/api/push/subscriptions/{subscription}/", lambda w: [], "non_field_errors", lambda w: {}),
+    ("owner", "post", "/api/approvals/", lambda w: _ask(w["session"], tool_input="ls"), "tool_input",
+     lambda w: _ask(w["session"])),
+    ("owner", "post", "/api/approvals/", lambda w: _ask(w["session"], suggestions={"type": "setMode"}), "suggestions",
+     lambda w: _ask(w["session"], suggestions=[])),
+    ("owner", "post", "/api/approvals/{approval}/decision/", lambda w: {"behavior": True}, "behavior",
+     lambda w: {"behavior": "allow"}),
+    ("owner", "post", "/api/approvals/{approval}/decision/", lambda w: {"behavior": "deny", "message": 5}, "message",
+     lambda w: {"behavior": "deny"}),
+    ("owner", "post", "/api/approvals/{approval}/terminal/", lambda w: [], "non_field_errors", lambda w: {}),
 ]
 
 # (who, path with a malformed parameter value or None, the parameter, path for an unknown parameter)
@@ -106,6 +94,10 @@ QUERY_ENDPOINTS = [
     ("owner", "/api/tasks/?state=sleeping", "state", "/api/tasks/"),
     ("owner", "/api/tasks/?machine=laptop", "machine", "/api/tasks/"),
     ("owner", "/api/tasks/?limit=5&limit=6", "limit", "/api/tasks/{task}/"),
+    ("owner", "/api/tasks/{task}/entries/?before=ten", "before", "/api/tasks/{task}/entries/"),
+    ("owner", "/api/tasks/{task}/entries/?after=-1", "after", "/api/tasks/{task}/entries/"),
+    ("owner", "/api/tasks/{task}/entries/?limit=201", "limit", "/api/tasks/{task}/entries/"),
+    ("owner", "/api/tasks/{task}/entries/?before=5&after=1", "non_field_errors", "/api/tasks/{task}/entries/"),
     ("owner", "/api/machines/?limit=0", "limit", "/api/machines/"),
     ("owner", "/api/grants/?limit=101", "limit", "/api/grants/"),
     ("owner", "/api/sessions/?limit=1.0", "limit", "/api/sessions/"),
@@ -117,6 +109,10 @@ QUERY_ENDPOINTS = [
     ("owner", None, None, "/api/board/"),
     ("owner", None, None, "/api/notifications/settings/"),
     ("owner", None, None, "/api/push/vapid-public-key/"),
+    ("owner", "/api/approvals/?state=maybe", "state", "/api/approvals/"),
+    ("owner", "/api/approvals/?task=t1", "task", "/api/approvals/"),
+    ("owner", "/api/approvals/{approval}/?wait=yes", "wait", "/api/approvals/{approval}/"),
+    ("owner", "/api/approvals/{approval}/?wait=26", "wait", "/api/approvals/{approval}/"),
 ]
 
 
@@ -143,26 +139,26 @@ def assert_refused(response, field):
     assert field in body["fields"], body
 
 
-def test_k3_unknown_field_refused_in_every_api(world, owner, machine):
+def test_k3_unknown_field_refused_in_every_api(one_of_each, owner, machine):
     """Table over both apps: one body of the wrong JSON type and one with an unknown field
     per endpoint -> 400 ``invalid`` naming the field, and the database is unchanged."""
     before = snapshot()
     for who, method, template, bad_type, field, valid in BODY_ENDPOINTS:
-        path = template.format(**world)
+        path = template.format(**one_of_each)
         client = _client(who, machine, owner)
-        assert_refused(send(client, method, path, bad_type(world)), field)
-        assert_refused(send(client, method, path, {**valid(world), "colour": "red"}), "colour")
+        assert_refused(send(client, method, path, bad_type(one_of_each)), field)
+        assert_refused(send(client, method, path, {**valid(one_of_each), "colour": "red"}), "colour")
     assert snapshot() == before
 
 
-def test_k3_query_parameters_are_strict_in_every_api(world, owner, machine):
+def test_k3_query_parameters_are_strict_in_every_api(one_of_each, owner, machine):
     """Query strings too: a malformed value or an unknown parameter -> 400, nothing changed."""
     before = snapshot()
     for who, bad_path, param, plain in QUERY_ENDPOINTS:
         client = _client(who, machine, owner)
         if bad_path:
-            assert_refused(client.get(bad_path.format(**world)), param)
-        assert_refused(client.get(plain.format(**world) + "?colour=red"), "colour")
+            assert_refused(client.get(bad_path.format(**one_of_each)), param)
+        assert_refused(client.get(plain.format(**one_of_each) + "?colour=red"), "colour")
     assert snapshot() == before
 
 

@@ -1,24 +1,34 @@
-"""The direction of dependencies (README "Layout", issue 10), checked on the source.
+"""The direction of dependencies (README "Layout"), checked on the source.
 
-Every ``.py`` of ``config/``, ``tasks_app/`` and ``sessions_app/`` is parsed with ``ast``;
-imports at module level and inside functions alike become edges of one module graph. The
-rules:
+Every ``.py`` of the project's packages is parsed with ``ast``; imports at module level and
+inside functions alike become edges of one module graph. The rules:
 
 - no cycle between modules;
-- ``tasks_app`` imports nothing from ``sessions_app`` (sessions sit on top of the task
-  core and meet it through ``tasks_app/signals.py``);
+- the packages form layers, each importing only from the layers below it:
+  ``core`` < ``tasks_app`` < ``notifications`` < ``sessions_app`` < ``board`` < ``config``
+  (``core`` imports no app; no app imports ``config``, which composes them all; sessions
+  meet the task core through ``tasks_app/signals.py``);
 - services import no ``api`` module; the wire shapes import no DRF;
-- low-level ``config/`` modules import no app; only the composition layer
-  (``config/urls.py``, ``asgi.py``, ``server_hooks.py``) sees both apps;
 - the worker (``tasks_app/worker/``) imports no Django and, of the service side, only
-  ``tasks_app.protocol``.
+  ``tasks_app.protocol``; nothing outside it imports it except the commands that start or
+  pair it (the worker ships alone);
+- ``tasks_app.protocol`` (the contract's numbers and R4's ``Backoff``) imports only the
+  standard library, so the worker and the hooks may share it;
+- the agent hooks (``sessions_app/hooks/``) import no framework and, of the project, only
+  themselves and ``tasks_app.protocol`` (a hook starts in milliseconds, I1).
 """
 import ast
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("config", "tasks_app", "sessions_app")
-COMPOSITION = {"config.urls", "config.asgi", "config.server_hooks"}
+LAYERS = ("core", "tasks_app", "notifications", "sessions_app", "board", "config")
+PACKAGES = LAYERS
+WORKER_STARTERS = {
+    "tasks_app.management.commands.worker",
+    "tasks_app.management.commands.pair_worker",
+    "tasks_app.management.commands.demo_setup",
+}
 FRAMEWORKS = ("django", "rest_framework", "drf_spectacular", "channels", "channels_redis", "daphne", "asgiref")
 
 
@@ -152,10 +162,6 @@ def test_imports_have_no_cycle():
     assert cycles(EDGES) == []
 
 
-def test_tasks_app_imports_nothing_from_sessions_app():
-    assert offending(_in("tasks_app"), _in("sessions_app")) == []
-
-
 def test_services_import_no_api_module():
     def is_service(name: str) -> bool:
         return ".services" in f".{name}" and name.split(".")[-1] != "api"
@@ -166,20 +172,53 @@ def test_services_import_no_api_module():
     assert offending(is_service, is_api) == []
 
 
+def reachable(start: list[str]) -> set[str]:
+    """``start`` and every project module it imports, directly or not."""
+    seen, todo = set(), list(start)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(EDGES.get(name, ()))
+    return seen
+
+
 def test_wire_shapes_import_no_drf():
+    """The shapes modules, and everything of the project they import (``core.wire``, the
+    models), import no DRF: the schema is generated from them (``core.schema``), not the
+    other way round."""
     shapes = [name for name in EXTERNAL if name.split(".")[-1] == "shapes"]
-    assert sorted(shapes) == ["sessions_app.shapes", "tasks_app.shapes"]
-    assert {name: sorted(EXTERNAL[name] & {"rest_framework", "drf_spectacular"}) for name in shapes} == {
-        name: [] for name in shapes
+    assert sorted(shapes) == ["board.shapes", "notifications.shapes", "sessions_app.shapes", "tasks_app.shapes"]
+    closure = reachable(shapes)
+    assert "core.wire" in closure
+    assert {name: sorted(EXTERNAL[name] & {"rest_framework", "drf_spectacular"}) for name in closure} == {
+        name: [] for name in closure
     }
-    assert offending(lambda name: name in shapes, lambda target: "api" in target.split(".")) == []
+    assert offending(lambda name: name in closure, lambda target: "api" in target.split(".")) == []
 
 
-def test_low_level_config_imports_no_app():
-    def low_level(name: str) -> bool:
-        return _in("config")(name) and name not in COMPOSITION
+def layer(name: str) -> int:
+    return LAYERS.index(name.split(".")[0])
 
-    assert offending(low_level, lambda target: not _in("config")(target)) == []
+
+def test_layers_import_only_downwards():
+    """``core`` sees no app, ``tasks_app`` no sessions, no app sees ``config``."""
+    upward = sorted(
+        f"{module} -> {target}" for module, targets in EDGES.items() for target in targets if layer(target) > layer(module)
+    )
+    assert upward == []
+
+
+def test_layer_guard_sees_an_upward_import():
+    """A synthetic app module importing ``config`` is reported (the guard can fail)."""
+    edges, _ = import_graph({"config": ("", True), "config.urls": ("", False),
+                             "tasks_app": ("", True), "tasks_app.x": ("from config import urls\n", False)})
+    assert [f"{m} -> {t}" for m, ts in edges.items() for t in ts if layer(t) > layer(m)] == ["tasks_app.x -> config.urls"]
+
+
+def test_only_the_worker_commands_import_the_worker():
+    worker = _in("tasks_app.worker")
+    assert offending(lambda name: not worker(name) and name not in WORKER_STARTERS, worker) == []
 
 
 def test_worker_imports_no_django():
@@ -188,4 +227,59 @@ def test_worker_imports_no_django():
     assert {name: sorted(EXTERNAL[name] & set(FRAMEWORKS)) for name in EXTERNAL if worker(name)} == {
         name: [] for name in EXTERNAL if worker(name)
     }
-    assert EXTERNAL["tasks_app.protocol"] == set()
+    assert EXTERNAL["tasks_app.protocol"] - sys.stdlib_module_names == set()
+    assert offending(lambda name: name == "tasks_app.protocol", lambda target: True) == []
+
+
+def test_hooks_import_no_framework():
+    hooks = _in("sessions_app.hooks")
+    assert offending(hooks, lambda target: not hooks(target) and target not in {"tasks_app", "tasks_app.protocol"}) == []
+    assert {name: sorted(EXTERNAL[name] & set(FRAMEWORKS)) for name in EXTERNAL if hooks(name)} == {
+        name: [] for name in EXTERNAL if hooks(name)
+    }
+
+
+# --- tests: shared fixtures and helpers live in conftest.py and helper modules ------------
+
+
+def imported_test_modules(module: str, text: str) -> list[str]:
+    """The other ``tests.test_*`` modules that ``module`` (a module of ``tests``) imports,
+    anywhere in it: ``import tests.test_x``, ``from tests.test_x import y``, ``from tests
+    import test_x``, ``from .test_x import y``, ``from . import test_x``."""
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            prefix = ".".join(p for p in ("tests" if node.level else "", node.module or "") if p)
+            names = [prefix] + [f"{prefix}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if len(parts) > 1 and parts[0] == "tests" and parts[1].startswith("test_"):
+                found.add(".".join(parts[:2]))
+    found.discard(module)
+    return sorted(found)
+
+
+def test_no_test_module_imports_another_test_module():
+    """A fixture or helper two test modules share belongs in ``tests/conftest.py`` or a
+    helper module (``tests/live.py``, ``tests/factories.py``, ``tests/browser.py``, ...):
+    importing a test module runs its module code and collects its fixtures twice."""
+    found = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        module = module_name(path, ROOT)
+        if imported := imported_test_modules(module, path.read_text()):
+            found[module] = imported
+    assert found == {}
+
+
+def test_test_import_guard_sees_every_form():
+    """The guard can fail: each way of importing a test module is reported, inside a
+    function too; helper modules and the module itself are not."""
+    text = ("import tests.test_a\nfrom tests.test_b import x\nfrom tests import test_c, live\n"
+            "def f():\n    from .test_d import y\n    from . import test_e\n"
+            "from tests.live import live_daphne\nfrom tests.test_self import z\n")
+    assert imported_test_modules("tests.test_self", text) == [
+        "tests.test_a", "tests.test_b", "tests.test_c", "tests.test_d", "tests.test_e"]

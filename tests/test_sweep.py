@@ -19,10 +19,10 @@ from django.core.management import call_command
 from django.db import connection
 from websockets.asyncio.client import connect as ws_connect
 
-from config import clock
-from config.broadcast import owner_group
+from core import clock
+from core.broadcast import owner_group
 from tasks_app.models import Budget, Lease, OutboxMessage, Task, TaskEvent
-from sessions_app.sweep import sweep_once
+from board.sweep import sweep_once
 from tasks_app.services.sweeps import expire_leases, expire_start_windows
 from tests.conftest import PINNED_AT as T0
 from tests.factories import final_facts, grant_lease, receipt, submit

@@ -67,7 +67,7 @@ def test_u3_decision_on_the_page_settles_and_records_who_and_when(owner, machine
     grant_lease(machine, task_id)
     receipt(machine, task_id, "running", {"pid": 5, "pgid": 5, "process_start_time": 1.0})
     pinned.shift(61)
-    from config import clock
+    from core import clock
     from tasks_app.services.sweeps import expire_leases
     assert expire_leases(now=clock.now()) == 1
     client = logged_in(owner)

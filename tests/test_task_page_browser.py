@@ -1,6 +1,7 @@
 """The task page in a real browser (SPEC B9, G4, U3): headless Debian Chromium (Playwright)
 against a real daphne; live progress from a real worker running the fake Claude, and an
 ``unknown`` task settled by a decision made on the page."""
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 
 from tasks_app.models import Task, TaskEvent
 from tests.live import live_daphne  # noqa: F401  (fixture)
-from tests.test_board_browser import chromium, new_page  # noqa: F401  (fixtures)
+from tests.browser import chromium, new_page  # noqa: F401  (fixtures)
 from tests.worker_harness import SHORT_TIMINGS, LiveSetup, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -42,13 +43,32 @@ def test_b9_g4_task_page_shows_progress_live(live_daphne, new_page, make_owner, 
         page.goto(f"{setup.url}/tasks/{task_id}/")
         page.wait_for_selector("#conn[data-state=live]")
         page.evaluate("window.__sameDocument = true")
-        expect(page.locator("#progress")).to_be_visible()
-        expect(page.locator("#progress-usage")).to_contain_text("1 turn")
-        expect(page.locator("#progress-usage")).to_contain_text("3 turns", timeout=15000)  # rising while it works
-        expect(page.locator("#progress-message")).to_contain_text("Turn")
-        assert page.evaluate("window.runsteadTask.progressEvents") >= 2
+        expect(page.locator("#run")).to_be_visible()
+        transcript = page.locator("#transcript")
+        expect(transcript.locator("li[data-kind=prompt]")).to_contain_text("fix the failing test")
+        # rising while it works (updates may coalesce: some count short of the final five)
+        expect(page.locator("#run-usage")).to_contain_text(re.compile(r"\b[1-4] turns?\b"), timeout=15000)
+        expect(transcript.locator("li[data-kind=message]").first).to_contain_text("Turn 1")
+        call = transcript.locator("li[data-kind=tool_call]").first  # one line: tool, command, status
+        expect(call.locator(".tool-name")).to_have_text("Bash")
+        expect(call.locator(".tool-text")).to_contain_text("git add NOTES.md")
+        expect(call).to_have_attribute("data-status", "ok")
+        expect(call.locator(".tool-output")).to_be_hidden()  # the output is behind a tap
+        call.locator("summary").click()
+        expect(call.locator(".tool-output")).to_be_visible()
+        page.wait_for_function("window.runsteadTask.progressEvents >= 2")  # pushed, not reloaded (they may coalesce)
+        expect(transcript).not_to_contain_text('{"type"')  # never the raw stream
         no_horizontal_scroll(page)
         expect(page.locator("#task-state")).to_have_text("succeeded", timeout=20000)
+        expect(transcript.locator("li[data-kind=message]").last).to_contain_text("Done:")  # the final receipt's tail
+        numbers = page.evaluate("Array.from(window.runsteadTask.entries.keys()).sort((a, b) => a - b)")
+        assert numbers == list(range(1, len(numbers) + 1)), numbers  # the whole run, no gap
+        expect(call.locator(".tool-output")).to_be_visible()  # an opened call stays open across updates
+        page.click("#raw-toggle")
+        expect(page.locator("#raw")).to_contain_text('"type": "result"')  # one tap away
+        expect(transcript).to_be_hidden()
+        page.click("#raw-toggle")
+        expect(transcript).to_be_visible()
         expect(page.locator("#result-body")).to_contain_text("ok (success)")
         expect(page.locator("#git-line")).to_contain_text("4 commits")
         expect(page.locator("#timeline-body")).to_contain_text("lease granted")

@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -16,7 +15,8 @@ from django.conf import settings
 from sessions_app.hooks import store
 from sessions_app.models import EndedTurn, Marker, Session
 from tests.hooks_support import stop_sender
-from tests.live import start_daphne
+from tests.live import module_daphne  # noqa: F401  (fixture)
+from tests.worker_harness import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BASE_DIR = Path(settings.BASE_DIR)
@@ -46,26 +46,14 @@ def device_of(session_id):
     return f"{socket.gethostname()}:{session_id}"
 
 
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 def running_marker(session_id):
     return Marker.objects.filter(session_id=session_id, device_id=device_of(session_id), state="running").first()
 
 
-@pytest.fixture(scope="module")
-def daphne_url(django_db_setup, django_db_blocker):
+@pytest.fixture
+def daphne_url(module_daphne):
     """One live daphne for the module, on the test database (each test commits its rows)."""
-    with django_db_blocker.unblock():
-        server = start_daphne({"RUNSTEAD_EMBEDDED_SWEEP": "0"})
-    yield server.url
-    server.stop()
+    return module_daphne()
 
 
 @pytest.fixture
@@ -99,15 +87,19 @@ def test_m1_wrapper_writes_ended_when_the_command_exits_non_zero(server, tmp_pat
     assert "runstead turn" not in err  # no warnings: every call succeeded
 
 
-def test_m6_wrapper_writes_ended_on_ctrl_c(server):
+def test_m6_wrapper_writes_ended_on_ctrl_c(server, tmp_path):
     url, token = server
     sid = uuid.uuid4()
+    pid_file = tmp_path / "agent.pid"
+    # An agent that says it runs, then runs until a signal ends it.
+    agent = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
     # Own process group, like a terminal's foreground job: Ctrl-C reaches the wrapper and the agent.
-    proc = wrapper(url, token, sid, sys.executable, "-c", "import time; time.sleep(60)", start_new_session=True)
+    proc = wrapper(url, token, sid, sys.executable, "-c", agent, str(pid_file), start_new_session=True)
     try:
-        wait_for(lambda: running_marker(sid) is not None)
+        # The agent runs (it wrote its pid), so Ctrl-C is what ends it.
+        wait_for(lambda: running_marker(sid) is not None and pid_file.exists() and pid_file.read_text(), timeout=20,
+                 what="running marker and the agent's pid")
         assert Session.objects.get(pk=sid).status == "busy"
-        time.sleep(0.3)  # let the agent start
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
@@ -126,7 +118,8 @@ def test_m6_wrapper_writes_ended_on_sigterm_and_stops_the_agent(server, tmp_path
     agent = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
     proc = wrapper(url, token, sid, sys.executable, "-c", agent, str(pid_file), start_new_session=True)
     try:
-        wait_for(lambda: running_marker(sid) is not None and pid_file.exists() and pid_file.read_text())
+        wait_for(lambda: running_marker(sid) is not None and pid_file.exists() and pid_file.read_text(), timeout=20,
+                 what="running marker and the agent's pid")
         agent_pid = int(pid_file.read_text())
         proc.send_signal(signal.SIGTERM)  # only the wrapper: it forwards to the agent
         out, err = proc.communicate(timeout=30)
@@ -147,7 +140,7 @@ def test_m5_wrapper_sweeps_its_device_at_start(server, owner):
     sid = uuid.uuid4()
     first = wrapper(url, token, sid, sys.executable, "-c", "import time; time.sleep(60)", start_new_session=True)
     try:
-        wait_for(lambda: running_marker(sid) is not None)
+        wait_for(lambda: running_marker(sid) is not None, timeout=20, what="running marker")
         crashed_turn = running_marker(sid).turn_id
     finally:
         os.killpg(first.pid, signal.SIGKILL)
@@ -200,7 +193,7 @@ def test_i1_wrapper_writes_queued_while_the_service_was_down_arrive_in_order_onc
     from sessions_app.hooks.sender import ensure_sender
 
     ensure_sender(hook_dir)
-    wait_for(lambda: Marker.objects.filter(session_id=sid, state="ended").exists())
+    wait_for(lambda: Marker.objects.filter(session_id=sid, state="ended").exists(), timeout=20, what="ended marker")
     marker = Marker.objects.get(session_id=sid)
     assert marker.version == 2  # running then ended, in order, once each
     assert Session.objects.get(pk=sid).status == "idle"

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks_app.protocol import Backoff
 from tasks_app.worker import faults
-from tasks_app.worker.client import Backoff
 from tasks_app.worker.clock import FakeClock
 from tasks_app.worker.loop import EXIT_REVOKED, Worker, WorkerOptions
 from tasks_app.worker.testing import InMemoryService
@@ -125,7 +125,7 @@ def test_w2_message_committed_locally_before_ack(rig):
     seen_at_ack = {}
 
     def on_ack(message):
-        store = rig.threads[-1][0].store
+        store = rig.threads[-1][0].ctx.store
         record = store.get(message.operation_id)
         row = store.conn.execute("SELECT * FROM messages WHERE message_id = ?", (message.id,)).fetchone()
         seen_at_ack[message.id] = (record and record["local_state"], row is not None)
@@ -194,9 +194,9 @@ def test_l5_refused_renewal_stops_agent_no_retry(rig):
 def test_r4_retry_same_event_id_backoff_capped(rig):
     rig.service.script("receipt", *[503] * 5, 429, 0, 502)  # 8 failures: 5xx, 429, network
     worker = rig.worker(backoff=Backoff(base_s=1.0, cap_s=60.0, rng=random.Random(4).random))
-    worker.store.enqueue([{"event_id": "ev-1", "kind": "final", "operation_id": "op-1", "method": "POST",
+    worker.ctx.store.enqueue([{"event_id": "ev-1", "kind": "final", "operation_id": "op-1", "method": "POST",
                            "path": "/api/worker/receipts/", "body": {"event_id": "ev-1", "generation": 1,
-                           "operation_id": "op-1", "kind": "report", "slept_s": 0, "facts": {}}}], wall=0)
+                           "operation_id": "op-1", "kind": "report", "slept_s": 0, "facts": {}}}], wall=rig.clock.wall())
     result = rig.start(worker)
     steps = []
     for attempt in range(8):
@@ -213,7 +213,7 @@ def test_r4_retry_same_event_id_backoff_capped(rig):
         assert ceiling / 2 <= step <= ceiling, (n, step)
     assert max(steps) <= 60 and steps[-1] >= 30 and steps[-2] >= 30  # capped at 60 s
     assert [round(b.at - a.at, 6) for a, b in zip(calls, calls[1:])] == [round(s, 6) for s in steps]
-    row = [r for r in worker.store.outbox_rows() if r["event_id"] == "ev-1"][0]
+    row = [r for r in worker.ctx.store.outbox_rows() if r["event_id"] == "ev-1"][0]
     assert row["status"] == "done" and row["attempts"] == 9
     worker.on_signal()
     wait_for(lambda: result, what="worker exit")
@@ -224,14 +224,14 @@ def test_r3_final_answers_never_retried(rig):
     worker = rig.worker()
     rows = [{"event_id": f"ev-{n}", "kind": "report", "operation_id": "op-1", "method": "POST",
              "path": "/api/worker/receipts/", "body": {"n": n}} for n in (1, 2)]
-    worker.store.enqueue(rows, wall=0)
+    worker.ctx.store.enqueue(rows, wall=rig.clock.wall())  # now: a row from 1970 is W1-prunable
     result = rig.start(worker)
     wait_for(lambda: len(rig.service.calls_to("receipt")) == 2, what="both sent")
     for _ in range(5):
         rig.clock.advance(60)
-    wait_for(lambda: all(r["status"] != "pending" for r in worker.store.outbox_rows()), what="rows settled")
+    wait_for(lambda: all(r["status"] != "pending" for r in worker.ctx.store.outbox_rows()), what="rows settled")
     assert [c.status for c in rig.service.calls_to("receipt")] == [400, 409]
-    out = {r["event_id"]: r for r in worker.store.outbox_rows()}
+    out = {r["event_id"]: r for r in worker.ctx.store.outbox_rows()}
     assert out["ev-1"]["status"] == out["ev-2"]["status"] == "given_up"
     assert out["ev-1"]["attempts"] == out["ev-2"]["attempts"] == 1
     worker.on_signal()
@@ -250,7 +250,7 @@ def test_r3_token_revoked_stops_loop(rig, caplog):
     wait_for(lambda: result, timeout=15, what="the worker's exit")
     assert result == [EXIT_REVOKED]
     assert live_pids(rig.agent_pids()) == []
-    record = worker.store.get(start.operation_id)
+    record = worker.ctx.store.get(start.operation_id)
     assert json.loads(record["final"])["stop_reason"] == "worker_shutdown"
     assert "pair_worker --server" in caplog.text and "token_revoked" in caplog.text
     after = [c for c in rig.service.calls[revoked_at:]]
@@ -364,3 +364,32 @@ def test_j1_run_hooks_get_every_output_line_and_add_facts_without_replacing_j1_k
     assert hooks[0].lines == ["agent started, prompt: hello", "agent done"]
     facts = rig.service.receipt(start.operation_id, "final")["facts"]
     assert facts["agent_result"] == {"lines": 2} and facts["stop_reason"] == "exit"
+
+
+def test_w1_worker_prunes_final_acknowledged_records_at_start_and_daily(rig):
+    """Records of operations that ended, were acknowledged and were reported stay for
+    7 days, then go (database rows and ops/ files), at the next start and by the daily
+    prune of a worker that keeps running."""
+    week = 7 * 86400
+    first = [rig.submit("instant") for _ in range(2)]
+    assert rig.run_once() == 0
+    ops = rig.tmp / "state" / "ops"
+    store = rig.threads[-1][0].ctx.store
+    assert {store.get(s.operation_id)["local_state"] for s in first} == {"ended"}
+    assert all((ops / s.operation_id).is_dir() for s in first)
+    assert rig.run_once() == 0  # a start within the week prunes nothing
+    assert all(store.get(s.operation_id) for s in first)
+
+    rig.clock.advance(week + 60)
+    worker = rig.worker()
+    rig.start(worker)
+    wait_for(lambda: all(worker.ctx.store.get(s.operation_id) is None and not (ops / s.operation_id).exists()
+                         for s in first), what="pruned at start: rows and files")
+
+    later = rig.submit("instant")
+    rig.receipt(later.operation_id, "final")
+    wait_for(lambda: not worker.ctx.store.pending_outbox(), what="the final report answered")
+    rig.clock.advance(week + 60)  # past the retention, and past the next daily prune
+    wait_for(lambda: worker.ctx.store.get(later.operation_id) is None and not (ops / later.operation_id).exists(),
+             what="pruned by the daily prune: rows and files")
+    assert rig.starts() == 3  # nothing ran twice

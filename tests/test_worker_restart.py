@@ -8,21 +8,21 @@ it the start message again (``never_runs_again``), not by waiting.
 """
 import os
 import signal
-import time
 
 import pytest
 from django.utils import timezone
 
-from tests.live import live_daphne  # noqa: F401  (fixture)
+from tests.live import module_daphne  # noqa: F401  (fixture)
 from tests.worker_harness import SHORT_TIMINGS, LiveSetup, live_pids, wait_for
 
 pytestmark = pytest.mark.slow
 FAULT_EXIT = 97
+DRAINING = "draining: no new work"  # what the worker logs once it has handled a first SIGTERM (W6)
 
 
 @pytest.fixture
-def live(live_daphne, make_owner, tmp_path):  # noqa: F811
-    setup = LiveSetup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path)
+def live(module_daphne, transactional_db, make_owner, tmp_path):  # noqa: F811
+    setup = LiveSetup(module_daphne(**SHORT_TIMINGS), make_owner(), tmp_path)
     yield setup
     setup.close()
 
@@ -111,10 +111,14 @@ def test_x3_restart_after_sigkill_stops_agent_child_and_grandchild_and_reports_u
     task_id = live.submit("tree")
     pids = wait_for(lambda: len(live.agent_pids()) >= 3 and live.agent_pids(), what="agent, child, grandchild")
     live.wait_state(task_id, "running")
+    output = next((live.state_dir / "ops").rglob("output.log"))
     worker.kill()
     worker.wait(timeout=10)
-    time.sleep(0.3)
-    assert len(live_pids([p for p, _ in pids])) == 3  # the worker's death did not end them
+    # The worker's death did not end them: the agent goes on working (a new line of its
+    # once-a-second output after the death), its child and grandchild with it.
+    lines = output.read_text().count("working")
+    wait_for(lambda: output.read_text().count("working") > lines, timeout=5, what="the agent working on")
+    assert len(live_pids([p for p, _ in pids])) == 3
     restarted = live.start_worker()
     task = live.wait_final(task_id)
     # J6: row 4 when the restarted worker stopped the tree after the lease ran out, else row 8.
@@ -129,10 +133,10 @@ def test_x3_restart_after_sigkill_stops_agent_child_and_grandchild_and_reports_u
     never_runs_again(live, task_id, 1)
 
 
-def test_w3_duplicate_start_delivery_runs_once_before_and_after_restart(live_daphne, make_owner, tmp_path):  # noqa: F811
+def test_w3_duplicate_start_delivery_runs_once_before_and_after_restart(module_daphne, transactional_db, make_owner, tmp_path):  # noqa: F811
     from tasks_app.models import OutboxMessage
 
-    live = LiveSetup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, pair_via_command=True)
+    live = LiveSetup(module_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, pair_via_command=True)
 
     def redeliver():
         OutboxMessage.objects.filter(operation__task_id=task_id, kind="start").update(
@@ -178,7 +182,7 @@ def test_w6_second_sigterm_stops_agent_with_worker_shutdown(live):
     live.wait_state(task_id, "running")
     wait_for(lambda: len(live.agent_pids()) >= 3, what="agent tree")
     worker.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    wait_for(lambda: DRAINING in live.log(), what="the first signal handled")
     assert worker.poll() is None  # draining: the agent still runs
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(timeout=20) == 0, live.log()
@@ -236,7 +240,7 @@ def test_w5_token_never_in_agent_environment(live):
         assert env["RUNSTEAD_OPERATION_ID"]
     assert os.stat(live.state_dir).st_mode & 0o777 == 0o700
     worker.send_signal(signal.SIGTERM)
-    time.sleep(0.3)  # two signals at once would merge into one
+    wait_for(lambda: DRAINING in live.log(), what="the first signal handled")  # else the two could merge
     worker.send_signal(signal.SIGTERM)
     worker.wait(timeout=20)
 

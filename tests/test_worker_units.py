@@ -1,5 +1,5 @@
 """Worker parts without a service: lease math with a controllable clock (L3, L4, L9),
-backoff (R4), the local database (W1, X1), local checks (W4), the idle-sleep command
+the local database (W1, X1), local checks (W4), the idle-sleep command
 (W7), process identity (X3) and bounded stops (L8) with real processes."""
 import json
 import os
@@ -15,7 +15,6 @@ import psutil
 import pytest
 
 from tasks_app.worker import process
-from tasks_app.worker.client import Backoff
 from tasks_app.worker.clock import FakeClock
 from tasks_app.worker.config import ConfigError, check_start, parse_config
 from tasks_app.worker.lease import KILL, OK, TERM, Deadline, LeaseTerms, SentAt, slept_s
@@ -103,18 +102,18 @@ def test_l3_l4_l9_sleep_stops_agent_at_once_and_reports_slept_600(tmp_path):
     repo.mkdir()
     payload = {"task_id": str(uuid.uuid4()), "operation_id": op, "folder": str(repo), "grant_root": str(tmp_path),
                "agent": "tree", "prompt": "p", "max_runtime_s": 100, "session_id": None, "deep_research": False}
-    worker.store.record_message(message_id=str(uuid.uuid4()), kind="start", operation_id=op, payload=payload,
+    worker.ctx.store.record_message(message_id=str(uuid.uuid4()), kind="start", operation_id=op, payload=payload,
                                 wall=clock.wall())
-    run = Run(operation_id=op, payload=payload, op_dir=worker.state.op_dir(op))
+    run = Run(operation_id=op, payload=payload, op_dir=worker.ctx.state.op_dir(op))
     run.granted = SentAt.now(clock)
     run.deadline = Deadline(TERMS, run.granted)
-    profile, folder = check_start(worker.config, payload)
+    profile, folder = check_start(worker.ctx.config, payload)
     env = process.agent_env(dict(os.environ), profile_env=profile.env, operation_id=op, task_id="t", token="x")
-    thread = threading.Thread(target=worker.runner.spawn_and_watch,
+    thread = threading.Thread(target=worker.runner.spawn_and_watch, name="watch",
                               args=(run, profile.command(prompt="p", folder=folder), folder, False, env))
     thread.start()
     wait_for(lambda: len(recorded_pids(tmp_path / "pids")) >= 3, what="agent, child and grandchild")
-    time.sleep(0.5)
+    clock.wait_for_waiter("watch")  # the watch loop runs: it waits on the clock for its next look
     assert thread.is_alive()
     woke = time.monotonic()
     clock.suspend(600)
@@ -122,28 +121,12 @@ def test_l3_l4_l9_sleep_stops_agent_at_once_and_reports_slept_600(tmp_path):
     assert not thread.is_alive()
     assert time.monotonic() - woke < 3.0
     assert live_pids([p for p, _ in recorded_pids(tmp_path / "pids")]) == []
-    final = json.loads(worker.store.get(op)["final"])
+    final = json.loads(worker.ctx.store.get(op)["final"])
     assert final["stop_reason"] == "deadline" and final["process_started"] is True
     assert final["ended_within_lease"] is False
-    body = json.loads([r for r in worker.store.outbox_rows() if r["event_id"] == f"{op}:final"][0]["body"])
+    body = json.loads([r for r in worker.ctx.store.outbox_rows() if r["event_id"] == f"{op}:final"][0]["body"])
     assert body["slept_s"] == pytest.approx(600, abs=1)
     assert count_lines(tmp_path / "starts") == 1
-
-
-# --- R4: backoff ---------------------------------------------------------------------------
-
-def test_r4_backoff_grows_with_jitter_and_never_exceeds_60s():
-    import random
-
-    for rng in (lambda: 0.0, lambda: 1.0):
-        delays = [Backoff(base_s=1.0, cap_s=60.0, rng=rng).delay(n) for n in range(20)]
-        assert all(later >= earlier for earlier, later in zip(delays, delays[1:]))
-        assert max(delays) <= 60
-    b = Backoff(base_s=1.0, cap_s=60.0, rng=random.random)
-    for n in range(30):
-        ceiling = min(60.0, 2.0 ** n)
-        assert ceiling / 2 <= b.delay(n) <= ceiling  # window doubles until the 60 s cap
-    assert len({b.delay(5) for _ in range(20)}) > 1  # jitter
 
 
 # --- W1 / X1: local database ---------------------------------------------------------------
@@ -151,6 +134,84 @@ def test_r4_backoff_grows_with_jitter_and_never_exceeds_60s():
 def test_w1_pragmas_read_back_from_worker_database(tmp_path):
     store = Store(str(tmp_path / "w.sqlite3"))
     assert store.pragmas() == {"journal_mode": "wal", "synchronous": 2, "fullfsync": 1, "checkpoint_fullfsync": 1}
+
+
+def _ended_operation(store, *, wall, acked=True, report_pending=False, state="ended", worktree=False,
+                     integration=None):
+    """An operation run to its end at ``wall``: start recorded (and its ack answered),
+    final report queued and (unless ``report_pending``) answered."""
+    op = str(uuid.uuid4())
+    message = f"m-{op}"
+    store.record_message(message_id=message, kind="start", operation_id=op, payload={"task_id": "t"}, wall=wall)
+    if acked:
+        store.message_acked(message, wall)
+    store.mark_starting(op, turn_id=None, wall=wall, outbox=[], worktree={"path": f"/wt/{op}"} if worktree else None)
+    if integration:
+        store.record_integration(message_id=f"i-{op}", integration_id=f"int-{op}", operation_id=op, payload={},
+                                 wall=wall)
+        if integration == "done":
+            store.integration_done(f"int-{op}", outcome={"outcome": "discarded"}, wall=wall, outbox=[])
+    if state == "ended":
+        store.mark_ended(op, final={"exit_code": 0}, wall=wall, outbox=[
+            {"event_id": f"{op}:final", "kind": "final", "operation_id": op, "path": "/api/worker/receipts/", "body": {}}])
+        if not report_pending:
+            seq = [r["seq"] for r in store.outbox_rows() if r["event_id"] == f"{op}:final"][0]
+            store.outbox_done(seq, status="done", answer="{}")
+    return op
+
+
+def test_w1_prune_removes_only_final_acknowledged_records_older_than_7_days(tmp_path):
+    from tasks_app.worker.store import RECORD_RETENTION_S
+
+    store = Store(str(tmp_path / "w.sqlite3"))
+    now = 1_800_000_000.0
+    old = now - RECORD_RETENTION_S - 60
+    prunable = [_ended_operation(store, wall=old) for _ in range(100)]
+    prunable.append(_ended_operation(store, wall=old, worktree=True, integration="done"))
+    kept = {
+        "recent": _ended_operation(store, wall=now - RECORD_RETENTION_S + 60),
+        "start ack never answered": _ended_operation(store, wall=old, acked=False),
+        "final report still pending": _ended_operation(store, wall=old, report_pending=True),
+        "still running": _ended_operation(store, wall=old, state="starting"),
+        "worktree never integrated": _ended_operation(store, wall=old, worktree=True),
+        "integration under way": _ended_operation(store, wall=old, worktree=True, integration="received"),
+    }
+    store.enqueue([{"event_id": "sweep-old", "kind": "sweep", "path": "/api/devices/d/sweep/", "body": {}},
+                   {"event_id": "marker-old", "kind": "marker", "path": "/api/sessions/s/marker/", "body": {}}], old)
+    store.outbox_done([r["seq"] for r in store.outbox_rows() if r["event_id"] == "sweep-old"][0], status="done",
+                      answer="{}")
+    store.record_message(message_id="q-old", kind="query", operation_id=str(uuid.uuid4()), payload={}, wall=old)
+
+    pruned = store.prune(before_wall=now - RECORD_RETENTION_S)
+
+    assert sorted(pruned) == sorted(prunable)
+    remaining = {r["operation_id"] for r in store.conn.execute("SELECT operation_id FROM operations")}
+    assert remaining == set(kept.values())
+    events = {r["event_id"] for r in store.outbox_rows()}
+    assert events == {f"{kept[k]}:final" for k in kept if k != "still running"} | {"marker-old"}  # answered, old, no op: gone
+    messages = {r["operation_id"] for r in store.conn.execute("SELECT operation_id FROM messages")}
+    assert messages == set(kept.values())  # W3 still recognises every kept operation's start
+    assert {r["operation_id"] for r in store.integrations()} == {kept["integration under way"]}
+    assert not store.record_message(message_id="again", kind="start", operation_id=kept["recent"], payload={}, wall=now)
+    assert store.prune(before_wall=now - RECORD_RETENTION_S) == []
+
+
+def test_w1_worker_database_of_schema_2_is_migrated(tmp_path):
+    import sqlite3
+
+    from tasks_app.worker.store import SCHEMA_V1, SCHEMA_V2
+
+    path = str(tmp_path / "w.sqlite3")
+    db = sqlite3.connect(path)
+    db.executescript(SCHEMA_V1 + ";" + SCHEMA_V2 + ";PRAGMA user_version = 2;")
+    db.execute("INSERT INTO messages (message_id, kind, operation_id, received_wall) VALUES ('m', 'start', 'o', 1)")
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.conn.execute("PRAGMA user_version").fetchone() == {"user_version": 3}
+    assert store.conn.execute("SELECT acked_wall FROM messages").fetchone() == {"acked_wall": None}
+    store.message_acked("m", 5.0)
+    assert store.conn.execute("SELECT acked_wall FROM messages").fetchone() == {"acked_wall": 5.0}
 
 
 def test_x1_spawn_count_check_constraint_forbids_a_second_spawn(tmp_path):
@@ -236,27 +297,46 @@ def test_w7_caffeinate_command_while_agents_run_macos_call_mocked():
 
 # --- X3: identity --------------------------------------------------------------------------
 
+# A process that writes the name of every catchable signal it gets to the file argv[1].
+BYSTANDER = """
+import signal, sys, time
+out = open(sys.argv[1], "a", buffering=1)
+for s in (signal.SIGHUP, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGWINCH):
+    signal.signal(s, lambda n, f: out.write(signal.Signals(n).name + "\\n"))
+out.write("ready\\n")
+time.sleep(30)
+"""
+
+
 def test_x3_pid_reuse_unrelated_process_with_other_start_time_is_not_killed(tmp_path):
     """A local record whose pid now belongs to an unrelated process (different start
     time): recovery does not touch it, and reports the exit status as unknown."""
-    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    signals = tmp_path / "bystander-signals"
+    bystander = subprocess.Popen([sys.executable, "-c", BYSTANDER, str(signals)], start_new_session=True)
     try:
+        wait_for(lambda: signals.exists() and signals.read_text() == "ready\n", what="the bystander's handlers")
         real_start = psutil.Process(bystander.pid).create_time()
         worker = make_worker(tmp_path, FakeClock())
         op = str(uuid.uuid4())
-        worker.store.record_message(message_id="m", kind="start", operation_id=op,
+        worker.ctx.store.record_message(message_id="m", kind="start", operation_id=op,
                                     payload={"task_id": "t", "session_id": None}, wall=1.0)
-        worker.store.mark_starting(op, turn_id=None, wall=1.0, outbox=[])
-        worker.store.mark_running(op, pid=bystander.pid, pgid=bystander.pid, start_time=real_start - 50,
+        worker.ctx.store.mark_starting(op, turn_id=None, wall=1.0, outbox=[])
+        worker.ctx.store.mark_running(op, pid=bystander.pid, pgid=bystander.pid, start_time=real_start - 50,
                                   spawned_mono=1.0, spawned_wall=real_start - 50, outbox=[])
         worker.recover()
-        time.sleep(0.3)
+        # Every catchable signal the bystander got is in its file, in arrival order; a
+        # probe sent now lands after anything recover() sent (Python runs pending
+        # handlers in signal-number order, SIGWINCH is the highest here), so once the
+        # probe is in the file nothing else is (and a SIGKILL would have stopped it).
+        os.kill(bystander.pid, signal.SIGWINCH)
+        wait_for(lambda: signals.read_text().endswith("SIGWINCH\n"), what="the bystander's answer to the probe")
+        assert signals.read_text() == "ready\nSIGWINCH\n"
         assert bystander.poll() is None
         assert psutil.Process(bystander.pid).create_time() == real_start
-        final = json.loads(worker.store.get(op)["final"])
+        final = json.loads(worker.ctx.store.get(op)["final"])
         assert final["process_started"] is True and final["exit_code"] is None and final["signal"] is None
         assert final["stop_reason"] == "worker_restart"
-        assert worker.store.get(op)["spawn_count"] == 1  # X4: never spawned again
+        assert worker.ctx.store.get(op)["spawn_count"] == 1  # X4: never spawned again
     finally:
         bystander.kill()
         bystander.wait()
@@ -304,11 +384,11 @@ def test_l8_forking_agent_all_children_stopped_or_named(tmp_path):
     wait_for(lambda: len(recorded_pids(tmp_path / "pids")) >= 40, what="forks under way")
     survivors = process.stop(target, grace_s=0.3)
     proc.wait(timeout=5)
-    time.sleep(0.2)
-    left = live_pids([p for p, _ in recorded_pids(tmp_path / "pids")])
-    assert sorted(s["pid"] for s in survivors) == sorted(set(left) & {s["pid"] for s in survivors})
-    assert set(left) <= {s["pid"] for s in survivors}, "a survivor nobody was told about"
-    assert left == []
+    assert survivors == []
+    # SIGKILLed processes leave the process table a moment after stop() saw them die; one
+    # that stop() missed would sleep on and fail this wait.
+    wait_for(lambda: not live_pids([p for p, _ in recorded_pids(tmp_path / "pids")]), timeout=3,
+             what="every fork gone")
 
 
 def test_w5_token_never_in_agent_environment_and_tag_set(tmp_path):

@@ -54,13 +54,17 @@ PROFILES = {
 }
 
 
-def config_toml(*, roots: list[str], files: dict, profiles: dict = PROFILES, max_concurrent: int = 4) -> str:
+def config_toml(*, roots: list[str], files: dict, profiles: dict = PROFILES, max_concurrent: int = 4,
+                profile_keys: dict | None = None) -> str:
+    """A worker config whose profiles run the test agent with ``profiles[name]`` as extra
+    environment; ``profile_keys[name]`` adds TOML keys to a profile (``{"isolation": "worktree"}``)."""
     lines = [f"allowed_roots = {json.dumps(roots)}", f"max_concurrent = {max_concurrent}", "prevent_idle_sleep = true", ""]
     for name, env in profiles.items():
         full = {**files, **env}
         env_toml = ", ".join(f"{k} = {json.dumps(v)}" for k, v in full.items())
         lines += [f"[profiles.{name}]", f"argv = {json.dumps([sys.executable, str(AGENT), '{prompt}'])}",
-                  f"env = {{ {env_toml} }}", ""]
+                  f"env = {{ {env_toml} }}"]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in ((profile_keys or {}).get(name) or {}).items()] + [""]
     return "\n".join(lines)
 
 
@@ -133,7 +137,7 @@ class LiveSetup:
     """A paired worker state directory against a real daphne with short timings."""
 
     def __init__(self, url: str, owner, tmp_path: Path, profiles: dict = PROFILES, max_concurrent: int = 4,
-                 pair_via_command: bool = False):
+                 pair_via_command: bool = False, profile_keys: dict | None = None, files: dict | None = None):
         self.url = url
         self.owner = owner
         self.tmp = tmp_path
@@ -166,8 +170,9 @@ class LiveSetup:
         self.grant_id = resp.json()["id"]
         self.config = tmp_path / "worker.toml"
         self.config.write_text(config_toml(
-            roots=[str(self.root)], files={"AGENT_STARTS": str(self.starts_file), "AGENT_PIDS": str(self.pids_file)},
-            profiles=profiles, max_concurrent=max_concurrent))
+            roots=[str(self.root)],
+            files={"AGENT_STARTS": str(self.starts_file), "AGENT_PIDS": str(self.pids_file), **(files or {})},
+            profiles=profiles, max_concurrent=max_concurrent, profile_keys=profile_keys))
         self.workers: list[subprocess.Popen] = []
         self.log_path = tmp_path / "worker.log"
 

@@ -1,7 +1,7 @@
 """Sessions API routes, included under ``/api/`` (SPEC H)."""
 from django.urls import path
 
-from sessions_app.api import views
+from sessions_app.api import approvals, views
 
 urlpatterns = [
     path("sessions/", views.SessionListView.as_view(), name="sessions"),
@@ -14,4 +14,8 @@ urlpatterns = [
     ),
     path("sessions/<uuid:session_id>/stop/", views.SessionStopView.as_view(), name="session-stop"),
     path("devices/<str:device_id>/sweep/", views.DeviceSweepView.as_view(), name="device-sweep"),
+    path("approvals/", approvals.ApprovalListCreate.as_view(), name="approvals"),
+    path("approvals/<uuid:approval_id>/", approvals.ApprovalDetail.as_view(), name="approval"),
+    path("approvals/<uuid:approval_id>/decision/", approvals.ApprovalDecision.as_view(), name="approval-decision"),
+    path("approvals/<uuid:approval_id>/terminal/", approvals.ApprovalTerminal.as_view(), name="approval-terminal"),
 ]

@@ -5,15 +5,27 @@ from rest_framework.response import Response
 from rest_framework.generics import GenericAPIView
 from rest_framework.views import APIView
 
-from config import clock
-from config.errors import ApplicationError
-from config.pagination import PageQuery
-from config.schema import errors
-from config.strict import EmptyBody, NoQuery, valid_body, valid_query
+from core import clock
+from core.errors import ApplicationError
+from core.pagination import PageQuery
+from core.schema import errors, shape
+from core.strict import EmptyBody, NoQuery, valid_body, valid_query
 from sessions_app import services
 from sessions_app.api import serializers as s
 from sessions_app.models import Session
-from sessions_app.shapes import active_sessions_dict, job_dict, marker_write_dict, session_dict, stop_dict
+from sessions_app.shapes import (
+    ActiveSessionsShape,
+    JobShape,
+    MarkerWriteShape,
+    SessionShape,
+    StopShape,
+    SweepShape,
+    active_sessions_dict,
+    job_dict,
+    marker_write_dict,
+    session_dict,
+    stop_dict,
+)
 from tasks_app.auth import IsOwnerOrMachine, request_machine
 from tasks_app.shapes import actor_machine, actor_owner
 
@@ -23,20 +35,20 @@ def actor_of(request) -> str:
     return actor_machine(machine) if machine else actor_owner(request.user)
 
 
-def session_out(session: Session, now) -> dict:
+def session_out(session: Session, now) -> SessionShape:
     return session_dict(session, markers=session.markers.all(), now=now)
 
 
 class SessionListView(GenericAPIView):
     serializer_class = s.SessionCreateIn
 
-    @extend_schema(parameters=[PageQuery], responses={200: s.SessionOut(many=True), **errors()})
+    @extend_schema(parameters=[PageQuery], responses={200: shape(SessionShape, many=True), **errors()})
     def get(self, request):
         now = clock.now()
         page = self.paginate_queryset(Session.objects.filter(owner=request.user).prefetch_related("markers"))
         return self.get_paginated_response([session_out(session, now) for session in page])
 
-    @extend_schema(request=s.SessionCreateIn, responses={201: s.SessionOut, 200: s.SessionOut, **errors()})
+    @extend_schema(request=s.SessionCreateIn, responses={201: shape(SessionShape), 200: shape(SessionShape), **errors()})
     def post(self, request):
         data = _valid(s.SessionCreateIn, request)
         now = clock.now()
@@ -54,12 +66,12 @@ class SessionDetailView(APIView):
             raise ApplicationError("not_found", "no such session", status_code=404)
         return session
 
-    @extend_schema(responses={200: s.SessionOut, **errors()})
+    @extend_schema(responses={200: shape(SessionShape), **errors()})
     def get(self, request, session_id):
         valid_query(NoQuery, request)
         return Response(session_out(self._get(request, session_id), clock.now()))
 
-    @extend_schema(request=s.SessionUpdateIn, responses={200: s.SessionOut, **errors()})
+    @extend_schema(request=s.SessionUpdateIn, responses={200: shape(SessionShape), **errors()})
     def patch(self, request, session_id):
         data = _valid(s.SessionUpdateIn, request)
         now = clock.now()
@@ -76,7 +88,7 @@ class SessionDetailView(APIView):
 class MarkerView(APIView):
     permission_classes = [IsOwnerOrMachine]
 
-    @extend_schema(request=s.MarkerIn, responses={200: s.MarkerWriteOut, **errors()})
+    @extend_schema(request=s.MarkerIn, responses={200: shape(MarkerWriteShape), **errors()})
     def put(self, request, session_id):
         data = _valid(s.MarkerIn, request)
         now = clock.now()
@@ -89,20 +101,20 @@ class MarkerView(APIView):
 class DeviceSweepView(APIView):
     permission_classes = [IsOwnerOrMachine]
 
-    @extend_schema(request=EmptyBody, responses={200: s.SweepOut, **errors()})
+    @extend_schema(request=EmptyBody, responses={200: shape(SweepShape), **errors()})
     def post(self, request, device_id):
         _valid(EmptyBody, request)
         s.DeviceIn(data={"device_id": device_id}).is_valid(raise_exception=True)
         closed = services.device_sweep(
             owner=request.user, device_id=device_id, machine=request_machine(request), now=clock.now()
         )
-        return Response({"closed": closed})
+        return Response(SweepShape(closed=closed))
 
 
 class JobListView(APIView):
     permission_classes = [IsOwnerOrMachine]
 
-    @extend_schema(request=s.JobIn, responses={201: s.JobOut, 200: s.JobOut, **errors()})
+    @extend_schema(request=s.JobIn, responses={201: shape(JobShape), 200: shape(JobShape), **errors()})
     def post(self, request, session_id):
         data = _valid(s.JobIn, request)
         now = clock.now()
@@ -113,7 +125,7 @@ class JobListView(APIView):
 class JobFinishView(APIView):
     permission_classes = [IsOwnerOrMachine]
 
-    @extend_schema(request=s.JobFinishIn, responses={200: s.JobOut, **errors()})
+    @extend_schema(request=s.JobFinishIn, responses={200: shape(JobShape), **errors()})
     def post(self, request, session_id, job_id):
         data = _valid(s.JobFinishIn, request)
         now = clock.now()
@@ -122,7 +134,7 @@ class JobFinishView(APIView):
 
 
 class SessionStopView(APIView):
-    @extend_schema(request=EmptyBody, responses={200: s.StopOut, **errors()})
+    @extend_schema(request=EmptyBody, responses={200: shape(StopShape), **errors()})
     def post(self, request, session_id):
         _valid(EmptyBody, request)
         result = services.session_stop(
@@ -132,7 +144,7 @@ class SessionStopView(APIView):
 
 
 class ActiveSessionsView(APIView):
-    @extend_schema(responses={200: s.ActiveOut, **errors()})
+    @extend_schema(responses={200: shape(ActiveSessionsShape), **errors()})
     def get(self, request):
         valid_query(NoQuery, request)
         now = clock.now()

@@ -16,3 +16,6 @@ import uuid
 # I2: RunStead session id = uuid5(RUNSTEAD_NAMESPACE, "<agent>:<agent session id>").
 RUNSTEAD_NAMESPACE = uuid.UUID("80bf71b1-6975-58ca-9896-94d5739ee39a")
 AGENTS = ("claude", "codex", "gemini", "opencode")
+# M2's default marker class (seconds), which I7's tool hooks assume until the sender has
+# recorded the class the service answered (store.marker_class_s).
+DEFAULT_MARKER_CLASS_S = 1200.0

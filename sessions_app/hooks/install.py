@@ -4,12 +4,16 @@ into an agent CLI's user configuration.
 Per agent (``config_dir`` default in brackets):
 
 - ``claude`` [``~/.claude``]: ``settings.json`` ``hooks`` for SessionStart,
-  UserPromptSubmit, Stop, Notification (matcher ``permission_prompt``), SessionEnd;
+  UserPromptSubmit, Stop, Notification (matcher ``permission_prompt``), SessionEnd, the
+  tool hooks PreToolUse, PostToolUse (matcher ``*``; I7: long turns), and
+  PermissionRequest (matcher ``*``; Q3: the hook that waits for the owner's answer, its
+  ``timeout`` ``approval_wait_s`` + 30 s, every other entry's 10 s);
 - ``codex`` [``~/.codex``]: ``notify = [...]`` in ``config.toml`` (the dependable
-  surface) and ``hooks.json`` for SessionStart, UserPromptSubmit, Stop (they run once the
-  owner trusts them);
+  surface) and ``hooks.json`` for SessionStart, UserPromptSubmit, Stop, PreToolUse,
+  PostToolUse, PermissionRequest (timeout as Claude Code's; they run once the owner
+  trusts them);
 - ``gemini`` [``~/.gemini``]: ``settings.json`` ``hooks`` for SessionStart, BeforeAgent,
-  AfterAgent, Notification, SessionEnd (timeouts in ms);
+  AfterAgent, Notification, SessionEnd, BeforeTool, AfterTool (timeouts in ms);
 - ``opencode`` [``~/.config/opencode``]: ``plugins/runstead.js`` from
   ``integrations/opencode/runstead.js`` with the hook command filled in.
 
@@ -29,20 +33,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sessions_app.hooks import AGENTS, store
+from sessions_app.hooks.approval import DEFAULT_WAIT_S
 
 MARK = "sessions_app.hooks"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 OPENCODE_PLUGIN = PROJECT_ROOT / "integrations" / "opencode" / "runstead.js"
 CLAUDE_TIMEOUT_S = 10
+DEFAULT_APPROVAL_WAIT_S = int(DEFAULT_WAIT_S)  # Q3
+APPROVAL_TIMEOUT_MARGIN_S = 30  # the PermissionRequest entry's timeout is approval_wait_s plus this
 GEMINI_TIMEOUT_MS = 10000
 CODEX_COMMENT = "# RunStead hook (manage.py install_hooks codex --uninstall removes it)"
 
+# One entry per event (event -> matcher or None). The tool hooks are I7's: they keep a
+# long turn RUNNING, and with nothing due they write nothing.
 CLAUDE_EVENTS = {
     "SessionStart": None, "UserPromptSubmit": None, "Stop": None, "Notification": "permission_prompt",
-    "SessionEnd": None,
+    "SessionEnd": None, "PreToolUse": "*", "PostToolUse": "*", "PermissionRequest": "*",
 }
-CODEX_EVENTS = {"SessionStart": None, "UserPromptSubmit": None, "Stop": None}
-GEMINI_EVENTS = ("SessionStart", "BeforeAgent", "AfterAgent", "Notification", "SessionEnd")
+CODEX_EVENTS = {"SessionStart": None, "UserPromptSubmit": None, "Stop": None, "PreToolUse": "*", "PostToolUse": "*",
+                "PermissionRequest": "*"}
+GEMINI_EVENTS = {
+    "SessionStart": None, "BeforeAgent": None, "AfterAgent": None, "Notification": None, "SessionEnd": None,
+    "BeforeTool": "*", "AfterTool": "*",
+}
 
 
 class InstallError(Exception):
@@ -178,11 +191,12 @@ def _write(path: Path, old: bytes | None, new: bytes | None, detail: str) -> Cha
     return Change(path, "updated" if old is not None else "created", detail, backup)
 
 
-def _claude_like(path: Path, events: dict, command: str, timeout, uninstall: bool, name: str | None = None) -> tuple:
+def _claude_like(path: Path, events: dict, command: str, timeout, uninstall: bool, name: str | None = None,
+                 timeouts: dict | None = None) -> tuple:
     old, data = _read_json(path)
     groups = {}
     for event, matcher in events.items():
-        entry = {"type": "command", "command": command, "timeout": timeout}
+        entry = {"type": "command", "command": command, "timeout": (timeouts or {}).get(event, timeout)}
         if name:
             entry = {"name": name, **entry}
         group = {"hooks": [entry]}
@@ -246,36 +260,48 @@ def _opencode(path: Path, argv: list[str], uninstall: bool) -> tuple:
 
 
 def install(agent: str, *, server: str, token: str | None = None, config_dir: Path | None = None,
-            state_dir: Path | None = None, uninstall: bool = False) -> Report:
+            state_dir: Path | None = None, uninstall: bool = False, approval_wait_s: int | None = None) -> Report:
     """Installs (or with ``uninstall`` removes) RunStead's hooks for ``agent``; see the
-    module docstring. Every file is checked before any is written. Raises InstallError."""
+    module docstring. ``approval_wait_s``: how long the PermissionRequest hook waits for
+    the owner (Q3; default: the value configured before, else 600 s), kept in
+    ``config.json`` when not the default. Every file is checked before any is written.
+    Raises InstallError."""
     if agent not in AGENTS:
         raise InstallError(f"unknown agent {agent!r}; one of {', '.join(AGENTS)}")
+    if approval_wait_s is not None and not 1 <= approval_wait_s <= 86400:
+        raise InstallError("--approval-wait-s: from 1 to 86400 seconds")
     state_dir = Path(state_dir) if state_dir else store.default_state_dir()
+    existing = store.read_config(state_dir)
+    if approval_wait_s is None:
+        known = existing.get("approval_wait_s")
+        approval_wait_s = known if isinstance(known, int) and 1 <= known <= 86400 else DEFAULT_APPROVAL_WAIT_S
     config_dir = Path(config_dir).expanduser() if config_dir else default_config_dir(agent)
     argv = hook_argv(agent, state_dir)
     command = shlex.join(argv)
     if agent == "claude":
-        plans = [_claude_like(config_dir / "settings.json", CLAUDE_EVENTS, command, CLAUDE_TIMEOUT_S, uninstall)]
+        timeouts = {"PermissionRequest": approval_wait_s + APPROVAL_TIMEOUT_MARGIN_S}
+        plans = [_claude_like(config_dir / "settings.json", CLAUDE_EVENTS, command, CLAUDE_TIMEOUT_S, uninstall,
+                              timeouts=timeouts)]
     elif agent == "gemini":
-        plans = [_claude_like(config_dir / "settings.json", dict.fromkeys(GEMINI_EVENTS), command,
-                              GEMINI_TIMEOUT_MS, uninstall, name="runstead")]
+        plans = [_claude_like(config_dir / "settings.json", GEMINI_EVENTS, command, GEMINI_TIMEOUT_MS, uninstall,
+                              name="runstead")]
     elif agent == "codex":
         plans = [
             _codex_toml(config_dir / "config.toml", argv, uninstall),
-            _claude_like(config_dir / "hooks.json", CODEX_EVENTS, command, CLAUDE_TIMEOUT_S, uninstall),
+            _claude_like(config_dir / "hooks.json", CODEX_EVENTS, command, CLAUDE_TIMEOUT_S, uninstall,
+                         timeouts={"PermissionRequest": approval_wait_s + APPROVAL_TIMEOUT_MARGIN_S}),
         ]
     else:
         plans = [_opencode(config_dir / "plugins" / "runstead.js", argv, uninstall)]
 
     report = Report()
     if not uninstall:
-        existing = store.read_config(state_dir)
         token = token or existing.get("token")
         if not token:
             raise InstallError("no owner token: pass --token (it is kept in the hook state directory, mode 0600)")
-        if existing != {"server": server, "token": token}:
-            path = store.write_config(state_dir, server=server, token=token)
+        extra = {} if approval_wait_s == DEFAULT_APPROVAL_WAIT_S else {"approval_wait_s": approval_wait_s}
+        if existing != {"server": server, "token": token, **extra}:
+            path = store.write_config(state_dir, server=server, token=token, extra=extra)
             action = "updated" if existing else "created"
             report.changes.append(Change(path, action, "server URL and owner token, mode 0600"))
         else:

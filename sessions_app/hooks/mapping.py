@@ -7,16 +7,21 @@ hook between calls, see ``store.Outbox.session_state``) into an ordered list of 
 
 Local state per agent session: ``created`` (the session create was queued), ``titled``
 (the first prompt set the title), ``turn`` (the open turn's id, kept until its ``ended``
-is queued, I2), ``jobs`` (background job ids known to the service as held, I3),
+is queued, I2), ``turn_at`` (when its ``running`` was queued, the hook's wall clock in
+seconds) and ``turn_origin`` (the agent's own id of a turn that I7 continued under a
+fresh id), ``jobs`` (background job ids known to the service as held, I3),
 ``attention`` (a permission prompt was reported, I6), ``ended`` (the last turn ids
-whose ``ended`` was queued, so a Codex ``notify`` after its ``Stop`` hook adds nothing).
+whose ``ended`` was queued, so a Codex ``notify`` after its ``Stop`` hook adds nothing),
+``approvals`` (ids of approvals a waiting ``PermissionRequest`` hook asked for and has
+not seen answered, Q4) and ``asks`` (the turn's count of permission requests per tool
+input digest, for Q1's key; ``sessions_app.hooks.approval``).
 """
 import re
 import uuid
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from sessions_app.hooks import AGENTS, RUNSTEAD_NAMESPACE
+from sessions_app.hooks import AGENTS, DEFAULT_MARKER_CLASS_S, RUNSTEAD_NAMESPACE
 
 TITLE_MAX = 80  # I3: the title from the first prompt
 MESSAGE_MAX = 500  # attention message shown on the board
@@ -99,13 +104,27 @@ def identify(agent: str, payload) -> Event:
     return Event(agent, session, name)
 
 
-class Writes:
-    """Builds the writes of one hook call for one session."""
+def continuation_due(state: dict, *, now: float, class_s: float) -> bool:
+    """I7: the open turn's marker is past half of its class (``class_s`` seconds, M2),
+    measured on the hook's own clock from when its ``running`` was queued (``now``: wall
+    seconds); a turn with no start time recorded (before I7) counts as due."""
+    if not state.get("turn"):
+        return False
+    started = state.get("turn_at")
+    return not isinstance(started, (int, float)) or now - started >= class_s / 2
 
-    def __init__(self, event: Event, state: dict, hostname: str):
+
+class Writes:
+    """Builds the writes of one hook call for one session. ``now`` is the hook's wall
+    clock (seconds) and ``class_s`` the marker class the service last answered with (I7)."""
+
+    def __init__(self, event: Event, state: dict, hostname: str, *, now: float = 0.0,
+                 class_s: float = DEFAULT_MARKER_CLASS_S):
         self.event = event
         self.state = state
         self.hostname = hostname
+        self.now = now
+        self.class_s = class_s
         self.session_id = str(session_uuid(event.agent, event.agent_session_id))
         self.device_id = device_id(hostname, event.agent, event.agent_session_id)
         self.items: list[dict] = []
@@ -129,7 +148,8 @@ class Writes:
     def sweep(self) -> None:
         """M5: close every running marker of this app instance (a crash left them open)."""
         self.add("POST", f"/api/devices/{quote(self.device_id, safe=':')}/sweep/", None)
-        self.state.pop("turn", None)
+        for key in ("turn", "turn_at", "turn_origin"):
+            self.state.pop(key, None)
 
     def title_from_prompt(self, prompt: str) -> None:
         if self.state.get("titled"):
@@ -150,17 +170,37 @@ class Writes:
         turn_id = turn_id or str(uuid.uuid4())
         self.marker(turn_id, "running")
         self.state["turn"] = turn_id
+        self.state["turn_at"] = self.now
+        self.state.pop("turn_origin", None)
         return turn_id
 
+    def continue_turn(self) -> None:
+        """I7: the open turn goes on past half of its marker's class: one ``running`` with
+        a fresh turn id on the same device (M7: it replaces the marker, so the session
+        never drops to idle), kept as the turn ``Stop`` ends; the agent's own id of the
+        turn stays known (``turn_origin``), so its end by that id ends this one."""
+        if not continuation_due(self.state, now=self.now, class_s=self.class_s):
+            return
+        origin = self.state.get("turn_origin") or self.state["turn"]
+        self.running()
+        self.state["turn_origin"] = origin
+
     def ended(self, turn_id: str | None = None) -> None:
-        """M1: ``ended`` for the open turn (or ``turn_id``); nothing when no turn is open."""
+        """M1: ``ended`` for the open turn (or ``turn_id``; the agent's own id of a
+        continued turn means the open one); nothing when no turn is open."""
+        if turn_id is not None and turn_id == self.state.get("turn_origin"):
+            turn_id = self.state.get("turn")
         turn_id = turn_id or self.state.get("turn")
         if not turn_id or turn_id in self.state.get("ended", []):
             return
         self.marker(turn_id, "ended")
+        done = [turn_id]
         if self.state.get("turn") == turn_id:
+            origin = self.state.pop("turn_origin", None)
+            done += [origin] if origin else []
             self.state.pop("turn", None)
-        self.state["ended"] = (self.state.get("ended", []) + [turn_id])[-ENDED_KEEP:]
+            self.state.pop("turn_at", None)
+        self.state["ended"] = (self.state.get("ended", []) + done)[-ENDED_KEEP:]
 
     def job_start(self, job_id: str) -> None:
         self.add("POST", f"/api/sessions/{self.session_id}/jobs/", {"job_id": job_id, "mode": "held"})
@@ -181,6 +221,15 @@ class Writes:
         })
         self.state["attention"] = True
 
+    def answered_in_terminal(self) -> None:
+        """Q4: the session moved on (a tool ran or was refused, another permission request,
+        a stop, the end), so the approvals its waiting hook asked for and still counts as
+        pending were answered in the terminal: one ``POST .../terminal/`` each (a repeat
+        for one already decided changes nothing on the service)."""
+        for approval_id in self.state.pop("approvals", None) or []:
+            if isinstance(approval_id, str) and SAFE_ID.match(approval_id):
+                self.add("POST", f"/api/approvals/{approval_id}/terminal/", {})
+
     def clear_attention(self) -> None:
         if self.state.pop("attention", None):
             self.add("PATCH", f"/api/sessions/{self.session_id}/", {"attention": ""})
@@ -197,6 +246,7 @@ def claude_session_start(w: Writes, p: dict) -> None:
 
 
 def claude_prompt(w: Writes, p: dict) -> None:
+    w.answered_in_terminal()  # a new prompt: no dialog of the last turn is open any more (Q4)
     w.ensure_session(cwd=_text(p, "cwd"))
     w.clear_attention()
     w.running(turn_token(p.get("prompt_id")) or turn_token(p.get("turn_id")))
@@ -228,11 +278,30 @@ def reconcile_background_tasks(w: Writes, tasks) -> None:
 
 
 def claude_stop(w: Writes, p: dict) -> None:
+    w.answered_in_terminal()
     w.ensure_session(cwd=_text(p, "cwd"))
     w.clear_attention()
     # Jobs first, then `ended`, so the session never drops to idle in between (S3).
     reconcile_background_tasks(w, p.get("background_tasks"))
     w.ended()
+
+
+def tool_activity(w: Writes, p: dict) -> None:
+    """I7: a tool hook (Claude Code and Codex ``PreToolUse`` / ``PostToolUse``, Gemini
+    ``BeforeTool`` / ``AfterTool``): the agent is working, so a turn past half of its
+    marker's class is continued; otherwise nothing (the hook command returns before it
+    opens the outbox for writing, ``__main__``). A pending approval of the session that
+    its asking hook still waits for was answered in the terminal (Q4)."""
+    w.answered_in_terminal()
+    w.continue_turn()
+
+
+def claude_permission_request(w: Writes, p: dict) -> None:
+    """Q3, Q4: an earlier approval still pending here was answered in the terminal (the
+    service does the same when it creates the new one); the agent works on (I7). The
+    approval itself is asked synchronously by ``sessions_app.hooks.approval``."""
+    w.answered_in_terminal()
+    w.continue_turn()
 
 
 def claude_notification(w: Writes, p: dict) -> None:
@@ -243,6 +312,7 @@ def claude_notification(w: Writes, p: dict) -> None:
 
 
 def claude_session_end(w: Writes, p: dict) -> None:
+    w.answered_in_terminal()
     w.ensure_session(cwd=_text(p, "cwd"))
     w.clear_attention()
     w.ended()
@@ -264,12 +334,13 @@ def codex_notify(w: Writes, p: dict) -> None:
         return
     if turn_id in w.state.get("ended", []):
         return
-    if w.state.get("turn") != turn_id:
+    if turn_id not in (w.state.get("turn"), w.state.get("turn_origin")):
         w.running(turn_id)
     w.ended(turn_id)
 
 
 def codex_stop(w: Writes, p: dict) -> None:
+    w.answered_in_terminal()
     w.ensure_session(cwd=_text(p, "cwd"))
     w.ended()
 
@@ -290,11 +361,27 @@ def gemini_after_agent(w: Writes, p: dict) -> None:
     w.ended()
 
 
+# What Gemini CLI's ToolPermission ``details`` name, per confirmation type (0.61.0 sends
+# a message without it: "Tool Confirm Shell Command requires execution").
+GEMINI_DETAIL_KEYS = {"exec": ("command",), "edit": ("fileName", "filePath"), "mcp": ("toolDisplayName", "toolName")}
+
+
 def gemini_notification(w: Writes, p: dict) -> None:
+    """I4, I6: ``Notification`` with ``notification_type: ToolPermission`` (interactive
+    only, sent when the approval dialog shows) -> the session's attention; the message is
+    the CLI's, followed by what it asks about (``details``: the command, the file, the
+    MCP tool), so the owner sees what is waiting."""
     if p.get("notification_type") != "ToolPermission":
         return
     w.ensure_session(cwd=_text(p, "cwd"))
-    w.attention(_text(p, "message") or "permission needed")
+    message = _text(p, "message") or "permission needed"
+    details = p.get("details") if isinstance(p.get("details"), dict) else {}
+    for key in GEMINI_DETAIL_KEYS.get(details.get("type"), ()):
+        subject = details.get(key)
+        if isinstance(subject, str) and subject.strip():
+            message = f"{message}: {subject.strip()}"
+            break
+    w.attention(message)
 
 
 # --- opencode (I4; events forwarded by integrations/opencode/runstead.js) ----------------
@@ -317,9 +404,12 @@ def opencode_created(w: Writes, p: dict) -> None:
 
 
 def opencode_busy(w: Writes, p: dict) -> None:
+    """``busy`` starts a turn, and, repeated while it works, is opencode's tool hook (I7)."""
+    if w.state.get("turn"):
+        w.continue_turn()
+        return
     w.ensure_session(cwd=_opencode_cwd(p))
-    if not w.state.get("turn"):
-        w.running()
+    w.running()
 
 
 def opencode_idle(w: Writes, p: dict) -> None:
@@ -361,17 +451,25 @@ HANDLERS = {
         "Stop": claude_stop,
         "Notification": claude_notification,
         "SessionEnd": claude_session_end,
+        "PreToolUse": tool_activity,
+        "PostToolUse": tool_activity,
+        "PermissionRequest": claude_permission_request,
     },
     "codex": {
         "agent-turn-complete": codex_notify,
         "SessionStart": claude_session_start,
         "UserPromptSubmit": claude_prompt,
         "Stop": codex_stop,
+        "PreToolUse": tool_activity,
+        "PostToolUse": tool_activity,
+        "PermissionRequest": claude_permission_request,
     },
     "gemini": {
         "SessionStart": claude_session_start,
         "BeforeAgent": gemini_before_agent,
         "AfterAgent": gemini_after_agent,
+        "BeforeTool": tool_activity,
+        "AfterTool": tool_activity,
         "Notification": gemini_notification,
         "SessionEnd": claude_session_end,
     },
@@ -391,8 +489,35 @@ HANDLERS = {
 }
 
 
-def handle(event: Event, payload: dict, state: dict, *, hostname: str) -> list[dict]:
-    """The writes one hook call implies, in delivery order; updates ``state`` in place."""
-    writes = Writes(event, state, hostname)
+# I7: events that only say "the agent is working": with no continuation due they write
+# nothing, and the hook command decides that from a read of the local state alone.
+TOOL_EVENTS = {"PreToolUse", "PostToolUse", "BeforeTool", "AfterTool"}
+
+
+def is_activity(event: Event, payload: dict) -> bool:
+    """Whether ``event`` is a tool hook (or opencode's repeated ``busy``) of I7."""
+    if event.agent == "opencode":
+        status = _props(payload).get("status")
+        return event.name == "session.status" and (status.get("type") if isinstance(status, dict) else status) == "busy"
+    return event.name in TOOL_EVENTS
+
+
+def nothing_due(event: Event, payload: dict, state: dict, *, now: float, class_s: float) -> bool:
+    """I7: an activity event that would write nothing for this session state: no turn to
+    continue, or one not yet past half of its class (opencode's ``busy`` with no turn
+    open starts one, so it is never "nothing"), and no approval asked by a waiting hook
+    (Q4: the tool hook resolves it)."""
+    if event.agent == "opencode" and not state.get("turn"):
+        return False
+    if state.get("approvals"):
+        return False  # Q4: a waiting approval to resolve as answered in the terminal
+    return not continuation_due(state, now=now, class_s=class_s)
+
+
+def handle(event: Event, payload: dict, state: dict, *, hostname: str, now: float = 0.0,
+           class_s: float = DEFAULT_MARKER_CLASS_S) -> list[dict]:
+    """The writes one hook call implies, in delivery order; updates ``state`` in place.
+    ``now``: the hook's wall clock (seconds); ``class_s``: the marker class (I7)."""
+    writes = Writes(event, state, hostname, now=now, class_s=class_s)
     HANDLERS[event.agent][event.name](writes, payload)
     return writes.items

@@ -4,30 +4,34 @@
 (an ``flock`` on ``sender.lock``, which holds its pid); a second one exits at once. It
 sends the oldest write, deletes it once the service answered finally (2xx, or a 4xx
 other than 429: logged and dropped, never retried), and otherwise retries the same write
-(the writes are idempotent on the service) with exponential backoff and jitter capped at
-``RUNSTEAD_HOOK_BACKOFF_MAX_S`` (60 s), so later writes never overtake it. It exits once
+(the writes are idempotent on the service) after ``tasks_app.protocol.Backoff`` (R4:
+exponential with equal jitter from ``RUNSTEAD_HOOK_BACKOFF_BASE_S``, 0.5 s, capped at
+``RUNSTEAD_HOOK_BACKOFF_MAX_S``, 60 s), so later writes never overtake it. It exits once
 the outbox has been empty for ``RUNSTEAD_HOOK_SENDER_IDLE_S`` (30 s), or after failing
 for ``RUNSTEAD_HOOK_SENDER_GIVE_UP_S`` (24 h) with the writes kept for the next sender.
+At its start and every ``PRUNE_EVERY_S`` (a day) while it runs it prunes the agent
+session states untouched for 7 days (I1, ``store.Outbox.prune_sessions``).
 
 ``ensure_sender`` (called by the hook after it queued something) starts one, detached,
-when none runs. No Django here.
+when none runs. No Django here (``tasks_app.protocol`` is Django-free).
 """
 import argparse
 import fcntl
 import os
-import random
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 from sessions_app.hooks import store
+from tasks_app.protocol import BACKOFF_CAP_S, Backoff
 
 BACKOFF_BASE_S = 0.5
-BACKOFF_MAX_S = 60.0  # R4
 IDLE_EXIT_S = 30.0
 GIVE_UP_S = 86400.0
 POLL_S = 0.05
 HTTP_TIMEOUT_S = 10.0
+PRUNE_EVERY_S = 86400.0
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -98,14 +102,19 @@ class Sender:
     body) -> status`` raises OSError-like errors on network failure (default: httpx)."""
 
     def __init__(self, state_dir: Path, *, idle_exit_s: float | None = None, backoff_base_s: float | None = None,
-                 backoff_max_s: float | None = None, give_up_s: float | None = None, transport=None):
+                 backoff_max_s: float | None = None, give_up_s: float | None = None, transport=None,
+                 prune_every_s: float = PRUNE_EVERY_S, session_retention_s: float = store.SESSION_RETENTION_S):
         self.state_dir = Path(state_dir)
+        self.prune_every_s, self.session_retention_s = prune_every_s, session_retention_s
+        self.next_prune = 0.0  # monotonic: at once when the run starts
         self.idle_exit_s = idle_exit_s if idle_exit_s is not None else _env_float(
             "RUNSTEAD_HOOK_SENDER_IDLE_S", IDLE_EXIT_S)
-        self.backoff_base_s = backoff_base_s if backoff_base_s is not None else _env_float(
-            "RUNSTEAD_HOOK_BACKOFF_BASE_S", BACKOFF_BASE_S)
-        self.backoff_max_s = backoff_max_s if backoff_max_s is not None else _env_float(
-            "RUNSTEAD_HOOK_BACKOFF_MAX_S", BACKOFF_MAX_S)
+        self.backoff = Backoff(
+            base_s=backoff_base_s if backoff_base_s is not None else _env_float(
+                "RUNSTEAD_HOOK_BACKOFF_BASE_S", BACKOFF_BASE_S),
+            cap_s=backoff_max_s if backoff_max_s is not None else _env_float(
+                "RUNSTEAD_HOOK_BACKOFF_MAX_S", BACKOFF_CAP_S),
+        )
         self.give_up_s = give_up_s if give_up_s is not None else _env_float("RUNSTEAD_HOOK_SENDER_GIVE_UP_S", GIVE_UP_S)
         self._transport = transport
         self._http = None
@@ -126,7 +135,31 @@ class Sender:
             raise ConnectionError(str(error)) from error
         if response.status_code >= 400:
             self.last_error_body = response.text[:300]
+        elif body and body.get("state") == "running" and url.endswith("/marker/"):
+            self.learn_marker_class(response)
         return response.status_code
+
+    def learn_marker_class(self, response) -> None:
+        """I7: keep the class (``expires_at - started_at``, M2) of the ``running`` marker
+        the service just answered, for the tool hooks' "past half of its class"."""
+        try:
+            marker = response.json().get("marker") or {}
+            started = datetime.fromisoformat(marker["started_at"])
+            expires = datetime.fromisoformat(marker["expires_at"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return
+        class_s = (expires - started).total_seconds()
+        if class_s > 0:
+            store.write_marker_class(self.state_dir, class_s)
+
+    def prune(self, outbox: store.Outbox) -> None:
+        """Prune old agent session states when due (at the start, then daily)."""
+        if time.monotonic() < self.next_prune:
+            return
+        self.next_prune = time.monotonic() + self.prune_every_s
+        pruned = outbox.prune_sessions(older_than_s=self.session_retention_s)
+        if pruned:
+            self.log(f"pruned {pruned} agent session state(s) untouched for {self.session_retention_s:.0f} s")
 
     def deliver(self, row: store.Row) -> str:
         """One attempt: ``done``, ``dropped`` (a final refusal) or ``retry``."""
@@ -159,10 +192,11 @@ class Sender:
         outbox = store.Outbox(self.state_dir)
         delivered = 0
         try:
-            delay = self.backoff_base_s
+            failures = 0  # of the head write in a row
             idle_since = time.monotonic()
             failing_since = None
             while True:
+                self.prune(outbox)
                 row = outbox.head()
                 if row is None:
                     if time.monotonic() - idle_since < self.idle_exit_s:
@@ -184,7 +218,7 @@ class Sender:
                 if outcome in ("done", "dropped"):
                     outbox.delete(row.seq)
                     delivered += outcome == "done"
-                    delay = self.backoff_base_s
+                    failures = 0
                     failing_since = None
                     idle_since = time.monotonic()
                     continue
@@ -199,8 +233,8 @@ class Sender:
                     return delivered
                 if row.attempts == 0:
                     self.log(f"{row.method} {row.path}: {self.last_error}; retrying")
-                time.sleep(delay * random.uniform(0.5, 1.0))
-                delay = min(delay * 2, self.backoff_max_s)
+                time.sleep(self.backoff.delay(failures))
+                failures += 1
         finally:
             outbox.close()
             if lock is not None:

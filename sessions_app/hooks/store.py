@@ -3,13 +3,21 @@
 Layout of the state directory (default ``~/.runstead/hooks``, or ``RUNSTEAD_HOOK_DIR``;
 mode 0700):
 
-- ``config.json`` (mode 0600): ``{"server": "https://...", "token": "<owner token>"}``,
-  written by ``manage.py install_hooks``;
+- ``config.json`` (mode 0600): ``{"server": "https://...", "token": "<owner token>"}``
+  and, when not the default, ``approval_wait_s`` (Q3), written by ``manage.py
+  install_hooks``;
 - ``outbox.sqlite3``: table ``outbox`` (queued writes in order: ``seq``, ``method``,
   ``path``, ``body`` JSON, optional ``server`` / ``token`` for writes that carry their own
-  target, like the ``turn`` wrapper's) and table ``agent_sessions`` (each agent session's
-  local state as JSON);
-- ``sender.lock`` (one sender at a time, holds its pid), ``hook.log``, ``sender.log``.
+  target, like the ``turn`` wrapper's, and ``refresh``: 1 for a write that only refreshes
+  state) and table ``agent_sessions`` (each agent session's local state as JSON);
+
+Bounded (I1): the outbox keeps at most ``MAX_ROWS`` writes and ``MAX_BYTES`` of them;
+past either, the oldest writes that only refresh state (attention, title) go first, then
+the oldest of the rest, each drop logged in ``hook.log``. Agent session states untouched
+for ``SESSION_RETENTION_S`` (7 days) are pruned by the sender (at its start and daily).
+- ``sender.lock`` (one sender at a time, holds its pid), ``hook.log``, ``sender.log``;
+- ``marker_class.json``: ``{"class_s"}``, the class (M2, seconds) of the last ``running``
+  marker the service answered, written by the sender and read by tool hooks (I7).
 
 No Django here (I1).
 """
@@ -20,13 +28,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sessions_app.hooks import DEFAULT_MARKER_CLASS_S
+
 CONFIG_NAME = "config.json"
+MARKER_CLASS_NAME = "marker_class.json"
 DB_NAME = "outbox.sqlite3"
 LOCK_NAME = "sender.lock"
 HOOK_LOG = "hook.log"
 SENDER_LOG = "sender.log"
 BUSY_TIMEOUT_MS = 2000
 LOG_MAX_BYTES = 1_000_000  # the log is cut back to its last half past this size
+MAX_ROWS = 10_000  # I1: queued writes kept at most
+MAX_BYTES = 50 * 1024 * 1024  # I1: and at most this much of them (method, path, body, target)
+SESSION_RETENTION_S = 7 * 86400.0  # agent session states untouched this long are pruned
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -37,7 +51,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     server TEXT,
     token TEXT,
     created_at REAL NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0
+    attempts INTEGER NOT NULL DEFAULT 0,
+    refresh INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS agent_sessions (
     key TEXT PRIMARY KEY,
@@ -70,21 +85,63 @@ def read_config(state_dir: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def write_config(state_dir: Path, *, server: str, token: str) -> Path:
+def write_config(state_dir: Path, *, server: str, token: str, extra: dict | None = None) -> Path:
     """Writes ``config.json`` with mode 0600 (created with that mode, then replaced
-    atomically, so the token is never readable by others, not even briefly)."""
+    atomically, so the token is never readable by others, not even briefly); ``extra``:
+    further settings (``approval_wait_s``)."""
     ensure_state_dir(state_dir)
     path = state_dir / CONFIG_NAME
     tmp = state_dir / (CONFIG_NAME + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        json.dump({"server": server, "token": token}, handle, indent=2)
+        json.dump({"server": server, "token": token, **(extra or {})}, handle, indent=2)
         handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
     return path
+
+
+def marker_class_s(state_dir: Path) -> float:
+    """I7: the marker class (seconds) the service last answered with, or M2's default."""
+    try:
+        value = json.loads((state_dir / MARKER_CLASS_NAME).read_text()).get("class_s")
+    except (OSError, ValueError, AttributeError):
+        return DEFAULT_MARKER_CLASS_S
+    return float(value) if isinstance(value, (int, float)) and value > 0 else DEFAULT_MARKER_CLASS_S
+
+
+def write_marker_class(state_dir: Path, class_s: float) -> None:
+    """Records the class of a ``running`` marker the service answered (atomic; never raises)."""
+    try:
+        if marker_class_s(state_dir) == class_s and (state_dir / MARKER_CLASS_NAME).exists():
+            return
+        tmp = state_dir / (MARKER_CLASS_NAME + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"class_s": class_s}, handle)
+        os.replace(tmp, state_dir / MARKER_CLASS_NAME)
+    except OSError:
+        pass
+
+
+def peek_session_state(state_dir: Path, key: str) -> dict:
+    """One agent session's local state read without a lock or a write (a read-only
+    connection; ``{}`` when there is no outbox or no such session): what a tool hook
+    with nothing due needs (I7)."""
+    path = state_dir / DB_NAME
+    if not path.exists():
+        return {}
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            row = db.execute("SELECT data FROM agent_sessions WHERE key = ?", (key,)).fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return {}
+    return json.loads(row[0]) if row else {}
 
 
 def log_line(state_dir: Path, name: str, message: str) -> None:
@@ -102,6 +159,21 @@ def log_line(state_dir: Path, name: str, message: str) -> None:
             path.write_bytes(data[data.find(b"\n") + 1:])
     except OSError:
         pass
+
+
+# A row's size as the caps count it: bytes of what is sent.
+ROW_BYTES = ("length(CAST(method AS BLOB)) + length(CAST(path AS BLOB)) + coalesce(length(CAST(body AS BLOB)), 0)"
+             " + coalesce(length(CAST(server AS BLOB)), 0) + coalesce(length(CAST(token AS BLOB)), 0)")
+REFRESH_KEYS = {"attention", "attention_message", "title"}
+
+
+def refresh_only(write: dict) -> bool:
+    """Whether a queued write only refreshes state a later write refreshes again (I1's
+    first to drop when the outbox is full): a session ``PATCH`` of attention (I6) or
+    title. Session creation, sweeps, markers (turn start and end) and jobs are not."""
+    body = write.get("body")
+    return (write.get("method") == "PATCH" and isinstance(body, dict) and bool(body)
+            and set(body) <= REFRESH_KEYS)
 
 
 @dataclass
@@ -122,8 +194,9 @@ class Outbox:
     ``fullfsync=ON``, ``checkpoint_fullfsync=ON``; W1). Every method is one short
     ``BEGIN IMMEDIATE`` transaction; a committed write survives a crash or power loss."""
 
-    def __init__(self, state_dir: Path):
+    def __init__(self, state_dir: Path, *, max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES):
         self.state_dir = ensure_state_dir(Path(state_dir))
+        self.max_rows, self.max_bytes = max_rows, max_bytes
         path = self.state_dir / DB_NAME
         if not path.exists():
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
@@ -134,6 +207,9 @@ class Outbox:
         for pragma in ("synchronous = FULL", "fullfsync = ON", "checkpoint_fullfsync = ON"):
             self.db.execute(f"PRAGMA {pragma}")
         self.db.executescript(SCHEMA)
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(outbox)")}
+        if "refresh" not in columns:  # an outbox made before the caps
+            self.db.execute("ALTER TABLE outbox ADD COLUMN refresh INTEGER NOT NULL DEFAULT 0")
 
     def close(self) -> None:
         self.db.close()
@@ -173,11 +249,54 @@ class Outbox:
         now = time.time()
         for write in writes:
             cursor = self.db.execute(
-                "INSERT INTO outbox (method, path, body, server, token, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (write["method"], write["path"], json.dumps(write.get("body")), server, token, now),
+                "INSERT INTO outbox (method, path, body, server, token, created_at, refresh) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (write["method"], write["path"], json.dumps(write.get("body")), server, token, now,
+                 int(refresh_only(write))),
             )
             seqs.append(cursor.lastrowid)
+        self._trim()
         return seqs
+
+    def size(self) -> tuple[int, int]:
+        """``(rows, bytes)`` queued, as the caps count them."""
+        rows, size = self.db.execute(f"SELECT count(*), coalesce(sum({ROW_BYTES}), 0) FROM outbox").fetchone()
+        return rows, size
+
+    def _trim(self) -> None:
+        """I1's caps, inside the caller's transaction: while over ``max_rows`` or
+        ``max_bytes``, drop the oldest refresh-only writes, then the oldest others; one
+        line in ``hook.log`` says what went."""
+        rows, size = self.size()
+        if rows <= self.max_rows and size <= self.max_bytes:
+            return
+        dropped: dict[str, int] = {}
+        first = last = None
+        for refresh in (1, 0):
+            if rows <= self.max_rows and size <= self.max_bytes:
+                break
+            cursor = self.db.execute(
+                f"SELECT seq, method, path, {ROW_BYTES} FROM outbox WHERE refresh = ? ORDER BY seq", (refresh,))
+            victims = []
+            for seq, method, path, row_bytes in cursor:
+                if rows <= self.max_rows and size <= self.max_bytes:
+                    break
+                victims.append(seq)
+                rows, size = rows - 1, size - row_bytes
+                label = f"{'refresh' if refresh else 'write'} {method} {_path_shape(path)}"
+                dropped[label] = dropped.get(label, 0) + 1
+                first, last = min(first or seq, seq), max(last or seq, seq)
+            self.db.executemany("DELETE FROM outbox WHERE seq = ?", [(seq,) for seq in victims])
+        what = ", ".join(f"{n} x {label}" for label, n in dropped.items())
+        log_line(self.state_dir, HOOK_LOG, f"outbox full (caps {self.max_rows} rows, {self.max_bytes} bytes): "
+                                           f"dropped {sum(dropped.values())} oldest writes, seq {first}..{last}: {what}")
+
+    def prune_sessions(self, *, older_than_s: float = SESSION_RETENTION_S, now: float | None = None) -> int:
+        """Delete the agent session states not touched for ``older_than_s`` seconds
+        (their turns' markers expired long ago, M2); returns how many. Its own
+        transaction."""
+        cutoff = (now if now is not None else time.time()) - older_than_s
+        with self.transaction():
+            return self.db.execute("DELETE FROM agent_sessions WHERE updated_at < ?", (cutoff,)).rowcount
 
     def enqueue(self, writes: list[dict], *, server: str | None = None, token: str | None = None) -> list[int]:
         """``append`` in its own transaction."""
@@ -214,6 +333,12 @@ class Outbox:
         for row in self.db.execute("SELECT seq, method, path, body, server, token, attempts FROM outbox ORDER BY seq"):
             result.append(Row(row[0], row[1], row[2], json.loads(row[3]) if row[3] else None, row[4], row[5], row[6]))
         return result
+
+
+def _path_shape(path: str) -> str:
+    """A path with its ids left out, for the drop log (``/api/sessions/*/marker/``)."""
+    parts = path.split("/")
+    return "/".join("*" if len(part) > 20 or ":" in part else part for part in parts)
 
 
 class _Immediate:

@@ -1,19 +1,21 @@
 """Input validation of the task API (SPEC H, K3): every body and query string through
-``config.strict``. What the API answers is rendered by ``tasks_app/shapes.py`` and
-described for OpenAPI by ``tasks_app/api/outputs.py``."""
+``core.strict``. What the API answers is rendered, and described for OpenAPI, by the
+shapes of ``tasks_app/shapes.py``."""
+import uuid
+
 from rest_framework import serializers
 
-from config.pagination import PageQuery
-from config.strict import QueryFloatField, StrictQuerySerializer, StrictSerializer
+from core.pagination import PageQuery
+from core.strict import QueryFloatField, StrictQuerySerializer, StrictSerializer
 from tasks_app.agent_facts import FactsError, clean_agent_facts
-from tasks_app.models import TaskState
+from tasks_app.models import IntegrationAction, IntegrationOutcome, TaskState
 from tasks_app.protocol import DEFAULT_MAX_RUNTIME_S, LONG_POLL_MAX_S
-from tasks_app.services.acceptance import folder_problem
+from tasks_app.services.folders import folder_problem
 
 PROMPT_MAX_BYTES = 64 * 1024
 SEARCH_MAX_CHARS = 200  # B11: the longest prompt search (?q=)
 INT32_MAX = 2**31 - 1  # what the database's integer columns hold
-RECEIPT_KINDS = ("starting", "running", "final", "unknown", "report")
+RECEIPT_KINDS = ("starting", "running", "final", "unknown", "report", "integrated")
 # J1: why the process ended, as the worker reports it.
 STOP_REASONS = ("exit", "cancel", "deadline", "renewal_refused", "max_runtime", "worker_shutdown", "worker_restart", "refused")
 
@@ -35,6 +37,7 @@ class TaskCreateSerializer(StrictSerializer):
     max_runtime_s = serializers.IntegerField(default=DEFAULT_MAX_RUNTIME_S, min_value=1, max_value=7 * 86400)
     exclusive = serializers.BooleanField(default=True)
     continue_task = serializers.UUIDField(required=False)  # G6
+    isolation = serializers.ChoiceField(["worktree", "none"], required=False)  # G7; absent: the profile's
 
     def validate_prompt(self, value):
         if "\x00" in value:
@@ -45,6 +48,12 @@ class TaskCreateSerializer(StrictSerializer):
 
     def validate_folder(self, value):
         return _valid_folder(value)
+
+
+class IntegrateSerializer(StrictSerializer):
+    """``POST /api/tasks/{id}/integrate/`` (G7)."""
+
+    action = serializers.ChoiceField(IntegrationAction.choices)
 
 
 class GrantCreateSerializer(StrictSerializer):
@@ -95,6 +104,9 @@ class MessagesQuery(StrictQuerySerializer):
 
 class LeaseGrantSerializer(StrictSerializer):
     operation_id = serializers.UUIDField()
+    approval_credential = serializers.BooleanField(
+        required=False, default=False,
+        help_text="Q5: the run asks its owner through approvals; the answer carries a fresh per-task credential")
 
 
 class LeaseRenewSerializer(StrictSerializer):
@@ -116,6 +128,8 @@ class ReceiptSerializer(StrictSerializer):
             _validate_final_facts(facts)
         if kind == "running":
             _validate_running_facts(facts)
+        if kind == "integrated":
+            _validate_integrated_facts(facts)
         if kind == "report":
             record = facts.get("record", "missing")
             if record == "missing" or not (record is None or isinstance(record, dict)):
@@ -154,6 +168,29 @@ def _validate_running_facts(facts: dict) -> None:
         raise serializers.ValidationError({"facts": ["pgid must be a positive integer"]})
     if facts.get("process_start_time") is not None and not _is_number(facts["process_start_time"]):
         raise serializers.ValidationError({"facts": ["process_start_time must be a number"]})
+
+
+def _validate_integrated_facts(facts: dict) -> None:
+    """G7 ``integrated`` facts: ``{integration_id, outcome, commit?, paths?, detail?}``."""
+    if set(facts) - {"integration_id", "outcome", "commit", "paths", "detail"}:
+        raise serializers.ValidationError({"facts": ["integrated facts are integration_id, outcome, commit, paths, detail"]})
+    try:
+        if not isinstance(facts.get("integration_id"), str):
+            raise ValueError
+        facts["integration_id"] = str(uuid.UUID(facts["integration_id"]))
+    except ValueError:
+        raise serializers.ValidationError({"facts": ["integration_id must be a UUID"]})
+    if facts.get("outcome") not in IntegrationOutcome.values:
+        raise serializers.ValidationError({"facts": [f"outcome must be one of {', '.join(IntegrationOutcome.values)}"]})
+    commit = facts.get("commit")
+    if commit is not None and not (isinstance(commit, str) and 4 <= len(commit) <= 64
+                                   and all(c in "0123456789abcdef" for c in commit)):
+        raise serializers.ValidationError({"facts": ["commit must be a commit id or null"]})
+    paths = facts.get("paths", [])
+    if not isinstance(paths, list) or len(paths) > 1000 or not all(isinstance(p, str) and len(p) <= 1024 for p in paths):
+        raise serializers.ValidationError({"facts": ["paths must be a list of at most 1000 paths"]})
+    if not isinstance(facts.get("detail", ""), str) or len(facts.get("detail", "")) > 2000:
+        raise serializers.ValidationError({"facts": ["detail must be a string of at most 2000 characters"]})
 
 
 def _validate_final_facts(facts: dict) -> None:

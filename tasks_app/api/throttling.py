@@ -1,6 +1,6 @@
 """The task API's rate limits (K3): acceptances per owner, machine calls per machine.
-Rates come from settings through ``config.throttling.SettingsRateThrottle``."""
-from config.throttling import SettingsRateThrottle
+Rates come from settings through ``core.throttling.SettingsRateThrottle``."""
+from core.throttling import SettingsRateThrottle
 from tasks_app.auth import request_machine
 
 

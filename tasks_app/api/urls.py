@@ -8,6 +8,8 @@ urlpatterns = [
     path("tasks/", v.TaskListCreate.as_view()),
     path("tasks/<uuid:task_id>/", v.TaskDetail.as_view()),
     path("tasks/<uuid:task_id>/cancel/", v.TaskCancel.as_view()),
+    path("tasks/<uuid:task_id>/entries/", g.TaskEntries.as_view()),
+    path("tasks/<uuid:task_id>/integrate/", v.TaskIntegrate.as_view()),
     path("budget/", v.BudgetView.as_view()),
     path("token/rotate/", v.OwnerTokenRotate.as_view()),
     path("machines/", v.MachineList.as_view()),

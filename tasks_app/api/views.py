@@ -1,6 +1,6 @@
 """Task API views: parse, authorise, call one service, render (SPEC H)."""
 from django.db import transaction
-from django.http import HttpResponse, JsonResponse
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
@@ -9,17 +9,29 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config import clock
-from config.schema import errors
-from config.pagination import PageQuery
-from config.strict import EmptyBody, NoQuery, valid_body, valid_query
-from tasks_app.api import outputs as o
+from core import clock
+from core.longpoll import WaitResponse
+from core.schema import errors, shape
+from core.pagination import PageQuery
+from core.strict import EmptyBody, NoQuery, valid_body, valid_query
 from tasks_app.api import serializers as s
 from tasks_app.api.throttling import OwnerAcceptRate
 from tasks_app.auth import IsMachine, request_machine
 from tasks_app.models import Budget, Grant, Machine, Task
-from tasks_app.services import acceptance, cancel, leases, messages, pairing, receipts, revocation
+from tasks_app.services import acceptance, cancel, idempotency, integration, leases, messages, pairing, receipts, revocation
 from tasks_app.shapes import (
+    AckShape,
+    BudgetShape,
+    GrantShape,
+    LeaseShape,
+    MachineShape,
+    MessagesShape,
+    PairingCodeShape,
+    ReceiptAnswerShape,
+    TaskDetailShape,
+    TaskShape,
+    TokenShape,
+    WorkerPairShape,
     actor_owner,
     budget_dict,
     grant_dict,
@@ -56,12 +68,12 @@ class TaskListCreate(generics.GenericAPIView):
         """Acceptances are rate-limited per owner (K3, ``RUNSTEAD_ACCEPT_RATE``); reads are not."""
         return [OwnerAcceptRate()] if self.request.method == "POST" else []
 
-    @extend_schema(operation_id="tasks_list", parameters=[s.TaskListQuery], responses={200: o.TaskOut(many=True), **errors()})
+    @extend_schema(operation_id="tasks_list", parameters=[s.TaskListQuery], responses={200: shape(TaskShape, many=True), **errors()})
     def get(self, request):
         """B11: newest first, ties broken by id; filters by state, machine and session, and
         ``q`` (prompt contains, case-insensitive); filters combine with AND."""
         params = valid_query(s.TaskListQuery, request)
-        tasks = Task.objects.filter(owner=request.user)
+        tasks = Task.objects.filter(owner=request.user).select_related("integration__decided_by")
         for name in ("state", "machine", "session"):
             if name in params:
                 tasks = tasks.filter(**{name: params[name]})
@@ -72,7 +84,7 @@ class TaskListCreate(generics.GenericAPIView):
 
     @extend_schema(
         request=s.TaskCreateSerializer,
-        responses={201: o.TaskOut, **errors(409, 413, 422, 429)},
+        responses={201: shape(TaskShape), **errors(409, 413, 422, 429)},
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key", str, OpenApiParameter.HEADER, required=True,
@@ -83,7 +95,7 @@ class TaskListCreate(generics.GenericAPIView):
     )
     def post(self, request):
         valid_query(NoQuery, request)
-        key = acceptance.parse_idempotency_key(request.headers.get("Idempotency-Key"))
+        key = idempotency.parse_idempotency_key(request.headers.get("Idempotency-Key"))
         data = valid_body(s.TaskCreateSerializer, request)
         stored = acceptance.task_accept(
             owner=request.user, key=key, raw_body=request.data, data=data,
@@ -94,7 +106,7 @@ class TaskListCreate(generics.GenericAPIView):
 
 
 class TaskDetail(APIView):
-    @extend_schema(request=None, responses={200: o.TaskDetailOut, **errors()})
+    @extend_schema(request=None, responses={200: shape(TaskDetailShape), **errors()})
     def get(self, request, task_id):
         valid_query(NoQuery, request)
         task = get_object_or_404(Task, pk=task_id, owner=request.user)
@@ -104,7 +116,7 @@ class TaskDetail(APIView):
 class TaskCancel(APIView):
     """J7."""
 
-    @extend_schema(request=EmptyBody, responses={200: o.TaskOut, **errors(409)})
+    @extend_schema(request=EmptyBody, responses={200: shape(TaskShape), **errors(409)})
     def post(self, request, task_id):
         _no_input(request)
         task = get_object_or_404(Task, pk=task_id, owner=request.user)
@@ -112,21 +124,40 @@ class TaskCancel(APIView):
         return Response(task_dict(task))
 
 
+class TaskIntegrate(APIView):
+    """G7: merge or discard a final worktree task's branch, once (Idempotency-Key, A1)."""
+
+    @extend_schema(
+        request=s.IntegrateSerializer, responses={202: shape(TaskShape), **errors(409, 422)},
+        parameters=[OpenApiParameter(
+            "Idempotency-Key", str, OpenApiParameter.HEADER, required=True,
+            description="1-255 printable ASCII; a replay returns the stored answer with Idempotent-Replayed: true")],
+    )
+    def post(self, request, task_id):
+        valid_query(NoQuery, request)
+        key = idempotency.parse_idempotency_key(request.headers.get("Idempotency-Key"))
+        data = valid_body(s.IntegrateSerializer, request)
+        stored = integration.task_integrate(owner=request.user, task_id=task_id, key=key, raw_body=request.data,
+                                            action=data["action"], now=clock.now())
+        headers = {"Idempotent-Replayed": "true"} if stored.replayed else {}
+        return _json(stored.status, stored.body, **headers)
+
+
 class OwnerTokenRotate(APIView):
     """``POST /api/token/rotate/``: replace the caller's API token (K1); the old one stops
     working at once. Returns ``{"token"}``."""
 
-    @extend_schema(request=EmptyBody, responses={201: o.TokenOut, **errors()})
+    @extend_schema(request=EmptyBody, responses={201: shape(TokenShape), **errors()})
     def post(self, request):
         _no_input(request)
         with transaction.atomic():
             Token.objects.filter(user=request.user).delete()
             token = Token.objects.create(user=request.user)
-        return Response({"token": token.key}, status=status.HTTP_201_CREATED)
+        return Response(TokenShape(token=token.key), status=status.HTTP_201_CREATED)
 
 
 class BudgetView(APIView):
-    @extend_schema(request=None, responses={200: o.BudgetOut, **errors()})
+    @extend_schema(request=None, responses={200: shape(BudgetShape), **errors()})
     def get(self, request):
         valid_query(NoQuery, request)
         budget = get_object_or_404(Budget, owner=request.user)
@@ -134,7 +165,7 @@ class BudgetView(APIView):
 
 
 class MachineList(generics.GenericAPIView):
-    @extend_schema(request=None, parameters=[PageQuery], responses={200: o.MachineOut(many=True), **errors()})
+    @extend_schema(request=None, parameters=[PageQuery], responses={200: shape(MachineShape, many=True), **errors()})
     def get(self, request):
         now = clock.now()
         page = self.paginate_queryset(Machine.objects.filter(owner=request.user))
@@ -144,7 +175,7 @@ class MachineList(generics.GenericAPIView):
 class MachineUnpair(APIView):
     """P1, P3."""
 
-    @extend_schema(request=EmptyBody, responses={200: o.MachineOut, **errors()})
+    @extend_schema(request=EmptyBody, responses={200: shape(MachineShape), **errors()})
     def post(self, request, machine_id):
         _no_input(request)
         machine = get_object_or_404(Machine, pk=machine_id, owner=request.user)
@@ -154,7 +185,7 @@ class MachineUnpair(APIView):
 
 
 class PairingCodeCreate(APIView):
-    @extend_schema(request=s.PairingCodeSerializer, responses={201: o.PairingCodeOut, **errors()})
+    @extend_schema(request=s.PairingCodeSerializer, responses={201: shape(PairingCodeShape), **errors()})
     def post(self, request):
         valid_query(NoQuery, request)
         data = valid_body(s.PairingCodeSerializer, request)
@@ -167,12 +198,12 @@ class PairingCodeCreate(APIView):
 class GrantListCreate(generics.GenericAPIView):
     serializer_class = s.GrantCreateSerializer
 
-    @extend_schema(request=None, parameters=[PageQuery], responses={200: o.GrantOut(many=True), **errors()})
+    @extend_schema(request=None, parameters=[PageQuery], responses={200: shape(GrantShape, many=True), **errors()})
     def get(self, request):
         page = self.paginate_queryset(Grant.objects.filter(owner=request.user))
         return self.get_paginated_response([grant_dict(g) for g in page])
 
-    @extend_schema(request=s.GrantCreateSerializer, responses={201: o.GrantOut, 200: o.GrantOut, **errors(409)})
+    @extend_schema(request=s.GrantCreateSerializer, responses={201: shape(GrantShape), 200: shape(GrantShape), **errors(409)})
     def post(self, request):
         valid_query(NoQuery, request)
         data = valid_body(s.GrantCreateSerializer, request)
@@ -183,7 +214,7 @@ class GrantListCreate(generics.GenericAPIView):
 
 
 class GrantRevoke(APIView):
-    @extend_schema(request=EmptyBody, responses={200: o.GrantOut, **errors()})
+    @extend_schema(request=EmptyBody, responses={200: shape(GrantShape), **errors()})
     def post(self, request, grant_id):
         _no_input(request)
         grant = get_object_or_404(Grant, pk=grant_id, owner=request.user)
@@ -211,7 +242,7 @@ class WorkerPair(APIView):
     permission_classes = [AllowAny]
     authentication_classes = []
 
-    @extend_schema(request=s.PairSerializer, responses={201: o.WorkerPairOut, **errors(429)})
+    @extend_schema(request=s.PairSerializer, responses={201: shape(WorkerPairShape), **errors(429)})
     def post(self, request):
         valid_query(NoQuery, request)
         data = valid_body(s.PairSerializer, request)
@@ -222,64 +253,45 @@ class WorkerPair(APIView):
         return Response(paired_dict(machine, token), status=status.HTTP_201_CREATED)
 
 
-class PendingPull(HttpResponse):
-    """What ``WorkerMessages`` answers to ``tasks_app.longpoll`` when the pull has to wait:
-    the machine and the seconds left; never sent to a client."""
-
-    def __init__(self, *, machine_id: str, wait_s: float):
-        super().__init__(status=204)
-        self.machine_id = machine_id
-        self.wait_s = wait_s
-
-
-def messages_response(pulled) -> JsonResponse:
-    """``messages_dict`` as a response, for ``tasks_app.longpoll``."""
-    return JsonResponse(messages_dict(pulled))
-
-
 class WorkerMessages(MachineView):
-    """Long-poll the outbox (W2, D1). Under daphne, ``tasks_app.longpoll`` runs this view
-    for the checks and the first take, then waits without a thread; elsewhere it waits here."""
+    """Long-poll the outbox (W2, W5, D1): answers with the service's wait, which the server
+    performs (``core.longpoll``)."""
 
-    @extend_schema(parameters=[s.MessagesQuery], responses={200: o.MessagesOut, **errors()})
+    @extend_schema(parameters=[s.MessagesQuery], responses={200: shape(MessagesShape), **errors()})
     def get(self, request):
         wait = valid_query(s.MessagesQuery, request)["wait"]
-        machine = request_machine(request)
-        if getattr(request._request, "runstead_async_pull", False):
-            taken = messages.messages_take(machine_id=machine.pk, now=clock.now(), new_pull=True)
-            if not taken and wait > 0:
-                return PendingPull(machine_id=str(machine.pk), wait_s=wait)
-            response = Response(messages_dict(taken))
-            response.runstead_machine, response.runstead_taken = machine.pk, [m.id for m in taken]
-            return response
-        return Response(messages_dict(messages.messages_pull(machine=machine, wait_s=wait)))
+        pull = messages.messages_wait(machine_id=request_machine(request).pk, wait_s=wait)
+        return WaitResponse(pull, render=messages_dict)
 
 
 class WorkerMessageAck(MachineView):
-    @extend_schema(request=EmptyBody, responses={200: o.AckOut, **errors()})
+    @extend_schema(request=EmptyBody, responses={200: shape(AckShape), **errors()})
     def post(self, request, message_id):
         _no_input(request)
         messages.message_ack(machine=request_machine(request), message_id=message_id, now=clock.now())
-        return Response({"acked": True})
+        return Response(AckShape(acked=True))
 
 
 class WorkerLeaseGrant(MachineView):
-    """L1, L2."""
+    """L1, L2; Q5: with ``approval_credential`` the answer's ``approval`` carries the
+    task's approval credential (a fresh one each answer; the earlier one stops working)."""
 
-    @extend_schema(request=s.LeaseGrantSerializer, responses={201: o.LeaseOut, 200: o.LeaseOut, **errors(409)})
+    @extend_schema(request=s.LeaseGrantSerializer, responses={201: shape(LeaseShape), 200: shape(LeaseShape), **errors(409)})
     def post(self, request):
         valid_query(NoQuery, request)
         data = valid_body(s.LeaseGrantSerializer, request)
-        lease, created = leases.lease_grant(
-            machine=request_machine(request), operation_id=data["operation_id"], now=clock.now()
+        lease, created, credential = leases.lease_grant_answer(
+            machine=request_machine(request), operation_id=data["operation_id"],
+            approval_credential=data["approval_credential"], now=clock.now(),
         )
-        return Response(lease_dict(lease), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return Response(lease_dict(lease, approval=credential),
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class WorkerLeaseRenew(MachineView):
     """L2, L5, L10."""
 
-    @extend_schema(request=s.LeaseRenewSerializer, responses={200: o.LeaseOut, **errors(409)})
+    @extend_schema(request=s.LeaseRenewSerializer, responses={200: shape(LeaseShape), **errors(409)})
     def post(self, request, lease_id):
         valid_query(NoQuery, request)
         data = valid_body(s.LeaseRenewSerializer, request)
@@ -292,7 +304,7 @@ class WorkerLeaseRenew(MachineView):
 class WorkerReceipts(MachineView):
     """R1-R3."""
 
-    @extend_schema(request=s.ReceiptSerializer, responses={200: o.ReceiptAnswerOut, **errors()})
+    @extend_schema(request=s.ReceiptSerializer, responses={200: shape(ReceiptAnswerShape), **errors()})
     def post(self, request):
         valid_query(NoQuery, request)
         data = valid_body(s.ReceiptSerializer, request)

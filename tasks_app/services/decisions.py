@@ -4,7 +4,7 @@ from datetime import datetime
 
 from django.db import transaction
 
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from tasks_app.models import MessageKind, Task, TaskState
 from tasks_app.services.locking import lock_budget
 from tasks_app.services.transitions import message_send, task_finalize, task_record

@@ -10,8 +10,9 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
-from config.errors import ApplicationError
+from core.errors import ApplicationError
 from tasks_app.models import FINAL_STATES, NEVER_LEASED_STATES, Budget, Grant, Lease, Machine, Task, TaskState
+from tasks_app.services.approvals import task_credential_issue
 from tasks_app.services.locking import for_key_share, lock_budget, retry_on_deadlock
 from tasks_app.services.transitions import (
     start_window_deadline,
@@ -26,7 +27,7 @@ from tasks_app.shapes import ACTOR_SERVICE, actor_machine
 
 class LeaseRefused(ApplicationError):
     """409 with an L5 reason (``revoked``, ``unpaired``, ``cancelled``, ``max_runtime``,
-    ``budget``, ``expired``) or an L1 reason (``final``, ``unknown``, ``start_window``)."""
+    ``budget``, ``expired``) or an L1 reason (``final``, ``unknown``, ``start_window``; ``queued``, G8)."""
 
     status_code = 409
 
@@ -74,6 +75,24 @@ def _standing_refusal(machine: Machine, task: Task) -> str | None:
     return None
 
 
+def lease_grant_answer(*, machine: Machine, operation_id, approval_credential: bool,
+                       now: datetime) -> tuple[Lease, bool, dict | None]:
+    """``POST /api/worker/leases/`` (L1, L2, Q5): ``lease_grant`` -> (lease, created,
+    approval). With ``approval_credential`` (a profile with ``approvals = "ask"``),
+    ``approval`` is ``{"credential": str, "wait_s": float}``: a fresh per-task approval
+    credential (``task_credential_issue``: only its digest is stored, and each answer
+    replaces the previous one, so a retried grant whose first answer was lost leaves
+    exactly one usable secret) and the service's ``approval_wait_s`` in seconds (the
+    hook's timeout goes above it). Else None. The credential travels only in this
+    answer: never in the start message (stored in the outbox and delivered again, W2),
+    never in a renewal."""
+    lease, created = lease_grant(machine=machine, operation_id=operation_id, now=now)
+    if not approval_credential:
+        return lease, created, None
+    credential = task_credential_issue(lease.task)
+    return lease, created, {"credential": credential, "wait_s": settings.RUNSTEAD_APPROVAL_WAIT_S}
+
+
 @retry_on_deadlock
 def lease_grant(*, machine: Machine, operation_id, now: datetime) -> tuple[Lease, bool]:
     """Grant the operation's lease (L1, L2), or return the live one again.
@@ -96,6 +115,8 @@ def lease_grant(*, machine: Machine, operation_id, now: datetime) -> tuple[Lease
             refusal = "final"
         elif task.state == TaskState.UNKNOWN:
             refusal = "unknown"
+        elif task.state == TaskState.QUEUED:
+            refusal = "queued"  # G8: no start before its turn (no start message was sent either)
         elif task.cancel_requested_at:
             refusal = "cancelled"  # J7: even while its lease is live
         elif lease is not None:
@@ -111,7 +132,7 @@ def lease_grant(*, machine: Machine, operation_id, now: datetime) -> tuple[Lease
                 refusal = "unpaired"  # granted under an earlier pairing (L2)
             else:
                 refusal = "expired"
-        elif task.created_at <= start_window_deadline(now):
+        elif (task.accepted_at or task.created_at) <= start_window_deadline(now):
             refusal = "start_window"
             task_finalize(
                 task,

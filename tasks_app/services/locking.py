@@ -1,6 +1,10 @@
 """Row locks and retries shared by the services (P1, P2).
 
 Lock order everywhere: idempotency key -> machine -> grant -> budget -> task -> lease.
+The per-machine folder-lock (``advisory_xact_lock("folder-lock:<machine>")``, A8) comes
+after the budget row: acceptance takes it there, and so does a queued follow-up's
+promotion (G8), which runs inside a final transition that holds the budget row and the
+followed task's row.
 On SQLite every transaction is ``BEGIN IMMEDIATE`` (settings), so writers serialize and
 the row-lock helpers below have nothing to add there.
 """

@@ -1,45 +1,47 @@
-"""The worker's outbox pull and acknowledgement (SPEC W2, D1, H)."""
+"""The worker's outbox pull and acknowledgement (SPEC W2, W5, D1, H)."""
 import logging
-import threading
-import time
+import random
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
-from config import clock
-from config.errors import ApplicationError
+from core import clock
+from core.errors import ApplicationError
+from core.waiting import Wait, notify
 from tasks_app.models import Machine, MessageKind, OutboxMessage, Task, TaskState
-from tasks_app.protocol import LONG_POLL_MAX_S
-from tasks_app.services.transitions import TransitionConflict, task_transition
-from tasks_app.wakeups import machine_notify
+from tasks_app.protocol import LONG_POLL_MAX_S, PULL_END_JITTER
+from tasks_app.services.transitions import TransitionConflict, outbox_key, task_transition
 
-POLL_SLICE_S = 0.2
 BATCH = 20
 
 log = logging.getLogger("runstead.messages")
 
 
-# Set when the server begins to stop (config/server_hooks.py): waiting pulls return.
-server_stopping = threading.Event()
+def messages_wait(*, machine_id, wait_s: float) -> Wait:
+    """The worker's long-poll ``GET /api/worker/messages/?wait=S`` as a ``core.waiting.Wait``
+    on ``outbox_key(machine_id)``, for ``take_or_wait`` (ASGI) or ``take_or_wait_sync``
+    (WSGI); its result is a list of ``OutboxMessage`` (empty after ``wait_s`` seconds,
+    at most ``LONG_POLL_MAX_S``, 25, less a random share of up to ``PULL_END_JITTER``
+    so that pulls begun together end apart). The first take also takes the machine's delivered
+    but unacknowledged messages, and the wait is exclusive: a new pull means the
+    previous connection is gone (one poller per machine, W5, D1). Woken after the commit
+    that makes a message visible (``transitions.message_send``, ``messages_release``);
+    the safety re-check is ``outbox_ready``; what a pull took for a client that went away
+    is released (``messages_release``)."""
 
+    def take(first: bool) -> list[OutboxMessage]:
+        return messages_take(machine_id=machine_id, now=clock.now(), new_pull=first)
 
-def messages_pull(*, machine: Machine, wait_s: float) -> list[OutboxMessage]:
-    """Long-poll in the calling thread (WSGI, the test client) for up to ``wait_s``
-    seconds (at most ``LONG_POLL_MAX_S``, 25): first the machine's delivered but unacknowledged messages (a new pull
-    means the previous connection is gone, D1), then visible ones, polling every
-    POLL_SLICE_S without holding a transaction; returns early (empty) when the server
-    stops. Under daphne, ``tasks_app.longpoll`` waits without a thread instead. Each
-    returned message becomes invisible for RUNSTEAD_MESSAGE_VISIBILITY_S seconds and is
-    delivered again if not acknowledged by then (W2)."""
-    deadline = time.monotonic() + max(0.0, min(wait_s, LONG_POLL_MAX_S))
-    new_pull = True
-    while True:
-        claimed = messages_take(machine_id=machine.pk, now=clock.now(), new_pull=new_pull)
-        new_pull = False
-        if claimed or time.monotonic() >= deadline or server_stopping.wait(POLL_SLICE_S):
-            return claimed
+    def release(taken: list[OutboxMessage]) -> None:
+        messages_release(machine_id=machine_id, message_ids=[m.id for m in taken])
+
+    return Wait(
+        key=outbox_key(machine_id), take=take,
+        timeout_s=min(wait_s, LONG_POLL_MAX_S) * (1 - PULL_END_JITTER * random.random()),
+        exclusive=True, ready=outbox_ready, release=release,
+    )
 
 
 def messages_take(*, machine_id, now: datetime, new_pull: bool) -> list[OutboxMessage]:
@@ -73,19 +75,21 @@ def messages_release(*, machine_id, message_ids, now: datetime | None = None) ->
         visible_at=now
     )
     if released:
-        machine_notify(machine_id)
+        notify(outbox_key(machine_id))
     return released
 
 
-def machines_with_visible_messages(machine_ids) -> set[str]:
-    """Of ``machine_ids``, those with a visible unacknowledged message now: the long-poll's
-    one safety re-check for all waiting pulls of a process (D1). One query per 500 ids."""
+def outbox_ready(keys: list[str]) -> set[str]:
+    """Of ``keys`` (``outbox_key`` of machines), those whose machine has a visible
+    unacknowledged message now: the long-poll's one safety re-check for all waiting
+    pulls of an event loop (D1). One query per 500 machines."""
+    by_id = {key.removeprefix(outbox_key("")): key for key in keys}
+    ids = list(by_id)
     now = clock.now()
-    ids = list(machine_ids)
     found = set()
     for start in range(0, len(ids), 500):
         found.update(
-            str(m)
+            by_id[str(m)]
             for m in OutboxMessage.objects.filter(
                 machine_id__in=ids[start : start + 500], acked_at__isnull=True, visible_at__lte=now
             ).values_list("machine_id", flat=True).distinct()

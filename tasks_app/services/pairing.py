@@ -6,8 +6,8 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
-from config.errors import ApplicationError
-from config.broadcast import broadcast
+from core.errors import ApplicationError
+from core.broadcast import broadcast
 from tasks_app.auth import token_digest
 from tasks_app.models import Machine, PairingAttempt, PairingCode
 from tasks_app.shapes import machine_event, machine_is_offline

@@ -12,10 +12,11 @@ MAX_PROFILES = 100
 
 
 def machine_profiles_report(*, machine: Machine, profiles: list[dict], now: datetime) -> Machine:
-    """Store ``profiles`` (``[{"name": str, "preset": str | None}]``, sorted by name) on
-    the machine. A change bumps ``version`` and publishes the machine after commit (B2);
+    """Store ``profiles`` (``[{"name": str, "preset": str | None, "isolation": "none" |
+    "worktree"}]``, sorted by name; G7: acceptance reads ``isolation``) on the machine. A change bumps ``version`` and publishes the machine after commit (B2);
     the same list again changes nothing. Returns the machine as stored."""
-    cleaned = sorted(({"name": p["name"], "preset": p.get("preset")} for p in profiles), key=lambda p: p["name"])
+    cleaned = sorted(({"name": p["name"], "preset": p.get("preset"), "isolation": p.get("isolation") or "none"}
+                      for p in profiles), key=lambda p: p["name"])
     with transaction.atomic():
         row = Machine.objects.select_for_update().get(pk=machine.pk)
         if row.profiles == cleaned:

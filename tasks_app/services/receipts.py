@@ -8,19 +8,22 @@ from datetime import datetime
 from django.db import transaction
 from rest_framework.renderers import JSONRenderer
 
+from core.errors import ErrorShape
 from tasks_app.agent_facts import clean_agent_facts
 from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Lease, Machine, Receipt, Task, TaskState
+from tasks_app.services.integration import integration_apply
 from tasks_app.services.judging import RELEASE, judge
 from tasks_app.services.locking import lock_budget, retry_on_deadlock
+from tasks_app.services.progress import transcript_append
 from tasks_app.services.transitions import task_finalize, task_publish, task_record, task_transition
 from tasks_app.protocol import OUTPUT_TAIL_MAX_CHARS
-from tasks_app.shapes import actor_machine
+from tasks_app.shapes import ReceiptAnswerShape, actor_machine
 
-APPLIED = {"outcome": "applied"}
+APPLIED: ReceiptAnswerShape = {"outcome": "applied"}
 SURVIVOR_KEEP_LIMIT = 50
 
 
-def not_applied(reason: str) -> dict:
+def not_applied(reason: str) -> ReceiptAnswerShape:
     return {"outcome": "not_applied", "reason": reason}
 
 
@@ -42,7 +45,7 @@ def receipt_apply(*, machine: Machine, receipt: dict, now: datetime) -> tuple[in
         if task is None:
             # Not stored: a refusal changes nothing (K3), and the answer is the same
             # bytes on every delivery anyway (R1).
-            return 404, JSONRenderer().render({"error": "not_found", "detail": "no such operation for this machine"}).decode()
+            return 404, JSONRenderer().render(ErrorShape(error="not_found", detail="no such operation for this machine")).decode()
         if receipt["generation"] < current.generation:
             task_record(task, reason=f"{receipt['kind']} receipt of old generation {receipt['generation']}", actor=actor_machine(machine), now=now)
             status, answer = 200, not_applied("old_generation")  # R2
@@ -67,10 +70,15 @@ def _apply(task: Task, *, machine: Machine, receipt: dict, now: datetime) -> dic
     lock_budget(task.owner_id)
     task = Task.objects.select_for_update().get(pk=task.pk)
     kind, facts, actor = receipt["kind"], receipt["facts"], actor_machine(machine)
+    if kind == "integrated":  # G7: the outcome of a final task's merge or discard
+        return integration_apply(task, facts, actor=actor, now=now)
     if task.state in FINAL_STATES:
         # Evidence of a final task stays as it was settled (reordered or late receipts).
         task_record(task, reason=f"{kind} receipt after final state", actor=actor, now=now)
         return not_applied("final")
+    if task.state == TaskState.QUEUED:  # G8: nothing was sent to run yet
+        task_record(task, reason=f"{kind} receipt while queued", actor=actor, now=now)
+        return not_applied("state")
     if receipt.get("slept_s") is not None:
         Task.objects.filter(pk=task.pk).update(slept_s=receipt["slept_s"])
         task.slept_s = receipt["slept_s"]
@@ -112,9 +120,11 @@ def _apply_running(task: Task, facts: dict, *, actor: str, now: datetime) -> dic
     return APPLIED
 
 
-def _agent_fields(facts: dict) -> dict:
-    """G3/G5 facts as task fields (validated at the API; bounded here)."""
+def _agent_fields(task: Task, facts: dict) -> dict:
+    """G3/G5 facts as task fields (validated at the API; bounded here); G4's last
+    transcript entries go to the transcript."""
     agent = clean_agent_facts(facts)
+    transcript_append(task, agent["entries"])
     return {"agent_result": agent["agent_result"], "usage": agent["usage"],
             "agent_session_id": agent["agent_session_id"] or "", "evidence": agent["evidence"]}
 
@@ -131,8 +141,8 @@ def _apply_final(task: Task, facts: dict, *, actor: str, now: datetime, via: str
         "runtime_s": facts.get("runtime_s"),
         "survivors": survivors,
         "output_tail": (facts.get("output_tail") or task.output_tail or "")[-OUTPUT_TAIL_MAX_CHARS:],
-        "facts": facts,
-        **_agent_fields(facts),
+        "facts": {k: v for k, v in facts.items() if k != "entries"},  # the transcript keeps those
+        **_agent_fields(task, facts),
     }
     Lease.objects.filter(task=task, ended_at__isnull=True).update(ended_at=now, end_reason="final")
     if verdict.state is None:  # J6 row 2: stays (or becomes) unknown, budget kept

@@ -5,12 +5,13 @@ changes them by compare-and-set, so two sweepers never process a row twice. Corr
 never depends on the sweep: lease checks compare ``expires_at`` themselves (L6).
 
 The pass that runs them with the session steps (S7), its loop and ``manage.py sweep``
-live in ``sessions_app/sweep.py``, the layer that sees both apps.
+live in ``board/sweep.py``, the layer that sees both apps.
 """
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 
 from tasks_app.models import NEVER_LEASED_STATES, IdempotencyRecord, Lease, Task, TaskState
 from tasks_app.services.leases import lease_expire
@@ -40,12 +41,13 @@ def expire_leases(*, now: datetime) -> int:
 
 
 def expire_start_windows(*, now: datetime) -> int:
-    """J5: tasks with no lease within the start window become ``not_started`` with a full
-    release; the grant decides by the same compare-and-set, so exactly one wins."""
+    """J5: tasks with no lease within the start window (from ``accepted_at``) become
+    ``not_started`` with a full release; the grant decides by the same compare-and-set, so exactly one wins."""
     done = 0
     deadline = start_window_deadline(now)
-    # Uses the index task_state_created.
-    for task_id, owner_id in Task.objects.filter(state__in=NEVER_LEASED_STATES, created_at__lte=deadline).values_list(
+    # Uses the index task_state_accepted (a promoted follow-up's window opens at its
+    # promotion, G8).
+    for task_id, owner_id in Task.objects.filter(state__in=NEVER_LEASED_STATES, accepted_at__lte=deadline).values_list(
         "id", "owner_id"
     )[:BATCH]:
         with transaction.atomic():
@@ -66,16 +68,18 @@ def expire_start_windows(*, now: datetime) -> int:
 
 def cleanup_idempotency_records(*, now: datetime) -> int:
     """A7: delete idempotency records whose operation has been final for longer than
-    RUNSTEAD_IDEMPOTENCY_RETENTION_S. A plain DELETE: two processes at once delete each
-    row once."""
+    RUNSTEAD_IDEMPOTENCY_RETENTION_S, and records tied to no task (a session approval's
+    decision, Q2: final when written) older than that. A plain DELETE: two processes at
+    once delete each row once."""
     cutoff = now - timedelta(seconds=settings.RUNSTEAD_IDEMPOTENCY_RETENTION_S)
-    deleted, _ = IdempotencyRecord.objects.filter(task__final_at__lt=cutoff).delete()
+    expired = Q(task__final_at__lt=cutoff) | Q(task__isnull=True, created_at__lt=cutoff)
+    deleted, _ = IdempotencyRecord.objects.filter(expired).delete()
     return deleted
 
 
 def tasks_sweep(*, now: datetime) -> dict:
     """The task steps of one sweep pass, in order; returns how much each found (a step
-    that finds nothing costs one indexed query). ``sessions_app.sweep`` composes them
+    that finds nothing costs one indexed query). ``board.sweep`` composes them
     with the session steps."""
     return {
         "leases_expired": expire_leases(now=now),

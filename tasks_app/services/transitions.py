@@ -11,19 +11,22 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db.models import F
 
-from config.broadcast import broadcast
+from core.broadcast import broadcast
+from core.waiting import notify_after_commit
 from tasks_app.models import (
     FINAL_STATES,
     Budget,
+    Grant,
+    Machine,
     MessageKind,
     OutboxMessage,
     Task,
     TaskEvent,
     TaskState,
 )
+from tasks_app.services.folders import folder_lock_holder
 from tasks_app.shapes import task_event
 from tasks_app.signals import task_changed
-from tasks_app.wakeups import machine_notify_after_commit
 
 
 class TransitionConflict(Exception):
@@ -38,9 +41,16 @@ def task_record(task: Task, *, reason: str, actor: str, now: datetime) -> None:
 
 
 def task_created(task: Task, *, actor: str, now: datetime) -> None:
-    """History and broadcast of a newly accepted task (its first state, ``accepted``)."""
-    TaskEvent.objects.create(task=task, old_state="", new_state=task.state, reason="accepted", actor=actor, at=now)
-    message_send(task, kind=MessageKind.START, now=now)
+    """History and broadcast of a newly accepted task: its first state, ``accepted``
+    with its ``start`` message, or ``queued`` behind the task it follows (G8: no message
+    until its turn)."""
+    if task.state == TaskState.QUEUED:
+        reason = f"queued behind {task.queued_behind_id} (G8)"
+    else:
+        reason = "accepted"
+    TaskEvent.objects.create(task=task, old_state="", new_state=task.state, reason=reason, actor=actor, at=now)
+    if task.state != TaskState.QUEUED:
+        message_send(task, kind=MessageKind.START, now=now)
     task_changed.send(sender=Task, task=task, now=now)
     _announce(task)
 
@@ -70,6 +80,7 @@ def task_transition(
     updates = {"state": to, "updated_at": now, "version": F("version") + 1, **fields}
     if to in FINAL_STATES:
         updates["final_at"] = now
+        updates["attention"] = ""  # Q5: its pending approvals are withdrawn (sessions_app.receivers)
     changed = Task.objects.filter(pk=task.pk, state__in=from_states).update(**updates)
     if changed != 1:
         raise TransitionConflict(f"task {task.pk} is not in {sorted(from_states)}")
@@ -93,11 +104,14 @@ def task_finalize(
     actor: str,
     now: datetime,
     keep_lock: bool = False,
+    settle_followers: bool = True,
     **fields,
 ) -> Task:
     """Move a task to a final state and settle its budget (J4): ``charge_s`` (capped at the
     reservation, 0 = full release) is spent and the rest of the reservation released; the
-    folder lock is released unless ``keep_lock`` (survivors, L8).
+    folder lock is released unless ``keep_lock`` (survivors, L8). Then, in the same
+    transaction, the follow-up queued behind it gets its turn (G8, ``followers_settle``;
+    ``settle_followers=False`` only for the ends of a chain, which settle it themselves).
 
     Lock order P2: the budget row is locked before the task row is written.
     """
@@ -118,7 +132,115 @@ def task_finalize(
     Budget.objects.filter(pk=budget.pk).update(
         reserved_s=F("reserved_s") - task.reserved_s, spent_s=F("spent_s") + charge
     )
+    if settle_followers:
+        followers_settle(task, actor=actor, now=now)
     return task
+
+
+# --- G8: queued follow-ups --------------------------------------------------------------
+
+RESUME_UNAVAILABLE = "resume_unavailable"
+
+
+def queued_follower(task: Task) -> Task | None:
+    """The follow-up queued behind ``task`` (G8), locked ``FOR UPDATE``, or None."""
+    return (Task.objects.select_for_update(of=("self",)).select_related("continued_from", "grant")
+            .filter(queued_behind=task, state=TaskState.QUEUED).order_by("created_at", "pk").first())
+
+
+def followers_settle(task: Task, *, actor: str, now: datetime) -> None:
+    """G8, when ``task`` has just become final: its queued follow-up is cancelled with
+    its chain when ``task`` was cancelled; refused with its chain (``not_started``,
+    ``refused_reason: resume_unavailable``) when ``task`` has no agent session id to
+    resume; else promoted (``task_promote``). An ``unknown`` task is not final: its
+    follow-ups stay queued."""
+    follower = queued_follower(task)
+    if follower is None:
+        return
+    if task.state == TaskState.CANCELLED:
+        queue_end(follower, to=TaskState.CANCELLED, reason=f"the task it follows ({task.pk}) was cancelled",
+                  actor=actor, now=now)
+    elif not task.agent_session_id:
+        queue_end(follower, to=TaskState.NOT_STARTED, code=RESUME_UNAVAILABLE,
+                  reason=f"the task it follows ({task.pk}) ended without an agent session id to resume",
+                  actor=actor, now=now)
+    else:
+        task_promote(follower, actor=actor, now=now)
+
+
+def followers_cancel(task: Task, *, actor: str, now: datetime) -> int:
+    """J7, G8: cancel the follow-ups queued behind ``task`` (its whole chain) at once.
+    Returns how many were cancelled."""
+    follower = queued_follower(task)
+    if follower is None:
+        return 0
+    return queue_end(follower, to=TaskState.CANCELLED, reason=f"the task it follows ({task.pk}) was cancelled",
+                     actor=actor, now=now)
+
+
+def queue_end(first: Task, *, to: str, reason: str, actor: str, now: datetime, code: str = "") -> int:
+    """End the queued task ``first`` and every follow-up queued behind it, in order, as
+    ``to`` (``cancelled`` or ``not_started`` with H's ``refused_reason`` ``code``). A
+    queued task holds no budget and no lock, so nothing is released. Returns how many."""
+    done, task = 0, first
+    while task is not None:
+        fields = {"state_reason": f"{code}: {reason}" if code else reason}
+        if code:
+            fields["facts"] = {"process_started": False, "refused_reason": code}
+        task_finalize(task, from_states=[TaskState.QUEUED], to=to, charge_s=0, reason=reason, actor=actor, now=now,
+                      settle_followers=False, **fields)
+        done += 1
+        task = queued_follower(task)
+    return done
+
+
+def budget_reserve(budget: Budget | None, seconds: float) -> bool:
+    """A5: reserve ``seconds`` of the owner's budget row ``budget`` (locked FOR UPDATE by
+    the caller), or return False, changing nothing, when fewer are left (or no row)."""
+    if budget is None or budget.limit_s - budget.reserved_s - budget.spent_s < seconds:
+        return False
+    Budget.objects.filter(pk=budget.pk).update(reserved_s=F("reserved_s") + seconds)
+    return True
+
+
+def task_promote(task: Task, *, actor: str, now: datetime) -> Task:
+    """G8: the queued ``task``'s turn has come (the task it follows is final, with an
+    agent session id). A5-A8 apply now as at acceptance: the machine still paired, the
+    grant not revoked, the folder lock (unless a worktree task) and the budget; then
+    ``queued -> accepted`` with the reservation, the lock and its ``start`` message
+    (which carries the followed task's agent session id as it is now, G6), and its J5
+    start window opens (``accepted_at``). A refusal ends it ``not_started`` with the
+    A6 code as its reason, and the follow-ups behind it ``resume_unavailable``.
+
+    The caller holds the owner's budget row and the followed task's row (P2)."""
+    refusal = None
+    holds_lock = task.exclusive and task.isolation != "worktree"
+    budget = Budget.objects.select_for_update().filter(owner_id=task.owner_id).first()
+    if not Machine.objects.filter(pk=task.machine_id, paired=True).exists():
+        refusal = ("machine_unpaired", "the machine is not paired")
+    elif not Grant.objects.filter(pk=task.grant_id, revoked_at__isnull=True).exists():
+        refusal = ("folder_not_granted", "the grant for its folder was revoked")
+    elif holds_lock and (holder := folder_lock_holder(task.machine_id, task.folder)) is not None:
+        refusal = ("folder_locked", f"task {holder.pk} holds its folder, an ancestor or a descendant")
+    elif not budget_reserve(budget, float(task.max_runtime_s)):
+        refusal = ("budget_exhausted", "not enough budget left for max_runtime_s")
+    if refusal is not None:
+        code, detail = refusal
+        return task_finalize(task, from_states=[TaskState.QUEUED], to=TaskState.NOT_STARTED, charge_s=0,
+                             reason=f"refused when its turn came: {code} ({detail})", actor=actor, now=now,
+                             state_reason=f"{code}: {detail}", facts={"process_started": False, "refused_reason": code})
+    reserve = float(task.max_runtime_s)
+    task = task_transition(task, from_states=[TaskState.QUEUED], to=TaskState.ACCEPTED,
+                           reason=f"its turn: {task.queued_behind_id} is final (G8)", actor=actor, now=now,
+                           reserved_s=reserve, holds_lock=holds_lock, accepted_at=now)
+    message_send(task, kind=MessageKind.START, now=now)
+    return task
+
+
+def outbox_key(machine_id) -> str:
+    """The ``core.waiting`` key of a machine's outbox: its long-poll waits on it, and
+    whatever makes one of its messages visible notifies it (D1)."""
+    return f"machine.{machine_id}"
 
 
 def message_send(task: Task, *, kind: str, now: datetime, **extra) -> OutboxMessage:
@@ -135,18 +257,22 @@ def message_send(task: Task, *, kind: str, now: datetime, **extra) -> OutboxMess
             max_runtime_s=task.max_runtime_s,
             session_id=str(task.session_id) if task.session_id else None,
             deep_research=task.deep_research,
+            isolation=task.isolation,  # G7: what acceptance decided (and locked by)
         )
         if task.continued_from_id:  # G6: the agent session this follow-up continues
             payload["agent_session_id"] = task.continued_from.agent_session_id
+            if task.branch_of_id:  # G7, G8: in the worktree of the task it follows
+                payload["worktree_of"] = str(task.continued_from.operation.id)
     message = OutboxMessage.objects.create(
         machine_id=task.machine_id, operation=operation, kind=kind, payload=payload, created_at=now, visible_at=now
     )
-    machine_notify_after_commit(task.machine_id)  # D1: wake the machine's waiting pull
+    notify_after_commit(outbox_key(task.machine_id))  # D1: wake the machine's waiting pull
     return message
 
 
 def start_window_deadline(now: datetime) -> datetime:
-    """Tasks created before this instant without a lease are past their start window (J5)."""
+    """Tasks accepted (``accepted_at``) before this instant without a lease are past their
+    start window (J5)."""
     return now - timedelta(seconds=settings.RUNSTEAD_START_WINDOW_S)
 
 

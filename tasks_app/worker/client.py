@@ -12,39 +12,18 @@ gets a ``connect()`` factory and opens one ``Service`` per thread.
 from __future__ import annotations
 
 import json
-import random
 from dataclasses import dataclass
 from typing import Protocol
 from collections.abc import Callable
 
 import httpx
 
-from tasks_app.protocol import LONG_POLL_MAX_S
+from tasks_app.protocol import LONG_POLL_MAX_S, PULL_IDLE_TIMEOUT_S
 
-BACKOFF_BASE_S = 1.0
-BACKOFF_CAP_S = 60.0
+BACKOFF_BASE_S = 1.0  # the first retry waits 0.5-1 s (R4; ``tasks_app.protocol.Backoff``)
 REQUEST_TIMEOUT_S = 10.0
 PROGRESS_TIMEOUT_S = 5.0  # G4: a stuck progress call gives up; the next replaces it
-POLL_SLACK_S = 10.0  # a long-poll's HTTP timeout is its wait plus this
 MAX_POLL_WAIT_S = float(LONG_POLL_MAX_S)  # the service's long-poll maximum (H)
-
-
-class Backoff:
-    """Exponential backoff with jitter, capped (R4), in seconds.
-
-    Attempt n waits a random time in ``[d/2, d]`` with ``d = min(cap, base * 2**n)``
-    ("equal jitter"): never more than ``cap``, never less than the previous attempt's
-    lower bound, so waits grow until they reach the cap.
-    """
-
-    def __init__(self, base_s: float = BACKOFF_BASE_S, cap_s: float = BACKOFF_CAP_S, rng=random.random):
-        self.base_s = base_s
-        self.cap_s = cap_s
-        self.rng = rng
-
-    def delay(self, attempt: int) -> float:
-        d = min(self.cap_s, self.base_s * (2 ** min(attempt, 62)))
-        return d / 2 + self.rng() * d / 2
 
 
 @dataclass
@@ -83,7 +62,8 @@ class ServiceClient:
     def close(self) -> None:
         self.http.close()
 
-    def request(self, method: str, path: str, body: dict | None = None, timeout_s: float | None = None) -> Answer:
+    def request(self, method: str, path: str, body: dict | None = None,
+                timeout_s: float | httpx.Timeout | None = None) -> Answer:
         kwargs = {}
         if body is not None:
             kwargs["content"] = json.dumps(body).encode()
@@ -112,8 +92,9 @@ class Service(Protocol):
     def ack(self, message_id: str) -> Answer:
         """``POST /api/worker/messages/{id}/ack/`` (idempotent, W2)."""
 
-    def lease_grant(self, operation_id: str) -> Answer:
-        """``POST /api/worker/leases/`` -> 201/200 lease terms, 409 ``{"error": reason}`` (L1)."""
+    def lease_grant(self, operation_id: str, *, approval_credential: bool = False) -> Answer:
+        """``POST /api/worker/leases/`` -> 201/200 lease terms, 409 ``{"error": reason}`` (L1);
+        with ``approval_credential`` (Q5) the terms carry ``approval: {credential, wait_s}``."""
 
     def lease_renew(self, lease_id: str, *, output_tail: str, timeout_s: float) -> Answer:
         """``POST /api/worker/leases/{id}/renew/`` -> lease terms, 409 refusal (L2, L5, L10)."""
@@ -133,20 +114,28 @@ Connect = Callable[[], Service]
 
 
 class HttpService:
-    """``Service`` over HTTP: one httpx client, so one instance per thread."""
+    """``Service`` over HTTP: one httpx client, so one instance per thread. A pull gives
+    up after ``pull_idle_s`` seconds without a byte (the service sends a space every
+    ``LONG_POLL_KEEPALIVE_S`` while it waits): a half-open connection costs that, not the
+    whole wait (D1)."""
 
-    def __init__(self, server: str, token: str | None, timeout_s: float = REQUEST_TIMEOUT_S):
+    def __init__(self, server: str, token: str | None, timeout_s: float = REQUEST_TIMEOUT_S,
+                 pull_idle_s: float = PULL_IDLE_TIMEOUT_S):
         self.client = ServiceClient(server, token, timeout_s=timeout_s)
+        self.pull_timeout = httpx.Timeout(timeout_s, read=pull_idle_s)
 
     def pull(self, wait_s: float) -> Answer:
         wait = max(0.0, min(MAX_POLL_WAIT_S, wait_s))
-        return self.client.request("GET", f"/api/worker/messages/?wait={wait:g}", timeout_s=wait + POLL_SLACK_S)
+        return self.client.request("GET", f"/api/worker/messages/?wait={wait:g}", timeout_s=self.pull_timeout)
 
     def ack(self, message_id: str) -> Answer:
         return self.client.request("POST", f"/api/worker/messages/{message_id}/ack/", {})
 
-    def lease_grant(self, operation_id: str) -> Answer:
-        return self.client.request("POST", "/api/worker/leases/", {"operation_id": operation_id})
+    def lease_grant(self, operation_id: str, *, approval_credential: bool = False) -> Answer:
+        body = {"operation_id": operation_id}
+        if approval_credential:
+            body["approval_credential"] = True
+        return self.client.request("POST", "/api/worker/leases/", body)
 
     def lease_renew(self, lease_id: str, *, output_tail: str, timeout_s: float) -> Answer:
         return self.client.request("POST", f"/api/worker/leases/{lease_id}/renew/", {"output_tail": output_tail},
@@ -162,9 +151,9 @@ class HttpService:
         self.client.close()
 
 
-def http_connect(server: str, token: str | None) -> Connect:
+def http_connect(server: str, token: str | None, pull_idle_s: float = PULL_IDLE_TIMEOUT_S) -> Connect:
     """A ``connect()`` factory for a real service at ``server``."""
-    return lambda: HttpService(server, token)
+    return lambda: HttpService(server, token, pull_idle_s=pull_idle_s)
 
 
 def pair(server: str, code: str, name: str) -> Answer:

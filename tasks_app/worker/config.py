@@ -10,6 +10,8 @@ TOML file::
     preset = "claude"                      # G1: argv, parser, resume from tasks_app.worker.presets
     extra_args = ["--permission-mode", "acceptEdits"]
     binary = "/opt/homebrew/bin/claude"    # optional; default: looked up on PATH at start
+    isolation = "worktree"                 # G7: each task on its own branch (a task's "isolation" wins)
+    approvals = "ask"                      # Q5: what would prompt asks the owner (default "off": denied)
 
     [profiles.script]
     argv = ["/usr/bin/python3", "job.py", "{prompt}"]   # "{prompt}" -> the prompt as ONE argument
@@ -27,6 +29,7 @@ import shutil
 import tomllib
 from dataclasses import dataclass, field
 
+from .approvals import APPROVALS
 from .parsers import PARSERS
 from .presets import PRESETS, PROMPT_VIA, expand
 
@@ -37,7 +40,8 @@ class ConfigError(Exception):
     pass
 
 
-PROFILE_KEYS = {"preset", "argv", "env", "binary", "extra_args", "prompt_via", "parser"}
+PROFILE_KEYS = {"preset", "argv", "env", "binary", "extra_args", "prompt_via", "parser", "isolation", "approvals"}
+ISOLATIONS = ("none", "worktree")  # G7
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,10 @@ class Profile:
     on PATH when a task starts, or an absolute path; ``resume`` the preset's resume
     elements (None: the profile refuses follow-ups with ``resume_unsupported``, G6).
     ``from_preset`` says whether ``argv`` is the preset's own (placeholders inside
-    elements allowed) or the profile's (whole elements only, O4).
+    elements allowed) or the profile's (whole elements only, O4). ``record`` and
+    ``tested_version`` come from the preset (``presets.Preset``). ``approvals``
+    (Q5): ``"ask"`` runs each task with the owner answering what would prompt
+    (``tasks_app.worker.approvals``), ``"off"`` leaves it to the CLI (headless: denied).
     """
 
     name: str
@@ -61,6 +68,10 @@ class Profile:
     parser: str = "text"
     resume: tuple[str, ...] | None = None
     from_preset: bool = False
+    isolation: str = "none"
+    record: str | None = None
+    tested_version: str | None = None
+    approvals: str = "off"
 
     @property
     def executable(self) -> str:
@@ -78,20 +89,28 @@ class Profile:
         return shutil.which(exe, path=path)
 
     def command(self, *, prompt: str, folder: str, agent_session_id: str | None = None,
-                binary: str | None = None) -> list[str]:
+                binary: str | None = None, op_dir: str | None = None, after_binary: tuple[str, ...] = ()) -> list[str]:
         """The argv to execute (W4, K4): no shell ever sees it; the prompt is one element
         (or, with ``prompt_via = "stdin"``, on stdin). ``binary`` (a resolved path) replaces
-        the ``{binary}`` element. Raises ``presets.ResumeUnsupported`` for a follow-up on a
-        profile that cannot resume (G6)."""
+        the ``{binary}`` element, followed by ``after_binary`` (Q5's ``--settings``);
+        ``{record}`` becomes ``record_path(op_dir)``. Raises
+        ``presets.ResumeUnsupported`` for a follow-up on a profile that cannot resume (G6)."""
         return expand(self.argv, binary=binary or self.executable, prompt=prompt, folder=folder,
                       prompt_via=self.prompt_via, extra_args=self.extra_args, resume=self.resume,
-                      agent_session_id=agent_session_id, inline=self.from_preset)
+                      agent_session_id=agent_session_id, inline=self.from_preset,
+                      record=self.record_path(op_dir) or "{record}", after_binary=after_binary)
+
+    def record_path(self, op_dir: str | None) -> str | None:
+        """Where the agent writes its run record (the preset's ``record``) for an
+        operation directory, or None (no record, or no directory given)."""
+        return os.path.join(op_dir, self.record) if self.record and op_dir else None
 
     def describe(self) -> dict:
         """The resolved profile for ``worker --check`` (placeholders left visible)."""
         return {"name": self.name, "preset": self.preset, "parser": self.parser, "prompt_via": self.prompt_via,
                 "argv": list(self.argv), "binary": self.executable, "extra_args": list(self.extra_args),
-                "resume": list(self.resume) if self.resume is not None else None, "env": sorted(self.env)}
+                "resume": list(self.resume) if self.resume is not None else None, "env": sorted(self.env),
+                "isolation": self.isolation, "approvals": self.approvals}
 
 
 @dataclass(frozen=True)
@@ -161,14 +180,29 @@ def parse_profile(name: str, spec: dict) -> Profile:
     prompt_via = spec.get("prompt_via", default_via)
     if prompt_via not in PROMPT_VIA:
         raise ConfigError(f"profiles.{name}.prompt_via must be 'arg' or 'stdin'")
-    if preset is not None and prompt_via == "stdin" and not preset.stdin_ok and argv is None:
-        raise ConfigError(f"profiles.{name}: {preset.name} takes the prompt as an argument (prompt_via = \"arg\")")
+    if preset is not None and prompt_via not in preset.prompt_vias and argv is None:
+        how = "as an argument" if preset.prompt_via == "arg" else "on stdin"
+        raise ConfigError(f"profiles.{name}: {preset.name} takes the prompt {how} "
+                          f"(prompt_via = \"{preset.prompt_via}\")")
     env = spec.get("env", {})
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ConfigError(f"profiles.{name}.env must map strings to strings")
     parser = spec.get("parser", preset.parser if preset else "text")
     if parser not in PARSERS:
         raise ConfigError(f"profiles.{name}.parser must be one of {', '.join(PARSERS)}")
+    isolation = spec.get("isolation", "none")
+    if isolation not in ISOLATIONS:
+        raise ConfigError(f"profiles.{name}.isolation must be \"none\" or \"worktree\"")
+    approvals = spec.get("approvals", "off")
+    if approvals not in APPROVALS:
+        raise ConfigError(f"profiles.{name}.approvals must be \"off\" or \"ask\"")
+    if approvals == "ask" and not (preset is not None and preset.asks):
+        able = ", ".join(n for n, p in PRESETS.items() if p.asks)
+        raise ConfigError(f"profiles.{name}: approvals = \"ask\" needs a preset whose CLI takes a per-run "
+                          f"permission hook ({able})")
+    if approvals == "ask" and argv is not None and "{binary}" not in argv:
+        raise ConfigError(f"profiles.{name}: approvals = \"ask\" needs the element \"{{binary}}\" in argv "
+                          "(the per-run settings go right after it)")
     if argv is not None and "{binary}" not in argv and binary is not None:
         raise ConfigError(f"profiles.{name}: with binary set, argv must contain the element \"{{binary}}\"")
     return Profile(
@@ -182,6 +216,10 @@ def parse_profile(name: str, spec: dict) -> Profile:
         parser=parser,
         resume=preset.resume if preset else None,
         from_preset=argv is None,
+        isolation=isolation,
+        record=preset.record if preset else None,
+        tested_version=preset.tested_version if preset else None,
+        approvals=approvals,
     )
 
 

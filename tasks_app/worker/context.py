@@ -36,6 +36,7 @@ class WorkerContext:
     changed: threading.Event = field(default_factory=threading.Event)  # wakes the coordinator's loop
     exiting: threading.Event = field(default_factory=threading.Event)  # run() is returning: threads end
     runs: dict = field(default_factory=dict)  # operation id -> runner.Run
+    integrations: set = field(default_factory=set)  # integration ids in flight (G7), under runs_lock
     runs_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def enqueue(self, items: list[dict]) -> None:
@@ -55,8 +56,9 @@ class WorkerContext:
             return self.runs.get(operation_id)
 
     def active(self) -> int:
+        """Runs and integrations in flight: the worker waits for both before it exits."""
         with self.runs_lock:
-            return len(self.runs)
+            return len(self.runs) + len(self.integrations)
 
     def stop_all(self, reason: str) -> None:
         """Ask every run in flight to stop its agent with ``stop_reason`` ``reason``."""

@@ -23,6 +23,9 @@ POINTS = frozenset(
         "after_spawn_before_pid_commit",
         "while_agent_runs",
         "after_exit_before_final_receipt",
+        # G7: a merge's move of the base branch recorded, not made; made, not reported.
+        "integrate_after_plan_before_merge",
+        "integrate_after_merge_before_receipt",
     }
 )
 

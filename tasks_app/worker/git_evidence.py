@@ -23,7 +23,9 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
+from dataclasses import dataclass
 
 GIT_TIMEOUT_S = 5.0
 BUDGET_S = 15.0
@@ -55,20 +57,78 @@ class Git:
         self.env = env
 
     def run(self, *args: str) -> str | None:
-        left = self.end - time.monotonic()
-        if self.git is None or left <= 0:
-            return None
-        try:
-            done = subprocess.run(
-                [self.git, "-C", self.folder, "-c", "core.fsmonitor=false", "-c", "core.quotepath=off", *args],
-                stdin=subprocess.DEVNULL, capture_output=True, timeout=min(self.timeout_s, left), env=self.env,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if done.returncode != 0:
+        """stdout of ``git args`` (at most MAX_OUTPUT_BYTES, decoded), or None when git is
+        missing, fails, or runs past its timeout or the budget."""
+        done = self.call(*args)
+        if done.code != 0:
             return None
         return done.stdout[:MAX_OUTPUT_BYTES].decode("utf-8", errors="replace")
+
+    def call(self, *args: str, timeout_s: float | None = None, hooks: bool = True,
+             max_bytes: int | None = None) -> GitResult:
+        """Run ``git -C folder args`` and return its exit code and output. ``code`` is
+        ``None`` when git is missing or it ran past ``timeout_s`` (default the per-call
+        timeout; never past the budget); ``hooks=False`` runs none of the repository's
+        hooks (``core.hooksPath=/dev/null``). With ``max_bytes``, stdout is read up to
+        that many bytes plus one, then git is stopped (``GitResult.cut``), so a huge
+        output never fills memory."""
+        left = self.end - time.monotonic()
+        if self.git is None or left <= 0:
+            return GitResult(None, b"", "git not found" if self.git is None else "git time budget spent")
+        argv = [self.git, "-C", self.folder, "-c", "core.fsmonitor=false", "-c", "core.quotepath=off"]
+        if not hooks:
+            argv += ["-c", "core.hooksPath=/dev/null"]
+        timeout = min(timeout_s or self.timeout_s, left)
+        try:
+            if max_bytes is None:
+                done = subprocess.run([*argv, *args], stdin=subprocess.DEVNULL, capture_output=True,
+                                      timeout=timeout, env=self.env, check=False)
+                return GitResult(done.returncode, done.stdout,
+                                 done.stderr[:MAX_OUTPUT_BYTES].decode("utf-8", errors="replace"))
+            return _bounded(argv + list(args), env=self.env, timeout=timeout, max_bytes=max_bytes)
+        except subprocess.TimeoutExpired:
+            return GitResult(None, b"", f"git {args[0] if args else ''} ran past {timeout:g} s")
+        except OSError as exc:
+            return GitResult(None, b"", str(exc))
+
+
+@dataclass(frozen=True)
+class GitResult:
+    """One git run: ``code`` (None: not run to its end), raw ``stdout``, ``stderr`` text,
+    and ``cut`` when stdout went past ``max_bytes`` and git was stopped."""
+
+    code: int | None
+    stdout: bytes
+    stderr: str
+    cut: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode("utf-8", errors="replace")
+
+
+def _bounded(argv: list[str], *, env: dict, timeout: float, max_bytes: int) -> GitResult:
+    """Run ``argv`` reading at most ``max_bytes + 1`` bytes of stdout; stop it there or
+    at ``timeout`` seconds (raises ``subprocess.TimeoutExpired``)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        data = proc.stdout.read(max_bytes + 1)
+        cut = len(data) > max_bytes
+        if cut:
+            proc.kill()
+        code = proc.wait()
+    finally:
+        timer.cancel()
+        proc.stdout.close()
+    if not cut and code < 0:
+        raise subprocess.TimeoutExpired(argv, timeout)
+    return GitResult(0 if cut else code, data[:max_bytes] if cut else data, "", cut=cut)
 
 
 def _head(git: Git) -> str | None:
@@ -149,20 +209,3 @@ def git_end(folder: str, start: dict | None, **kw) -> dict | None:
         "dirty_count": dirty[1] if dirty else 0,
         "start_dirty": start.get("start_dirty"),
     }
-
-
-def describe(git: dict | None) -> str:
-    """One line for people (U4, B9): "2 commits, 5 files changed (+10 -3), 1 dirty path"."""
-    if not git:
-        return "no git evidence"
-    parts = []
-    commits = git.get("commits")
-    if commits is not None:
-        parts.append(f"{commits} commit{'s' if commits != 1 else ''}")
-    files = git.get("files_changed") or 0
-    parts.append(f"{files} file{'s' if files != 1 else ''} changed since the task started"
-                 f" (+{git.get('insertions') or 0} -{git.get('deletions') or 0})")
-    dirty = git.get("dirty_count") or 0
-    if dirty:
-        parts.append(f"{dirty} uncommitted path{'s' if dirty != 1 else ''}")
-    return ", ".join(parts)

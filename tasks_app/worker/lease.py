@@ -80,10 +80,6 @@ class Deadline:
             return TERM
         return OK
 
-    def renewal_due(self, clock: Clock) -> bool:
-        """True once ``renew_every_s`` has passed since this anchor was sent."""
-        return self.sent.elapsed(clock) >= self.terms.renew_every_s
-
     def within(self, monotonic: float, wall: float) -> bool:
         """Whether an event seen at these clock readings happened before the deadline.
 

@@ -11,10 +11,12 @@ Module map (each part gets one ``WorkerContext``, ``context.py``):
 - ``progress.py`` live progress, at most once a second, on its own thread (G4, W8);
 - ``observe.py``  the agent's stream parsed (G2) and git evidence (G5);
 - ``recovery.py`` what a previous worker left (X3, X4);
+- ``integrate.py`` merge or discard of a worktree task's branch, once (G7; git in ``worktrees.py``);
 - ``wire.py``     the shapes of receipts, markers, sweeps and final facts;
 - ``client.py``   the ``Service`` the parts talk to (HTTP; ``testing.py`` has one in memory).
 
-This module holds the lifecycle: the device sweep (M5), recovery before pulling, the
+This module holds the lifecycle: the device sweep (M5), recovery before pulling, pruning
+old records at start and daily (W1's bound, ``Store.prune``), the
 threads (each independent of the others, W8), signals (W6: first one drains, second
 stops agents with ``worker_shutdown``), ``--once`` (pull once, run what came, report,
 exit) and the exit code. Every wait goes through the ``Clock``.
@@ -26,17 +28,20 @@ import logging
 import signal
 from dataclasses import dataclass
 
-from .client import BACKOFF_BASE_S, BACKOFF_CAP_S, Backoff, Connect, http_connect
+from tasks_app.protocol import BACKOFF_CAP_S, PULL_IDLE_TIMEOUT_S, Backoff
+
+from .client import BACKOFF_BASE_S, Connect, http_connect
 from .clock import SYSTEM_CLOCK, Clock, boot_id
 from .config import WorkerConfig
 from .context import WorkerContext
+from .integrate import Integrator
 from .poller import POLL_WAIT_S, Poller
 from .progress import ProgressSender
 from .recovery import recover
 from .renewer import Renewer
 from .runner import Runner
 from .sender import Sender
-from .store import Identity, StateDir, Store
+from .store import RECORD_RETENTION_S, Identity, StateDir, Store
 from .wire import profiles_item, sweep_item
 
 log = logging.getLogger("runstead.worker")
@@ -45,6 +50,7 @@ MAIN_TICK_S = 0.1  # the coordinator re-checks its flags at least this often
 DRAIN_FLUSH_S = 5.0  # after the last agent: how long queued reports may still take to send
 ONCE_FLUSH_S = 30.0  # the same for ``--once``
 FLUSH_CHECK_S = 0.05
+PRUNE_EVERY_S = 86400.0  # W1: old records pruned at start and then daily
 EXIT_OK = 0
 EXIT_REVOKED = 3
 
@@ -55,12 +61,15 @@ class WorkerOptions:
 
     server: str
     poll_wait_s: float = POLL_WAIT_S
+    pull_idle_s: float = PULL_IDLE_TIMEOUT_S
     once: bool = False
     backoff_base_s: float = BACKOFF_BASE_S
     backoff_cap_s: float = BACKOFF_CAP_S
     main_tick_s: float = MAIN_TICK_S
     drain_flush_s: float = DRAIN_FLUSH_S
     once_flush_s: float = ONCE_FLUSH_S
+    record_retention_s: float = RECORD_RETENTION_S
+    prune_every_s: float = PRUNE_EVERY_S
 
 
 class Worker:
@@ -76,7 +85,7 @@ class Worker:
         self.clock = clock
         self.ctx = WorkerContext(
             state=state, store=store, identity=identity, config=config, clock=clock,
-            connect=connect or http_connect(options.server, identity.token), boot=boot_id(), server=options.server,
+            connect=connect or http_connect(options.server, identity.token, options.pull_idle_s), boot=boot_id(), server=options.server,
         )
         self.backoff = backoff or Backoff(options.backoff_base_s, options.backoff_cap_s)
         self.renewer = Renewer(self.ctx)
@@ -85,40 +94,47 @@ class Worker:
         self.runner = Runner(self.ctx, backoff=self.backoff, renewer=self.renewer, idle_guard=idle_guard,
                              hooks_for=hooks_for, progress=self.progress)
         self.sender = Sender(self.ctx, backoff=self.backoff)
+        self.integrator = Integrator(self.ctx)
         self.poller = Poller(self.ctx, start_run=self.runner.start, backoff=self.backoff,
-                             wait_s=options.poll_wait_s)
+                             wait_s=options.poll_wait_s, start_integration=self.integrator.start)
         self.no_pull = False  # --once: the one pull is done
         self.signals = 0
+        self.next_prune = None  # monotonic; None: at start
 
-    # The parts' shared objects, by their old names.
-    @property
-    def state(self) -> StateDir:
-        return self.ctx.state
-
-    @property
-    def store(self) -> Store:
-        return self.ctx.store
-
-    @property
-    def identity(self) -> Identity:
-        return self.ctx.identity
-
-    @property
-    def config(self) -> WorkerConfig:
-        return self.ctx.config
-
-    def _post_progress(self, body: dict) -> None:
+    def _post_progress(self, body: dict) -> bool:
         """G4, on the progress thread only: its own service connection, so a slow or
-        failing progress call holds up nothing else (W8). Best effort, never retried."""
+        failing progress call holds up nothing else (W8). Best effort, never retried.
+        True when the service applied it."""
         if self._progress_service is None:
             self._progress_service = self.ctx.connect()
         answer = self._progress_service.progress(body)
         if answer.kind == "revoked":
             self.ctx.on_revoked()
+        return answer.kind == "ok" and isinstance(answer.body, dict) and answer.body.get("outcome") == "applied"
 
     def recover(self) -> None:
         """X3, X4: settle what a previous worker left (``recovery.recover``)."""
         recover(self.ctx)
+
+    def prune_if_due(self) -> None:
+        """W1's bound: at start and every ``prune_every_s``, prune the records of final,
+        acknowledged operations untouched for ``record_retention_s`` (``Store.prune``)
+        and their ``ops/`` files. A failure is logged; the next day tries again."""
+        ctx, options = self.ctx, self.options
+        now = self.clock.monotonic()
+        if self.next_prune is not None and now < self.next_prune:
+            return
+        self.next_prune = now + options.prune_every_s
+        try:
+            pruned = ctx.store.prune(before_wall=self.clock.wall() - options.record_retention_s)
+            for operation_id in pruned:
+                ctx.state.remove_op_dir(operation_id)
+        except Exception:  # noqa: BLE001 - pruning must never stop the worker
+            log.exception("pruning old records failed")
+            return
+        if pruned:
+            log.info("pruned the records of %d operation(s) final for over %.0f s", len(pruned),
+                     options.record_retention_s)
 
     # --- signals (W6) ----------------------------------------------------------------------
 
@@ -146,8 +162,10 @@ class Worker:
         self.sender.start()
         self.progress.start()
         self.recover()
+        self.prune_if_due()
         for record in ctx.store.in_states("received"):
             self.runner.start(record["operation_id"], json.loads(record["payload"]))
+        self.integrator.resume()  # G7: merges and discards a previous worker left unfinished
         if options.once:
             service = ctx.connect()
             try:
@@ -178,6 +196,7 @@ class Worker:
                 ctx.stop_all("worker_shutdown")
             if (self.no_pull or ctx.draining.is_set()) and ctx.active() == 0:
                 return
+            self.prune_if_due()
             clock.wait(ctx.changed, self.options.main_tick_s)
             ctx.changed.clear()
 

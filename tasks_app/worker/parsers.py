@@ -16,6 +16,17 @@ What a parser keeps (``facts()``), the shapes of H's Task JSON:
   each None where the CLI does not report it, or None when nothing was recognised;
 - ``last_message``: the last assistant message, at most 4 KiB of UTF-8 (its head).
 
+And the run as a person reads it (G4, B9), ``entries``: transcript entries ``{n, kind,
+text, tool?, status?, call?, usage?}`` numbered from 1 (the prompt, when the parser was
+given it), kinds ``prompt`` (a user turn), ``message`` (assistant text, line breaks
+kept), ``tool_call`` (``tool`` and its command or path as ``text``), ``tool_result``
+(``status`` ``ok``/``error``, the output as ``text``, ``call``: the ``n`` of its call)
+and ``error``; a ``message`` or ``tool_call`` that opens a model turn carries that turn's
+``usage`` ``{input_tokens, output_tokens}`` where the CLI reports it per turn. Each
+``text`` is at most ``ENTRY_TEXT_MAX_BYTES`` of UTF-8 (cut ones end with
+``ENTRY_CUT_MARK``), valid UTF-8 without NUL; the last ``ENTRIES_KEPT`` are held. The
+numbering depends only on the stream, so re-parsing an output file (X3) numbers it alike.
+
 ``version`` increases whenever one of these changes (G4 sends progress only on change).
 
 Token counts: ``input_tokens`` counts every input token the model read, cached or not
@@ -26,6 +37,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections import deque
+
+from tasks_app.protocol import ENTRIES_KEPT, ENTRY_CUT_MARK, ENTRY_TEXT_MAX_BYTES, ENTRY_TOOL_MAX_CHARS
 
 MAX_LINE_BYTES = 1 << 20
 MESSAGE_BYTES = 4096
@@ -37,6 +51,40 @@ def cap(text: str, limit: int = MESSAGE_BYTES) -> str:
     if len(data) <= limit:
         return text
     return data[:limit].decode("utf-8", errors="ignore")
+
+
+CALLS_KEPT = 1000  # tool call ids remembered for pairing results with their calls
+# Keys of a tool's input that name what it works on, in the order they are looked for.
+TOOL_TEXT_KEYS = ("command", "cmd", "file_path", "filePath", "notebook_path", "path", "pattern", "url", "query",
+                  "description", "prompt")
+
+
+def entry_text(text: str) -> str:
+    """G4: ``text`` as an entry carries it: valid UTF-8 (lone surrogates replaced), NUL
+    shown as U+2400, at most ``ENTRY_TEXT_MAX_BYTES``; a cut one ends with the mark."""
+    data = text.replace("\x00", "\u2400").encode("utf-8", errors="replace")
+    if len(data) <= ENTRY_TEXT_MAX_BYTES:
+        return data.decode("utf-8")
+    mark = ENTRY_CUT_MARK.encode("utf-8")
+    return data[:ENTRY_TEXT_MAX_BYTES - len(mark)].decode("utf-8", errors="ignore") + ENTRY_CUT_MARK
+
+
+def tool_text(value) -> str:
+    """What a tool call works on, for one line: its command, path, pattern, URL or query;
+    else its input as compact JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return " ".join(value)
+    if isinstance(value, dict):
+        for key in TOOL_TEXT_KEYS:
+            found = value.get(key)
+            if isinstance(found, str) and found:
+                return found
+            if isinstance(found, list) and found and all(isinstance(v, str) for v in found):
+                return " ".join(found)
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")) if value else ""
+    return ""
 
 
 def _int(value) -> int | None:
@@ -61,8 +109,9 @@ class TextParser:
     name = "text"
     cost_reported = False
     tools_reported = False
+    structured = False  # a JSON-lines stream: it makes transcript entries (G4)
 
-    def __init__(self) -> None:
+    def __init__(self, prompt: str | None = None) -> None:
         self._buffer = bytearray()
         self._skipping = False
         self.lines = 0
@@ -78,6 +127,13 @@ class TextParser:
         self.output_tokens: int | None = None
         self.cost_usd: float | None = None
         self.recognised = False
+        self.entries: deque[dict] = deque(maxlen=ENTRIES_KEPT)
+        self.entry_n = 0
+        self._pending: dict | None = None  # a message still growing (deltas) or awaiting its turn's usage
+        self._turn_usage: dict | None = None  # usage of the model turn whose first entry is not out yet
+        self._calls: dict = {}  # tool call id -> (n, tool), the last CALLS_KEPT
+        if prompt:
+            self.add_entry("prompt", prompt)
 
     # --- input -------------------------------------------------------------------------
 
@@ -118,6 +174,10 @@ class TextParser:
             self.feed_line(line.decode("utf-8", errors="replace"))
         self._buffer = bytearray()
         self._skipping = False
+        before = self.entry_n
+        self.flush_message()
+        if self.entry_n != before:
+            self.version += 1
 
     def _overlong(self) -> None:
         self._buffer = bytearray()
@@ -161,12 +221,102 @@ class TextParser:
     def on_text(self, line: str) -> None:
         """A non-JSON line."""
 
+    def feed_record(self, data: bytes) -> None:
+        """The agent's own run record (JSON lines, a preset's ``record`` file), read when
+        the agent ended; each JSON object goes to ``on_record``. Never raises on content."""
+        before = self._snapshot()
+        for line in data.decode("utf-8", errors="replace").splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                try:
+                    self.on_record(event)
+                except Exception:  # a shape we did not foresee: ignored, never a failure
+                    pass
+        self.on_record_end()
+        if self._snapshot() != before:
+            self.version += 1
+
+    def on_record(self, event: dict) -> None:
+        """One event of the run record (only parsers of CLIs that write one use it)."""
+
+    def on_record_end(self) -> None:
+        """The whole run record was read."""
+
     # --- output ------------------------------------------------------------------------
 
     def _snapshot(self) -> tuple:
         result = tuple(sorted(self.result.items())) if self.result else None
         return (self.agent_session_id, result, self.last_message, self.turns, self.tool_calls,
-                self.input_tokens, self.output_tokens, self.cost_usd, self.recognised)
+                self.input_tokens, self.output_tokens, self.cost_usd, self.recognised, self.entry_n)
+
+    # --- transcript (G4) -----------------------------------------------------------------
+
+    def add_entry(self, kind: str, text: str, **fields) -> int | None:
+        """Number and keep one entry (a pending message goes first); ``fields`` among
+        ``tool``, ``status``, ``call``, ``usage`` (None values left out). A ``prompt``
+        repeating the entry just before it (a CLI echoing the prompt) is not kept twice.
+        Returns the entry's ``n`` (None when skipped)."""
+        self.flush_message()
+        text = entry_text(text if isinstance(text, str) else "")
+        if kind == "prompt" and self.entries and self.entries[-1]["kind"] == "prompt" \
+                and self.entries[-1]["text"] == text:
+            return None
+        if kind in ("message", "tool_call") and self._turn_usage is not None and fields.get("usage") is None:
+            fields["usage"], self._turn_usage = self._turn_usage, None
+        self.entry_n += 1
+        entry = {"n": self.entry_n, "kind": kind, "text": text}
+        for key, value in fields.items():
+            if value is not None:
+                entry[key] = entry_text(value)[:ENTRY_TOOL_MAX_CHARS] if key == "tool" else value
+        self.entries.append(entry)
+        return self.entry_n
+
+    def message_part(self, text: str, *, mode: str = "new") -> None:
+        """Assistant text that may grow (deltas) or wait for its turn's usage: kept
+        pending until the next entry, ``flush_message`` or the end of the stream.
+        ``mode``: ``new`` (a new message), ``append`` (a delta of the pending one) or
+        ``replace`` (the pending one's whole text)."""
+        if not isinstance(text, str):
+            return
+        if mode == "new":
+            self.flush_message()
+        if self._pending is None or mode == "replace":
+            self._pending = {"text": ""}
+        current = self._pending["text"]
+        if len(current) <= ENTRY_TEXT_MAX_BYTES:  # beyond that it is cut anyway: memory stays bounded
+            self._pending["text"] = current + text[:ENTRY_TEXT_MAX_BYTES + 1]
+
+    def flush_message(self, usage: dict | None = None) -> None:
+        """The pending message, if any, becomes an entry (with ``usage`` when given)."""
+        pending, self._pending = self._pending, None
+        if pending is not None and pending["text"]:
+            self.add_entry("message", pending["text"], usage=usage)
+
+    def turn_usage(self, input_tokens: int | None, output_tokens: int | None) -> None:
+        """The usage of a model turn that starts now: the turn's first entry carries it."""
+        if input_tokens is not None or output_tokens is not None:
+            self._turn_usage = {"input_tokens": input_tokens, "output_tokens": output_tokens}
+
+    def call_started(self, call_id, tool: str, text: str) -> int | None:
+        """A ``tool_call`` entry; ``call_id`` (the CLI's id, may be None) pairs its result."""
+        n = self.add_entry("tool_call", text, tool=tool or "tool")
+        if isinstance(call_id, str) and n is not None:
+            if len(self._calls) >= CALLS_KEPT:
+                self._calls.pop(next(iter(self._calls)))
+            self._calls[call_id] = (n, tool or "tool")
+        return n
+
+    def call_result(self, call_id, *, ok: bool, text: str, tool: str | None = None) -> None:
+        """A ``tool_result`` entry for the call ``call_id`` (paired when it is known)."""
+        n, known_tool = self._calls.pop(call_id, (None, None)) if isinstance(call_id, str) else (None, None)
+        self.add_entry("tool_result", text, tool=tool or known_tool, status="ok" if ok else "error", call=n)
+
+    def entries_since(self, n: int) -> list[dict]:
+        """The kept entries numbered above ``n``, in order (copies)."""
+        return [dict(e) for e in self.entries if e["n"] > n]
 
     def set_message(self, text: str) -> None:
         self.last_message = cap(text)
@@ -225,11 +375,12 @@ class ClaudeParser(TextParser):
     ``num_turns``, ``total_cost_usd``, ``usage``, ``result``)."""
 
     name = "claude"
+    structured = True
     cost_reported = True
     tools_reported = True
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, prompt: str | None = None) -> None:
+        super().__init__(prompt)
         self._message_id = None
         self._tool_ids: set[str] = set()
 
@@ -252,17 +403,25 @@ class ClaudeParser(TextParser):
                 self.turns += 1
                 usage = _dict(message.get("usage"))
                 self._add_tokens(_claude_input(usage), _int(usage.get("output_tokens")))
-            texts = []
+                self.turn_usage(_claude_input(usage), _int(usage.get("output_tokens")))
+            texts, run = [], []
             for block in message.get("content") or []:
                 block = _dict(block)
                 if block.get("type") == "text" and isinstance(block.get("text"), str):
                     texts.append(block["text"])
+                    run.append(block["text"])
                 elif block.get("type") in ("tool_use", "server_tool_use", "mcp_tool_use"):
                     tool_id = block.get("id")
                     if tool_id is None or tool_id not in self._tool_ids:
                         self.tool_calls += 1
                         if isinstance(tool_id, str) and len(self._tool_ids) < 1000:
                             self._tool_ids.add(tool_id)
+                        if run:
+                            self.add_entry("message", "".join(run))
+                            run = []
+                        self.call_started(tool_id, str(block.get("name") or "tool"), tool_text(block.get("input")))
+            if run:
+                self.add_entry("message", "".join(run))
             if texts:
                 if new_message or self.last_message is None:
                     self.set_message("".join(texts))
@@ -270,6 +429,7 @@ class ClaudeParser(TextParser):
                     self.append_message("".join(texts))
             return True
         if kind == "user":
+            self._claude_user(event)
             return True
         if kind == "result":
             is_error = bool(event.get("is_error"))
@@ -283,6 +443,8 @@ class ClaudeParser(TextParser):
                 errors = event.get("errors")
                 summary = "; ".join(str(e) for e in errors[:5]) if isinstance(errors, list) else ""
             self.set_result(is_error=is_error, subtype=subtype, summary=summary)
+            if is_error:
+                self.add_entry("error", summary or subtype)
             turns = _int(event.get("num_turns"))
             if turns is not None:
                 self.turns = turns
@@ -300,6 +462,36 @@ class ClaudeParser(TextParser):
             return True
         return kind == "stream_event"
 
+    def _claude_user(self, event: dict) -> None:
+        """Tool results (paired with their calls by ``tool_use_id``) and user text: a
+        prompt (a resumed session's, a wake turn's); a sub-agent's prompt is left out."""
+        content = _dict(event.get("message")).get("content")
+        if isinstance(content, str):
+            if not event.get("parent_tool_use_id"):
+                self.add_entry("prompt", content)
+            return
+        for block in content if isinstance(content, list) else []:
+            block = _dict(block)
+            if block.get("type") == "tool_result":
+                self.call_result(block.get("tool_use_id"), ok=not block.get("is_error"),
+                                 text=_claude_result_text(block.get("content")))
+            elif block.get("type") == "text" and isinstance(block.get("text"), str) \
+                    and not event.get("parent_tool_use_id"):
+                self.add_entry("prompt", block["text"])
+
+
+def _claude_result_text(content) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content if isinstance(content, list) else []:
+        block = _dict(block)
+        if block.get("type") == "text" and isinstance(block.get("text"), str):
+            parts.append(block["text"])
+        elif block.get("type") == "image":
+            parts.append("[image]")
+    return "\n".join(parts)
+
 
 CODEX_TOOL_ITEMS = {"command_execution", "file_change", "mcp_tool_call", "web_search", "local_shell_call",
                     "function_call", "custom_tool_call"}
@@ -308,14 +500,17 @@ CODEX_TOOL_ITEMS = {"command_execution", "file_change", "mcp_tool_call", "web_se
 class CodexParser(TextParser):
     """Codex ``exec --json``: ``thread.started{thread_id}``, ``turn.started``,
     ``turn.completed{usage}``, ``turn.failed{error}``, ``item.started|updated|completed``
-    (``agent_message`` text, tool items), ``error{message}``. Codex has no final result
-    event: the last turn's ending is the result."""
+    (``agent_message`` text, tool items, an ``error`` item for a warning), ``error{message}``
+    (retries). Codex has no final result event: the last turn's ending is the result.
+    ``usage`` is the thread's total so far: for a resumed thread it counts the earlier
+    runs' tokens too (observed with 0.169.0)."""
 
     name = "codex"
+    structured = True
     tools_reported = True
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, prompt: str | None = None) -> None:
+        super().__init__(prompt)
         self._tool_ids: set[str] = set()
 
     def on_event(self, event: dict) -> bool:
@@ -328,22 +523,31 @@ class CodexParser(TextParser):
             self.turns += 1
             return True
         if kind == "turn.completed":
+            # The thread's running total (0.169.0: a resumed thread's first turn reports
+            # the earlier turns too), so the last one stands rather than a sum.
             usage = _dict(event.get("usage"))
-            self._add_tokens(_int(usage.get("input_tokens")), _int(usage.get("output_tokens")))
+            self.input_tokens = _int(usage.get("input_tokens"))
+            self.output_tokens = _int(usage.get("output_tokens"))
             self.set_result(is_error=False, subtype="completed", summary=self.last_message)
+            self.flush_message(usage={"input_tokens": _int(usage.get("input_tokens")),
+                                      "output_tokens": _int(usage.get("output_tokens"))} if usage else None)
             return True
         if kind == "turn.failed":
             error = _dict(event.get("error"))
             self.set_result(is_error=True, subtype="turn_failed", summary=str(error.get("message") or ""))
+            self.add_entry("error", str(error.get("message") or "turn failed"))
             return True
         if kind == "error":
-            return True  # transient (retries, reconnects); a fatal one ends with turn.failed
+            # transient (retries, reconnects); a fatal one ends with turn.failed
+            self.add_entry("error", str(event.get("message") or "error"))
+            return True
         if kind in ("item.started", "item.updated", "item.completed"):
             item = _dict(event.get("item"))
             item_type = item.get("type") or item.get("item_type")
             if item_type in ("agent_message", "assistant_message"):
                 if kind == "item.completed" and isinstance(item.get("text"), str):
                     self.set_message(item["text"])
+                    self.message_part(item["text"])  # its turn's usage comes with turn.completed
             elif item_type in CODEX_TOOL_ITEMS:
                 item_id = item.get("id")
                 if item_id is None:
@@ -353,21 +557,64 @@ class CodexParser(TextParser):
                     self.tool_calls += 1
                     if len(self._tool_ids) < 10000:
                         self._tool_ids.add(item_id)
+                self._codex_tool(kind, item_type, item)
+            elif item_type == "error" and kind == "item.completed":
+                self.add_entry("error", str(item.get("message") or "error"))
             return True
         return False
+
+    def _codex_tool(self, kind: str, item_type: str, item: dict) -> None:
+        item_id = item.get("id")
+        started = isinstance(item_id, str) and item_id in self._calls
+        if kind == "item.updated" or (kind == "item.started" and started):
+            return
+        if not started:
+            tool, text = _codex_call(item_type, item)
+            self.call_started(item_id, tool, text)
+        if kind != "item.completed":
+            return
+        status = item.get("status")
+        if item_type in ("command_execution", "local_shell_call"):
+            code = item.get("exit_code")
+            ok = status not in ("failed", "declined") and (code is None or code == 0)
+            output = item.get("aggregated_output")
+        else:
+            ok = status not in ("failed", "declined", "error")
+            output = item.get("result") if item.get("result") is not None else item.get("error")
+        if output is not None and not isinstance(output, str):
+            output = json.dumps(output, ensure_ascii=False, separators=(",", ":"))
+        self.call_result(item_id, ok=ok, text=output or "")
+
+
+def _codex_call(item_type: str, item: dict) -> tuple[str, str]:
+    """(tool, what it works on) of a Codex tool item."""
+    if item_type in ("command_execution", "local_shell_call"):
+        return "shell", tool_text(item.get("command") or _dict(item.get("action")).get("command"))
+    if item_type == "file_change":
+        changes = [_dict(c) for c in item.get("changes") or [] if isinstance(c, dict)]
+        return "edit", ", ".join(f"{c.get('kind') or 'change'} {c.get('path') or '?'}" for c in changes[:20])
+    if item_type == "mcp_tool_call":
+        name = ".".join(str(p) for p in (item.get("server"), item.get("tool")) if p)
+        return name or "mcp", tool_text(item.get("arguments"))
+    if item_type == "web_search":
+        return "web_search", tool_text(item.get("query"))
+    return str(item.get("name") or item_type), tool_text(item.get("arguments") or item.get("input"))
 
 
 class GeminiParser(TextParser):
     """Gemini CLI ``--output-format stream-json``: ``init{session_id, model}``,
     ``message{role, content, delta?}``, ``tool_use``, ``tool_result``, ``error`` (non-fatal)
     and ``result{status, error?, stats{input_tokens, output_tokens, tool_calls, ...}}``
-    (google-gemini/gemini-cli packages/core/src/output/types.ts)."""
+    (google-gemini/gemini-cli packages/core/src/output/types.ts). An API error has no line
+    of its own: it is ``result{status: "error", error{type: "unknown", message: "[API
+    Error: ...]"}}`` (0.61.0), named ``api_error`` here."""
 
     name = "gemini"
+    structured = True
     tools_reported = True
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, prompt: str | None = None) -> None:
+        super().__init__(prompt)
         self._in_reply = False
 
     def on_event(self, event: dict) -> bool:
@@ -382,18 +629,31 @@ class GeminiParser(TextParser):
                 if not self._in_reply:
                     self.turns += 1
                     self.set_message(content)
+                    self.message_part(content)
                     self._in_reply = True
                 elif event.get("delta"):
                     self.append_message(content)
+                    self.message_part(content, mode="append")
                 else:
                     self.set_message(content)
+                    self.message_part(content, mode="replace")
             else:
                 self._in_reply = False
+                if event.get("role") == "user" and isinstance(content, str):
+                    self.add_entry("prompt", content)
             return True
         if kind in ("tool_use", "tool_result", "error"):
             self._in_reply = False
             if kind == "tool_use":
                 self.tool_calls += 1
+                self.call_started(event.get("tool_id"), str(event.get("tool_name") or "tool"),
+                                  tool_text(event.get("parameters")))
+            elif kind == "tool_result":
+                error = _dict(event.get("error"))
+                output = event.get("output") if isinstance(event.get("output"), str) else str(error.get("message") or "")
+                self.call_result(event.get("tool_id"), ok=event.get("status") == "success", text=output)
+            else:
+                self.add_entry("error", str(event.get("message") or "error"))
             return True
         if kind == "result":
             self._in_reply = False
@@ -408,8 +668,13 @@ class GeminiParser(TextParser):
             error = _dict(event.get("error"))
             is_error = status == "error" or bool(error)
             subtype = str(error.get("type") or status or ("error" if is_error else "success"))
+            if subtype == "unknown" and "API Error" in str(error.get("message")):
+                subtype = "api_error"  # 0.61.0 types a model API refusal "unknown"
             summary = str(error.get("message") or "") if is_error else (self.last_message or "")
             self.set_result(is_error=is_error, subtype=subtype, summary=summary)
+            self.flush_message()
+            if is_error:
+                self.add_entry("error", summary or subtype)
             return True
         return False
 
@@ -422,6 +687,7 @@ class OpencodeParser(TextParser):
     (sst/opencode packages/opencode/src/cli/cmd/run.ts)."""
 
     name = "opencode"
+    structured = True
     cost_reported = True
     tools_reported = True
 
@@ -436,15 +702,24 @@ class OpencodeParser(TextParser):
             self.turns += 1
         elif kind == "text" and isinstance(part.get("text"), str):
             self.set_message(part["text"])
+            self.message_part(part["text"])  # its step's usage comes with step_finish
         elif kind == "tool_use":
             self.tool_calls += 1
+            state = _dict(part.get("state"))
+            self.call_started(part.get("callID"), str(part.get("tool") or "tool"), tool_text(state.get("input")))
+            if state.get("status") in ("completed", "error"):
+                output = state.get("output") if state.get("status") == "completed" else state.get("error")
+                self.call_result(part.get("callID"), ok=state.get("status") == "completed",
+                                 text=output if isinstance(output, str) else "")
         elif kind == "step_finish":
             tokens = _dict(part.get("tokens"))
             cache = _dict(tokens.get("cache"))
             ins = [_int(tokens.get("input")), _int(cache.get("read")), _int(cache.get("write"))]
             outs = [_int(tokens.get("output")), _int(tokens.get("reasoning"))]
-            self._add_tokens(None if all(v is None for v in ins) else sum(v or 0 for v in ins),
-                             None if all(v is None for v in outs) else sum(v or 0 for v in outs))
+            step_in = None if all(v is None for v in ins) else sum(v or 0 for v in ins)
+            step_out = None if all(v is None for v in outs) else sum(v or 0 for v in outs)
+            self._add_tokens(step_in, step_out)
+            self.flush_message(usage={"input_tokens": step_in, "output_tokens": step_out} if tokens else None)
             cost = _num(part.get("cost"))
             if cost is not None:
                 self.cost_usd = (self.cost_usd or 0.0) + cost
@@ -456,6 +731,7 @@ class OpencodeParser(TextParser):
             data = _dict(error.get("data"))
             self.set_result(is_error=True, subtype=str(error.get("name") or "error"),
                             summary=str(data.get("message") or error.get("message") or ""))
+            self.add_entry("error", self.result["summary"] or self.result["subtype"])
         return True
 
 
@@ -468,18 +744,40 @@ def _aider_count(number: str, unit: str) -> int:
     return int(round(float(number.replace(",", "")) * _SCALE[unit.lower()]))
 
 
+_AIDER_NOISE = re.compile(r"^(Warning: Input is not a terminal|[\u2500-\u257f]+$)")
+_AIDER_ERROR = re.compile(r"^(litellm\.)?\w*(Error|Exception)\b.*?:")
+
+
 class AiderParser(TextParser):
     """aider prints plain text; after each model reply a line like ``Tokens: 12k sent,
     1.2k received. Cost: $0.04 message, $0.09 session.`` That line gives turns, tokens
-    and cost; the last other non-empty line is the last message. No session id, no
-    tool calls, no verdict: aider's exit status judges."""
+    and cost while it runs; the last other non-empty line is the last message. No session
+    id, no tool calls.
+
+    It exits 0 whatever happened (0.86.2), so its verdict comes from its run record, the
+    ``--analytics-log`` JSON lines (``launched``, ``message_send_starting``,
+    ``message_send{prompt_tokens, completion_tokens, cost, total_cost}``, ``exit{reason}``),
+    read when it ended: a ``message_send_starting`` with no ``message_send`` after it is a
+    message that never got an answer (an API error): ``is_error`` with the error line it
+    printed (``litellm.BadRequestError: ...``) as summary; an ``exit`` with no message sent
+    at all is ``is_error`` too (``nothing_sent``). The record's figures replace the text's.
+    No record (killed, or an older aider): no verdict, the exit status judges."""
 
     name = "aider"
     cost_reported = True
 
+    def __init__(self, prompt: str | None = None) -> None:
+        super().__init__(prompt)
+        self.error_line: str | None = None
+        self._record: dict | None = None
+
     def on_text(self, line: str) -> None:
+        if _AIDER_NOISE.match(line):
+            return
         match = _AIDER_TOKENS.match(line)
         if not match:
+            if _AIDER_ERROR.match(line):
+                self.error_line = cap(line, 500)
             self.set_message(line)
             return
         self.recognised = True
@@ -488,6 +786,43 @@ class AiderParser(TextParser):
         cost = _AIDER_COST.search(line)
         if cost:
             self.cost_usd = float(cost["session"].replace(",", ""))
+
+    def on_record(self, event: dict) -> None:
+        record = self._record = self._record or {"sends": 0, "pending": False, "exit": None, "in": 0, "out": 0,
+                                                 "cost": None}
+        kind = event.get("event")
+        props = _dict(event.get("properties"))
+        if kind == "message_send_starting":
+            record["pending"] = True
+        elif kind == "message_send":
+            record["pending"] = False
+            record["sends"] += 1
+            record["in"] += _int(props.get("prompt_tokens")) or 0
+            record["out"] += _int(props.get("completion_tokens")) or 0
+            cost = _num(props.get("total_cost"))
+            if cost is not None:
+                record["cost"] = cost
+        elif kind == "exit":
+            record["exit"] = str(props.get("reason") or "exit")
+
+    def on_record_end(self) -> None:
+        record = self._record
+        if record is None:
+            return
+        self.recognised = True
+        self.turns = record["sends"]
+        if record["sends"]:
+            self.input_tokens, self.output_tokens = record["in"], record["out"]
+        if record["cost"] is not None:
+            self.cost_usd = record["cost"]
+        if record["pending"]:
+            self.set_result(is_error=True, subtype="api_error",
+                            summary=self.error_line or "aider sent a message and got no answer")
+        elif record["exit"] is not None and not record["sends"]:
+            self.set_result(is_error=True, subtype="nothing_sent",
+                            summary=self.error_line or f"aider ended ({record['exit']}) without sending the message")
+        elif record["exit"] is not None:
+            self.set_result(is_error=False, subtype="success", summary=self.last_message)
 
 
 PARSERS = {
@@ -500,6 +835,8 @@ PARSERS = {
 }
 
 
-def make_parser(name: str) -> TextParser:
-    """A fresh parser for ``name`` (a key of ``PARSERS``; unknown -> plain text)."""
-    return PARSERS.get(name, TextParser)()
+def make_parser(name: str, prompt: str | None = None) -> TextParser:
+    """A fresh parser for ``name`` (a key of ``PARSERS``; unknown -> plain text). A
+    structured one given ``prompt`` opens its transcript with it (entry 1)."""
+    parser = PARSERS.get(name, TextParser)
+    return parser(prompt if parser.structured else None)

@@ -8,6 +8,8 @@ The poller long-polls the service and handles each message in order:
 - ``cancel``: recorded, acknowledged, and the running agent is asked to stop (J7);
 - ``query``: answered with a ``report`` receipt from the local record, or ``record:
   null`` (U1); the report is queued before the ack;
+- ``integrate`` (G7): committed with its integration record, acknowledged, carried out
+  by the integrator (``integrate.py``) once, whatever the number of deliveries;
 - anything else: acknowledged and ignored.
 
 A pull answered after draining began (W6) is neither committed nor acknowledged: the
@@ -22,7 +24,9 @@ import threading
 from collections.abc import Callable
 
 from . import faults
-from .client import MAX_POLL_WAIT_S, Backoff, Service
+from tasks_app.protocol import Backoff
+
+from .client import MAX_POLL_WAIT_S, Service
 from .context import WorkerContext
 from .lease import record_slept_s
 from .wire import receipt_item, report_facts
@@ -33,12 +37,14 @@ POLL_WAIT_S = MAX_POLL_WAIT_S  # the long-poll wait asked of the service: the mo
 
 
 class Poller:
-    """``start_run(operation_id, payload)`` is called for each new ``start``."""
+    """``start_run(operation_id, payload)`` is called for each new ``start``,
+    ``start_integration(integration_id)`` for each recorded ``integrate`` (G7)."""
 
     def __init__(self, ctx: WorkerContext, *, start_run: Callable[[str, dict], None], backoff: Backoff,
-                 wait_s: float = POLL_WAIT_S):
+                 wait_s: float = POLL_WAIT_S, start_integration: Callable[[str], None] | None = None):
         self.ctx = ctx
         self.start_run = start_run
+        self.start_integration = start_integration or (lambda integration_id: None)
         self.backoff = backoff
         self.wait_s = wait_s
 
@@ -111,15 +117,25 @@ class Poller:
             ctx.store.record_message(message_id=message_id, kind=kind, operation_id=operation_id,
                                      payload=payload, wall=ctx.clock.wall())
             self.ack(service, message_id)
+        elif kind == "integrate":
+            integration_id = str(payload.get("integration_id"))
+            new = ctx.store.record_integration(message_id=message_id, integration_id=integration_id,
+                                               operation_id=operation_id, payload=payload, wall=ctx.clock.wall())
+            self.ack(service, message_id)
+            if not new:
+                log.info("integrate %s already known: acknowledged, carried out once (W3)", integration_id)
+            self.start_integration(integration_id)  # a no-op when done or in flight
         else:
             log.warning("unknown message kind %r: acknowledged and ignored", kind)
             self.ack(service, message_id)
 
     def ack(self, service: Service, message_id: str) -> None:
         answer = service.ack(message_id)
-        if answer.kind == "revoked":
+        if answer.kind == "ok":
+            self.ctx.store.message_acked(message_id, self.ctx.clock.wall())  # W1: prunable once ended
+        elif answer.kind == "revoked":
             self.ctx.on_revoked()
-        elif answer.kind != "ok":
+        else:
             log.warning("ack of %s failed (%s); it will be delivered again and recognised", message_id, answer.status)
 
     def report_item(self, operation_id: str, query_id: str) -> dict:

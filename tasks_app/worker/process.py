@@ -228,8 +228,11 @@ def agent_env(base: dict, *, profile_env: dict, operation_id: str, task_id: str,
 def spawn(*, argv: list[str], cwd: str, env: dict, op_dir: str, stdin_text: str | None) -> tuple[subprocess.Popen, ProcRef]:
     """Start the launcher (and through it the agent) in a new session and process group.
 
-    stdout and stderr go to ``op_dir/output.log``. No shell (K4).
+    stdout and stderr go to ``op_dir/output.log``. No shell (K4). ``PWD`` is set to ``cwd``:
+    some agents take their folder from it rather than from the process (opencode 1.18.33
+    ran its tools in the worker's own folder), and the worker's own would be wrong.
     """
+    env = {**env, "PWD": cwd}
     log = open(os.path.join(op_dir, "output.log"), "ab")
     stdin = subprocess.DEVNULL
     if stdin_text is not None:

@@ -43,14 +43,17 @@ def recover(ctx: WorkerContext) -> None:
             log.exception("operation %s: recovery failed", record["operation_id"])
 
 
-def _agent_extras(ctx: WorkerContext, payload: dict, op_dir: str) -> dict:
+def _agent_extras(ctx: WorkerContext, payload: dict, op_dir: str, worktree: dict | None) -> dict:
     """The agent facts of an operation a previous worker ran: its output file re-parsed
-    with the profile's parser, git evidence from the recorded start (observe.py)."""
+    with the profile's parser, git evidence from the recorded start (observe.py), in its
+    worktree for a worktree task (G7)."""
     profile = ctx.config.profiles.get(payload.get("agent"))
     folder = payload.get("folder")
     try:
         return recovered_extras(parser=profile.parser if profile else "text", op_dir=op_dir,
-                                folder=os.path.realpath(folder) if isinstance(folder, str) else None)
+                                folder=os.path.realpath(folder) if isinstance(folder, str) else None,
+                                worktree=worktree, prompt=payload.get("prompt"),
+                                record=profile.record_path(op_dir) if profile else None)
     except Exception:
         log.exception("agent facts of %s could not be recovered", op_dir)
         return {}
@@ -113,7 +116,8 @@ def recover_one(ctx: WorkerContext, record: dict) -> None:
             facts = final_facts(process_started=True, lease_id=record["lease_id"], stop_reason="worker_restart",
                                 survivors=survivors, output_tail=process.output_tail(op_dir))
     if facts.get("process_started") is not False:
-        facts = {**_agent_extras(ctx, payload, op_dir), **facts}  # G2-G5 from what it left
+        worktree = json.loads(record["worktree"]) if record.get("worktree") else None
+        facts = {**_agent_extras(ctx, payload, op_dir, worktree), **facts}  # G2-G5, G7 from what it left
     items.append(receipt_item(ctx.identity, operation_id=operation_id, kind="final", facts=facts, slept=slept))
     if record["turn_id"] and payload.get("session_id"):
         items.append(marker_item(ctx.identity, session_id=str(payload["session_id"]), turn_id=record["turn_id"],

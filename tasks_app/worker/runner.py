@@ -3,11 +3,13 @@ X1, X2, J1, M8).
 
 ``Runner.start`` runs each operation in its own thread:
 
-1. local checks (W4: profile, folder inside the allowed roots and the grant root) and a
-   slot (W8: at most ``max_concurrent`` agents); a refused start is a final receipt with
-   ``process_started: false``, ``stop_reason: refused``;
+1. local checks (W4: profile, folder inside the allowed roots and the grant root; G7: a
+   worktree task's folder in a git work tree) and a slot (W8: at most ``max_concurrent``
+   agents); a refused start is a final receipt with ``process_started: false``,
+   ``stop_reason: refused``;
 2. the lease (L1: no lease, no start);
-3. ``starting`` committed with ``spawn_count = 1`` (X1), the spawn through the launcher,
+3. ``starting`` committed with ``spawn_count = 1`` (X1) and, for a worktree task, where
+   its worktree goes; the worktree made (G7); the spawn through the launcher,
    pid, group and start time committed right after (X2), the ``running`` marker (M8);
 4. the watch: the deadline checked every ``watch_interval_s`` (L4), stop requests
    (cancel, refused renewal, shutdown) and descendant snapshots (L8), while a renewer
@@ -22,6 +24,7 @@ or a receipt (W8).
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -30,8 +33,9 @@ import uuid
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
-from . import faults, process
-from .client import Backoff
+from tasks_app.protocol import Backoff
+
+from . import approvals, faults, process, worktrees
 from .config import check_start
 from .observe import AgentObserver
 from .presets import ResumeUnsupported
@@ -117,8 +121,12 @@ class Run:
     hooks: RunHooks = field(default_factory=RunHooks)
     follower: OutputFollower | None = None
     observer: AgentObserver | None = None  # G2-G5: parser, output follower, git evidence
+    worktree: dict | None = None  # G7: worktrees.plan of a worktree task
     progress_sent: dict | None = None  # G4: the last progress offered (offers go only on change)
     progress_offset: int = 0  # output bytes seen at the last offer (none yet: no progress)
+    entries_offered: int = 0  # G4: the highest transcript entry number offered so far
+    asks: bool = False  # Q5: the profile says approvals = "ask"
+    approval: dict | None = None  # Q5: the lease answer's {credential, wait_s}; kept in memory only
     known: dict = field(default_factory=dict)
     finished: threading.Event = field(default_factory=threading.Event)
     wake: threading.Event = field(default_factory=threading.Event)
@@ -208,6 +216,15 @@ class Runner:
         if isinstance(checked, str):
             return self.refuse(run, checked)
         profile, folder = checked
+        # G7: the task's isolation wins over the profile's; W4 checked the original folder.
+        if (run.payload.get("isolation") or profile.isolation) == "worktree":
+            if run.payload.get("worktree_of"):  # G8: a follow-up, in the worktree of the task it follows
+                refusal = self.reuse_worktree(run, folder, run.payload["worktree_of"])
+            else:
+                refusal = self.plan_worktree(run, folder)
+            if refusal is not None:
+                return refusal
+            folder = run.worktree["cwd"]
         env = process.agent_env(os.environ, profile_env=profile.env, operation_id=run.operation_id,
                                 task_id=str(run.payload.get("task_id", "")), token=ctx.identity.token)
         # G1: the binary is looked up on the agent's PATH when the task starts.
@@ -217,13 +234,18 @@ class Runner:
             return self.refuse(run, f"agent executable {profile.executable!r} not found{where} "
                                     f"(profile {profile.name!r}; set binary = \"/abs/path\" in its config)",
                                code="agent_not_found")
+        def command(after_binary=()):
+            return profile.command(prompt=run.payload["prompt"], folder=folder, binary=binary,
+                                   agent_session_id=run.payload.get("agent_session_id") or None, op_dir=run.op_dir,
+                                   after_binary=after_binary)
+
         try:
-            argv = profile.command(prompt=run.payload["prompt"], folder=folder, binary=binary,
-                                   agent_session_id=run.payload.get("agent_session_id") or None)
+            argv = command()
         except ResumeUnsupported:
             return self.refuse(run, f"profile {profile.name!r} cannot resume an agent session (follow-up refused)",
                                code="resume_unsupported")
-        run.observer = AgentObserver(parser=profile.parser, op_dir=run.op_dir, folder=folder)
+        run.observer = AgentObserver(parser=profile.parser, op_dir=run.op_dir, folder=folder, worktree=run.worktree,
+                                     prompt=run.payload["prompt"], record=profile.record_path(run.op_dir))
         run.observer.record_git_start()  # G5, before the lease: a slow git costs no lease time
         # W8: at most max_concurrent agents; a queued start waits here, unleased.
         while not self.slots.acquire(blocking=False):
@@ -234,12 +256,61 @@ class Runner:
         try:
             if ctx.draining.is_set():
                 return  # stays 'received': the next worker start takes it up
+            run.asks = profile.approvals == "ask"
             if not self.acquire_lease(run):
                 return
+            if run.asks:
+                argv, env = self.asking(run, argv, env, command)
             self.spawn_and_watch(run, argv, folder, profile.prompt_via == "stdin", env)
         finally:
             self.slots.release()
             self.slot_freed.set()
+
+    def plan_worktree(self, run: Run, folder: str):
+        """G7: the repository of ``folder`` and the worktree this run will make (kept on
+        ``run.worktree``), or the refused start (``not_a_git_repository`` outside a work
+        tree or before its first commit)."""
+        repo = worktrees.find_repo(folder)
+        if repo is None or repo.head is None:
+            why = "is not inside a git work tree" if repo is None else "is in a git repository without any commit"
+            return self.refuse(run, f"folder {folder} {why}; a worktree task needs a commit to branch from",
+                               code="not_a_git_repository")
+        task_id = str(run.payload.get("task_id") or run.operation_id)
+        try:
+            run.worktree = {**worktrees.plan(repo, state_path=self.ctx.state.path, operation_id=run.operation_id,
+                                             task_id=task_id), "task_id": task_id}
+        except worktrees.WorktreeError as exc:
+            return self.refuse(run, f"no worktree for this task: {exc}")
+        return None
+
+    def reuse_worktree(self, run: Run, folder: str, operation_id: str):
+        """G7, G8: a follow-up of a worktree task runs in that task's worktree, on its
+        branch (the agent's session belongs to that directory): ``operation_id`` is the
+        followed task's operation, whose worktree this worker recorded. Its ``start`` is
+        the branch's head now (G5 counts this run's commits from there); ``base`` stays
+        the branch's base, so the diff is still what a merge brings. Refused
+        (``worktree_unavailable``) when this worker has no record of it, the worktree is
+        gone (merged, discarded, removed by hand) or ``folder`` is in another repository."""
+        record = self.ctx.store.get(operation_id)
+        info = json.loads(record["worktree"]) if record and record.get("worktree") else None
+        repo = worktrees.find_repo(folder)
+        why = None
+        if info is None:
+            why = "this worker has no record of the worktree of the task it follows"
+        elif not os.path.isdir(info["path"]):
+            why = f"the worktree {info['path']} of the task it follows is gone"
+        elif repo is None or repo.common_dir != info["common_dir"]:
+            why = f"folder {folder} is not in the repository of the task it follows"
+        else:
+            start = worktrees.branch_head(info)
+            if start is None:
+                why = f"branch {info['branch']} of the task it follows is gone"
+        if why is not None:
+            return self.refuse(run, f"no worktree for this follow-up: {why}", code="worktree_unavailable")
+        task_id = str(run.payload.get("task_id") or run.operation_id)
+        cwd = os.path.join(info["path"], repo.prefix) if repo.prefix else info["path"]
+        run.worktree = {**info, "cwd": cwd, "task_id": task_id, "start": start, "reused": True}
+        return None
 
     def acquire_lease(self, run: Run) -> bool:
         """L1: no lease, no start. Retries network trouble (backoff capped at
@@ -253,15 +324,20 @@ class Runner:
                     self.refuse(run, "cancelled before start", stop_reason="cancel")
                     return False
                 sent = SentAt.now(clock)
-                answer = service.lease_grant(run.operation_id)
+                if run.asks:
+                    answer = service.lease_grant(run.operation_id, approval_credential=True)
+                else:
+                    answer = service.lease_grant(run.operation_id)
                 if answer.kind == "ok":
-                    terms = LeaseTerms.from_reply(answer.body)
+                    body = dict(answer.body)
+                    run.approval = body.pop("approval", None)  # Q5: never stored, never logged
+                    terms = LeaseTerms.from_reply(body)
                     deadline = Deadline(terms, sent)
                     if deadline.phase(clock) != OK:
                         log.warning("operation %s: lease reply came too late to start; asking again", run.operation_id)
                         continue
                     run.deadline, run.granted = deadline, sent
-                    ctx.store.save_lease(run.operation_id, terms=answer.body, sent_mono=sent.monotonic,
+                    ctx.store.save_lease(run.operation_id, terms=body, sent_mono=sent.monotonic,
                                          sent_wall=sent.wall, boot=ctx.boot, granted=True)
                     return True
                 if answer.kind == "final":
@@ -280,6 +356,22 @@ class Runner:
         finally:
             service.close()
 
+    def asking(self, run: Run, argv: list[str], env: dict, command) -> tuple[list[str], dict]:
+        """Q5: the argv and environment of a run whose owner answers its permission
+        prompts: ``--settings`` with the ``PermissionRequest`` hook (``command(after_binary)``
+        rebuilds the argv with it), and the credential
+        of the lease answer in the environment (``approvals.py``). A service that sent
+        no credential (older than Q5) gets the run as with ``approvals = "off"``."""
+        approval = run.approval or {}
+        if not isinstance(approval.get("credential"), str) or not approval["credential"]:
+            log.warning("operation %s: the service sent no approval credential; what would prompt is denied",
+                        run.operation_id)
+            return argv, env
+        wait_s = float(approval.get("wait_s") or 600)
+        env = {**env, **approvals.asking_env(credential=approval["credential"], server=self.ctx.server,
+                                             op_dir=run.op_dir, wait_s=wait_s)}
+        return command(approvals.settings_args(wait_s=wait_s)), env
+
     # --- the agent (X1, X2, L4, L8, J1) --------------------------------------------------------
 
     def spawn_and_watch(self, run: Run, argv: list[str], folder: str, via_stdin: bool, env: dict) -> None:
@@ -288,18 +380,29 @@ class Runner:
         session_id = payload.get("session_id")
         run.turn_id = turn_id = str(uuid.uuid4()) if session_id else None
         slept = slept_s(run.granted, clock)
-        ctx.store.mark_starting(run.operation_id, turn_id=turn_id, wall=clock.wall(), outbox=[
+        ctx.store.mark_starting(run.operation_id, turn_id=turn_id, wall=clock.wall(), worktree=run.worktree, outbox=[
             receipt_item(ctx.identity, operation_id=run.operation_id, kind="starting",
                          facts={"lease_id": run.deadline.terms.lease_id}, slept=slept)])
         ctx.wake_sender()
         faults.fault("after_starting_commit_before_spawn")
+        problem = None
+        if run.worktree is not None and not run.worktree.get("reused"):
+            try:
+                worktrees.create(run.worktree)  # G7: recorded above, so a restart knows it
+            except worktrees.WorktreeError as exc:
+                problem = f"no worktree for this task: {exc}"
         run.spawned = SentAt.now(clock)
         try:
-            proc, leader = process.spawn(argv=argv, cwd=folder, env=env, op_dir=run.op_dir,
-                                         stdin_text=payload["prompt"] if via_stdin else None)
+            if problem is None:
+                proc, leader = process.spawn(argv=argv, cwd=folder, env=env, op_dir=run.op_dir,
+                                             stdin_text=payload["prompt"] if via_stdin else None)
         except OSError as exc:
+            problem = f"spawn failed: {exc}"
+            if run.worktree is not None and not run.worktree.get("reused"):  # nothing ran in it: it goes again
+                worktrees.remove(run.worktree, expected_head=run.worktree["base"], delete_branch=True)
+        if problem is not None:
             facts = final_facts(process_started=False, stop_reason="refused", lease_id=run.deadline.terms.lease_id,
-                                runtime_s=0.0, output_tail=f"spawn failed: {exc}")
+                                runtime_s=0.0, output_tail=problem)
             ctx.store.mark_ended(run.operation_id, final=facts, wall=clock.wall(), outbox=[
                 receipt_item(ctx.identity, operation_id=run.operation_id, kind="final", facts=facts, slept=slept)])
             ctx.wake_sender()
@@ -369,8 +472,9 @@ class Runner:
             run.wake.clear()
 
     def observe(self, run: Run) -> None:
-        """G2: feed new output to the parser; G4: offer progress when something changed
-        (the progress sender posts at most once a second from its own thread)."""
+        """G2: feed new output to the parser; G4: offer progress and the new transcript
+        entries when something changed (the progress sender posts at most once a second
+        from its own thread)."""
         observer = run.observer
         if observer is None:
             return
@@ -379,9 +483,12 @@ class Runner:
             return
         run.progress_offset = observer.offset
         payload = observer.progress(process.output_tail(run.op_dir))
-        if payload != run.progress_sent:
+        entries = observer.entries_since(run.entries_offered)
+        if entries:
+            run.entries_offered = entries[-1]["n"]
+        if payload != run.progress_sent or entries:
             run.progress_sent = payload
-            self.progress.offer(run.operation_id, payload)
+            self.progress.offer(run.operation_id, payload, entries)
 
     def snapshot(self, run: Run) -> None:
         changed = False
@@ -417,11 +524,11 @@ class Runner:
                 run.hooks.on_output(line)
         extra = {}
         if run.observer is not None:
-            if self.progress is not None:
-                self.progress.forget(run.operation_id)  # the final receipt says it all
+            # The final receipt says it all, the transcript entries no progress post delivered included.
+            confirmed = self.progress.forget(run.operation_id) if self.progress is not None else 0
             run.observer.finish()
             run.observer.record_git_end()
-            extra.update(run.observer.final_extras())
+            extra.update(run.observer.final_extras(confirmed))
         extra.update(run.hooks.facts_extra())  # an extension's own facts win over the observer's
         exit_facts = process.read_json(os.path.join(run.op_dir, "exit.json")) or {}
         # When the agent ended: the launcher's record (more precise than our observation),

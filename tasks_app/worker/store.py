@@ -5,8 +5,16 @@ State directory (mode 0700, W5)::
     worker.lock      one worker per directory (flock)
     machine.json     {"machine_id", "generation", "name", "server"}
     token            the machine token (mode 0600); never put in an agent's environment
-    worker.sqlite3   operations, seen messages, the outbox of receipts and markers
+    worker.sqlite3   operations, seen messages, integrations, the outbox of receipts and markers
     ops/<op id>/     output.log (agent stdout+stderr), prompt (stdin), launcher.json, exit.json
+    worktrees/<op id>/  the git worktree of a worktree task (G7)
+
+Bounded (W1): the records of an operation that ended locally, whose start message's ack
+the service answered and whose every queued report was answered, are pruned once
+untouched for ``RECORD_RETENTION_S`` (7 days), with its ``ops/`` directory (a worktree
+task's only after its integration is done, G7); so are seen
+messages and answered outbox rows of that age that belong to no kept operation
+(``Store.prune``, run by the worker at start and daily).
 
 The database runs WAL + synchronous=FULL + fullfsync + checkpoint_fullfsync (W1): every
 commit is durable (on macOS, through the drive cache). Transactions are ``BEGIN IMMEDIATE``
@@ -24,8 +32,9 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 DB_NAME = "worker.sqlite3"
+RECORD_RETENTION_S = 7 * 86400.0
 
 PRAGMAS = (
     "PRAGMA journal_mode=WAL",
@@ -87,6 +96,29 @@ CREATE TABLE outbox (
 CREATE INDEX outbox_pending ON outbox (seq) WHERE status = 'pending';
 """
 
+# G7: worktree tasks and their merge or discard.
+SCHEMA_V2 = """
+-- The worktree of a worktree task (worktrees.plan's JSON), recorded with 'starting'.
+ALTER TABLE operations ADD COLUMN worktree TEXT;
+CREATE TABLE integrations (
+    integration_id  TEXT PRIMARY KEY,
+    operation_id    TEXT NOT NULL,
+    payload         TEXT NOT NULL,
+    -- received -> merging (the planned ref move recorded before it is made) -> done
+    state           TEXT NOT NULL CHECK (state IN ('received', 'merging', 'done')),
+    plan            TEXT,
+    outcome         TEXT,
+    created_wall    REAL NOT NULL,
+    updated_wall    REAL NOT NULL
+);
+"""
+
+# v3: when the service answered a message's ack (W1's pruning needs to know that a start
+# will never be delivered again, W3).
+SCHEMA_V3 = """
+ALTER TABLE messages ADD COLUMN acked_wall REAL
+"""
+
 
 class StateDirLocked(Exception):
     """Another worker holds this state directory (W5)."""
@@ -129,6 +161,12 @@ class StateDir:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
+
+    def remove_op_dir(self, operation_id: str) -> None:
+        """Delete an operation's files (after ``Store.prune``); a missing one is fine."""
+        import shutil
+
+        shutil.rmtree(os.path.join(self.path, "ops", str(uuid.UUID(str(operation_id)))), ignore_errors=True)
 
     def op_dir(self, operation_id: str) -> str:
         path = os.path.join(self.path, "ops", str(uuid.UUID(str(operation_id))))
@@ -221,10 +259,12 @@ class Store:
             version = list(c.execute("PRAGMA user_version").fetchone().values())[0]
             if version > SCHEMA_VERSION:
                 raise RuntimeError(f"worker database {self.path} has schema {version}, newer than {SCHEMA_VERSION}")
-            if version < 1:
-                for statement in SCHEMA_V1.split(";"):
-                    if statement.strip():
-                        c.execute(statement)
+            for number, schema in ((1, SCHEMA_V1), (2, SCHEMA_V2), (3, SCHEMA_V3)):
+                if version < number:
+                    for statement in schema.split(";"):
+                        if statement.strip():
+                            c.execute(statement)
+            if version < SCHEMA_VERSION:
                 c.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     # --- operations -------------------------------------------------------------------
@@ -257,6 +297,44 @@ class Store:
             )
             return cur.rowcount == 1
 
+    def message_acked(self, message_id: str, wall: float) -> None:
+        """The service answered this message's ack (200): it will not deliver it again."""
+        with self.transaction() as c:
+            c.execute("UPDATE messages SET acked_wall = COALESCE(acked_wall, ?) WHERE message_id = ?", (wall, message_id))
+
+    def prune(self, *, before_wall: float) -> list[str]:
+        """W1's bound, one transaction: delete every operation that ended locally, was last
+        updated before ``before_wall`` (wall seconds), has its start message's ack
+        answered (so it can never be delivered again and W3 needs no record) and no
+        report still pending; then the answered outbox rows and seen messages older than
+        ``before_wall`` that belong to no kept operation. A worktree task (G7) goes only
+        once an integration of its worktree is done (merge or discard; its own, or that of
+        a later follow-up in the same worktree, G8), never while the owner may still
+        decide. Returns the pruned operation ids
+        (their ``ops/`` directories are the caller's to remove)."""
+        with self.transaction() as c:
+            pruned = [row["operation_id"] for row in c.execute(
+                "SELECT o.operation_id FROM operations o WHERE o.local_state = 'ended' AND o.updated_wall < ?"
+                " AND EXISTS (SELECT 1 FROM messages m WHERE m.operation_id = o.operation_id AND m.kind = 'start'"
+                "             AND m.acked_wall IS NOT NULL)"
+                " AND NOT EXISTS (SELECT 1 FROM outbox x WHERE x.operation_id = o.operation_id AND x.status = 'pending')"
+                " AND NOT EXISTS (SELECT 1 FROM integrations i WHERE i.operation_id = o.operation_id"
+                "                 AND i.state != 'done')"
+                " AND (o.worktree IS NULL OR EXISTS (SELECT 1 FROM integrations i JOIN operations w"
+                "      ON w.operation_id = i.operation_id WHERE i.state = 'done'"
+                "      AND json_extract(w.worktree, '$.path') = json_extract(o.worktree, '$.path')))",
+                (before_wall,),
+            ).fetchall()]
+            c.executemany("DELETE FROM operations WHERE operation_id = ?", [(op,) for op in pruned])
+            c.executemany("DELETE FROM integrations WHERE operation_id = ?", [(op,) for op in pruned])
+            c.execute(
+                "DELETE FROM outbox WHERE status != 'pending' AND created_wall < ? AND (operation_id IS NULL OR"
+                " operation_id NOT IN (SELECT operation_id FROM operations))", (before_wall,))
+            c.execute(
+                "DELETE FROM messages WHERE received_wall < ? AND (operation_id IS NULL OR"
+                " operation_id NOT IN (SELECT operation_id FROM operations))", (before_wall,))
+            return pruned
+
     def request_cancel(self, operation_id: str) -> None:
         with self.transaction() as c:
             c.execute("UPDATE operations SET cancel_requested = 1 WHERE operation_id = ?", (operation_id,))
@@ -278,13 +356,15 @@ class Store:
                     (json.dumps(terms), sent_mono, sent_wall, sent_wall, operation_id),
                 )
 
-    def mark_starting(self, operation_id: str, *, turn_id: str | None, wall: float, outbox: list[dict]) -> None:
-        """X1: ``starting`` + ``spawn_count = 1`` before the spawn (raises on a second try)."""
+    def mark_starting(self, operation_id: str, *, turn_id: str | None, wall: float, outbox: list[dict],
+                      worktree: dict | None = None) -> None:
+        """X1: ``starting`` + ``spawn_count = 1`` before the spawn (raises on a second try);
+        ``worktree`` (G7) is where the worktree is about to be made."""
         with self.transaction() as c:
             cur = c.execute(
                 "UPDATE operations SET local_state = 'starting', spawn_count = spawn_count + 1, turn_id = ?,"
-                " updated_wall = ? WHERE operation_id = ? AND local_state = 'received'",
-                (turn_id, wall, operation_id),
+                " worktree = ?, updated_wall = ? WHERE operation_id = ? AND local_state = 'received'",
+                (turn_id, json.dumps(worktree) if worktree else None, wall, operation_id),
             )
             if cur.rowcount != 1:
                 raise sqlite3.IntegrityError(f"operation {operation_id} is not in state received")
@@ -317,6 +397,51 @@ class Store:
                 "UPDATE operations SET local_state = 'ended', final = ?, updated_wall = ? WHERE operation_id = ?",
                 (json.dumps(final) if final is not None else None, wall, operation_id),
             )
+            self._enqueue(c, outbox, wall)
+
+    # --- integrations (G7) ----------------------------------------------------------------
+
+    def record_integration(self, *, message_id: str, integration_id: str, operation_id: str, payload: dict,
+                           wall: float) -> bool:
+        """Commit a pulled ``integrate`` message before its ack (W2); False when the
+        integration was already known (W3: acknowledged, never carried out twice)."""
+        with self.transaction() as c:
+            c.execute(
+                "INSERT OR IGNORE INTO messages (message_id, kind, operation_id, received_wall) VALUES (?, ?, ?, ?)",
+                (message_id, "integrate", operation_id, wall),
+            )
+            cur = c.execute(
+                "INSERT OR IGNORE INTO integrations (integration_id, operation_id, payload, state, created_wall,"
+                " updated_wall) VALUES (?, ?, ?, 'received', ?, ?)",
+                (integration_id, operation_id, json.dumps(payload), wall, wall),
+            )
+            return cur.rowcount == 1
+
+    def integration(self, integration_id: str) -> dict | None:
+        with self._lock:
+            return self.conn.execute("SELECT * FROM integrations WHERE integration_id = ?",
+                                     (integration_id,)).fetchone()
+
+    def integrations(self, *states: str) -> list[dict]:
+        """Integrations in ``states`` (all when none given), oldest first."""
+        with self._lock:
+            if not states:
+                return self.conn.execute("SELECT * FROM integrations ORDER BY created_wall").fetchall()
+            marks = ",".join("?" * len(states))
+            return self.conn.execute(f"SELECT * FROM integrations WHERE state IN ({marks}) ORDER BY created_wall",
+                                     states).fetchall()
+
+    def integration_planned(self, integration_id: str, *, plan: dict, wall: float) -> None:
+        """The ref move a merge is about to make, durable before it is made (``merging``)."""
+        with self.transaction() as c:
+            c.execute("UPDATE integrations SET state = 'merging', plan = ?, updated_wall = ?"
+                      " WHERE integration_id = ? AND state != 'done'", (json.dumps(plan), wall, integration_id))
+
+    def integration_done(self, integration_id: str, *, outcome: dict, wall: float, outbox: list[dict]) -> None:
+        """The outcome, and the ``integrated`` receipt that reports it, in one commit."""
+        with self.transaction() as c:
+            c.execute("UPDATE integrations SET state = 'done', outcome = ?, updated_wall = ? WHERE integration_id = ?",
+                      (json.dumps(outcome), wall, integration_id))
             self._enqueue(c, outbox, wall)
 
     # --- outbox (R4) --------------------------------------------------------------------

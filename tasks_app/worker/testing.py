@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import threading
 import uuid
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from .client import MAX_POLL_WAIT_S, Answer
 
@@ -80,8 +82,9 @@ class InMemoryService:
     """See the module docstring. Lease timings in seconds."""
 
     def __init__(self, clock, *, duration_s: float = 60.0, renew_every_s: float = 15.0, margin_s: float = 5.0,
-                 kill_grace_s: float = 5.0, visibility_s: float = 30.0):
+                 kill_grace_s: float = 5.0, visibility_s: float = 30.0, approval_wait_s: float = 600.0):
         self.clock = clock
+        self.approval_wait_s = approval_wait_s  # Q5: the service's approval_wait_s
         self.terms = {"duration_s": duration_s, "renew_every_s": renew_every_s, "margin_s": margin_s,
                       "kill_grace_s": kill_grace_s}
         self.visibility_s = visibility_s
@@ -116,15 +119,17 @@ class InMemoryService:
         return message
 
     def add_start(self, *, folder: str, grant_root: str, agent: str, prompt: str = "do the thing",
-                  session_id: str | None = None, deep_research: bool = False, max_runtime_s: int = 600) -> Message:
-        """A task accepted for this machine: its ``start`` message (payload as H sends it)."""
+                  session_id: str | None = None, deep_research: bool = False, max_runtime_s: int = 600,
+                  isolation: str = "none") -> Message:
+        """A task accepted for this machine: its ``start`` message (payload as H sends it;
+        ``isolation``: ``none`` or ``worktree``, G7)."""
         operation_id = str(uuid.uuid4())
         with self._lock:
             self.operations[operation_id] = {"cancelled": False, "refuse_grant": None, "refuse_renewal": None}
         return self.add_message("start", operation_id, {
             "task_id": str(uuid.uuid4()), "folder": folder, "grant_root": grant_root, "agent": agent,
             "prompt": prompt, "max_runtime_s": max_runtime_s, "session_id": session_id,
-            "deep_research": deep_research})
+            "deep_research": deep_research, "isolation": isolation})
 
     def cancel(self, operation_id: str) -> Message:
         """J7: grant and renewal are refused ``cancelled`` from now on; a ``cancel`` message."""
@@ -257,9 +262,11 @@ class InMemoryService:
         return answer(200, {"acked": True})
 
     def _body(self, lease: Lease) -> dict:
-        return {"lease_id": lease.id, "expires_at": lease.expires_at, **self.terms}
+        """The lease answer as the API words it: ``expires_at`` in ISO 8601, UTC."""
+        expires_at = datetime.fromtimestamp(lease.expires_at, UTC).isoformat()
+        return {"lease_id": lease.id, "expires_at": expires_at, **self.terms}
 
-    def lease_grant(self, operation_id: str) -> Answer:
+    def lease_grant(self, operation_id: str, *, approval_credential: bool = False) -> Answer:
         canned = self._canned("grant", operation_id=operation_id)
         if canned is not None:
             return canned
@@ -283,7 +290,10 @@ class InMemoryService:
                 self.leases[lease.id] = lease
                 status = 201
             self._record("grant", status, operation_id=operation_id, lease_id=lease.id)
-            return answer(status, self._body(lease))
+            body = self._body(lease)
+            if approval_credential:  # Q5: a fresh one per answer, as the service does
+                body["approval"] = {"credential": secrets.token_urlsafe(32), "wait_s": self.approval_wait_s}
+            return answer(status, body)
 
     def lease_renew(self, lease_id: str, *, output_tail: str, timeout_s: float) -> Answer:
         canned = self._canned("renew", lease_id=lease_id)
@@ -348,8 +358,10 @@ class InMemoryService:
             canned = self._canned("profiles", body=body)
             if canned is not None:
                 return canned
-            with self._lock:
-                self.profiles = body.get("profiles")
+            with self._lock:  # stored as the service stores them: sorted by name, isolation filled in (B10, G7)
+                self.profiles = sorted(({"name": p["name"], "preset": p.get("preset"),
+                                         "isolation": p.get("isolation") or "none"} for p in body.get("profiles", [])),
+                                       key=lambda p: p["name"])
                 self._record("profiles", 200, body=body)
             return answer(200, {"profiles": self.profiles})
         return error(404, "not_found", f"no route {method} {path}")

@@ -1,5 +1,5 @@
 """``python manage.py install_hooks AGENT --server URL [--token T] [--config-dir DIR]
-[--state-dir DIR] [--uninstall]`` (SPEC I5). The work is in ``sessions_app.hooks.install``."""
+[--state-dir DIR] [--approval-wait-s S] [--uninstall]`` (SPEC I5, Q3). The work is in ``sessions_app.hooks.install``."""
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -20,6 +20,9 @@ class Command(BaseCommand):
         parser.add_argument("--token", help="owner API token (kept in the hook state dir, mode 0600)")
         parser.add_argument("--config-dir", type=Path, help="the CLI's config folder (default: its usual one)")
         parser.add_argument("--state-dir", type=Path, help="hook state folder (default ~/.runstead/hooks)")
+        parser.add_argument("--approval-wait-s", type=int, default=None,
+                            help="how long Claude Code's PermissionRequest hook waits for your answer (Q3; "
+                                 "default 600; its hook timeout is this plus 30)")
         parser.add_argument("--uninstall", action="store_true", help="remove only RunStead's entries")
 
     def handle(self, *args, **options):
@@ -31,6 +34,7 @@ class Command(BaseCommand):
             report = install(
                 options["agent"], server=options["server"], token=options["token"],
                 config_dir=options["config_dir"], state_dir=options["state_dir"], uninstall=options["uninstall"],
+                approval_wait_s=options["approval_wait_s"],
             )
         except InstallError as error:
             raise CommandError(str(error)) from None

@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from rest_framework.authtoken.models import Token
 
-from config import clock
+from core import clock
 from tasks_app.auth import token_digest
 from tasks_app.models import Budget, Machine
 from tasks_app.services.pairing import pairing_code_create

@@ -3,13 +3,18 @@
 ``--install-service`` / ``--uninstall-service`` (D4) install or remove this command line
 as a login service (``tasks_app.worker.login_service``).
 
+``--prune-worktrees`` (G7) removes what is left of the worktrees of final, integrated
+worktree tasks (and their branch after a merge or a discard), prints it and exits.
+
 ``--check`` (G1) prints every profile as resolved (argv template, parser, binary found
-on PATH or not, resume support) and exits 1 when one is broken; it needs no pairing.
+on PATH or not, resume support, and the CLI's ``--version`` beside the preset's tested
+version, with a WARNING when they differ) and exits 1 when one is broken; it needs no pairing.
 
 A thin wrapper: everything lives in ``tasks_app.worker`` (no Django ORM there).
 Environment for tests and tuning: ``RUNSTEAD_WORKER_POLL_S`` (long-poll wait, at most and by
-default ``LONG_POLL_MAX_S``, 25), ``RUNSTEAD_WORKER_BACKOFF_BASE_S`` (first retry delay, default 1; the cap is
-60 s), ``RUNSTEAD_WORKER_FAULT`` (crash tests only, see ``tasks_app.worker.faults``).
+default ``LONG_POLL_MAX_S``, 25), ``RUNSTEAD_WORKER_PULL_IDLE_S`` (a pull with no byte for this long
+is given up, D1; default ``PULL_IDLE_TIMEOUT_S``, 7), ``RUNSTEAD_WORKER_BACKOFF_BASE_S`` (R4 backoff base: the first retry waits
+0.5-1 times it, default 1; the cap is 60 s), ``RUNSTEAD_WORKER_FAULT`` (crash tests only, see ``tasks_app.worker.faults``).
 Exit codes: 0 done, 1 bad usage/config, 2 state directory in use (W5), 3 token revoked.
 """
 import os
@@ -42,6 +47,9 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="pull once, run what came, report, exit")
         parser.add_argument("--check", action="store_true",
                             help="print the resolved profiles and exit (non-zero if one is broken)")
+        parser.add_argument("--prune-worktrees", action="store_true",
+                            help="remove the worktrees (and merged or discarded branches) of final, integrated "
+                                 "worktree tasks, print what was removed, and exit (G7)")
         service = parser.add_mutually_exclusive_group()
         service.add_argument("--install-service", action="store_true",
                              help="install this command line as a login service (LaunchAgent / systemd user unit, D4)")
@@ -55,6 +63,8 @@ class Command(BaseCommand):
         from tasks_app.worker.store import StateDirLocked
 
         state_dir = os.path.abspath(os.path.expanduser(options["state_dir"]))
+        if options["prune_worktrees"]:
+            return self._prune(state_dir)
         config_path = options["config"]
         if config_path is None and os.path.exists(os.path.join(state_dir, "config.toml")):
             config_path = os.path.join(state_dir, "config.toml")
@@ -74,8 +84,9 @@ class Command(BaseCommand):
         worker_options = WorkerOptions(
             server=options["server"] or "",
             poll_wait_s=min(LONG_POLL_MAX_S, _env_float("RUNSTEAD_WORKER_POLL_S", LONG_POLL_MAX_S)),
+            pull_idle_s=_env_float("RUNSTEAD_WORKER_PULL_IDLE_S", WorkerOptions.pull_idle_s),
             once=options["once"],
-            backoff_base_s=_env_float("RUNSTEAD_WORKER_BACKOFF_BASE_S", 1.0),
+            backoff_base_s=_env_float("RUNSTEAD_WORKER_BACKOFF_BASE_S", WorkerOptions.backoff_base_s),
         )
         try:
             worker = open_worker(state_dir=state_dir, config=config, options=worker_options)
@@ -90,6 +101,23 @@ class Command(BaseCommand):
         code = worker.run()
         if code:
             sys.exit(code)
+
+    def _prune(self, state_dir: str) -> None:
+        """G7: ``integrate.prune`` on this state directory's store. Safe beside a running
+        worker: it touches only integrations that are done."""
+        from tasks_app.worker.integrate import prune
+        from tasks_app.worker.store import StateDir, Store
+
+        state = StateDir(state_dir)
+        if not os.path.exists(state.db_path):
+            self.stdout.write(f"no worker database in {state.path}: nothing to prune\n")
+            return
+        store = Store(state.db_path)
+        try:
+            removed = prune(store, out=lambda line: self.stdout.write(line + "\n"))
+        finally:
+            store.close()
+        self.stdout.write(f"pruned: {removed} removed\n")
 
     def _service(self, options):
         """D4: write and load (or stop and remove) the login service for this command line."""

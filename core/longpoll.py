@@ -1,0 +1,199 @@
+"""Long-poll endpoints: a view answers with a ``Wait``, the server performs it (D1, D2, Q3).
+
+A long-poll view parses and authorises as any DRF view does, then answers
+``WaitResponse(wait, render)``: the service's ``core.waiting.Wait`` and how to turn its
+result into the body. It does not know how the wait is performed:
+
+- ``route(django_app, views)`` (``config/asgi.py``) sends a ``GET`` that resolves to one
+  of ``views`` and carries ``?wait=`` around Django's request handler, whose per-request
+  thread-sensitive context would hold a thread for the whole wait. The view runs in a
+  pool thread (authentication, input checks; its database connection is given back at
+  once), then ``core.waiting.take_or_wait`` awaits the wait holding no thread and no
+  connection. A client that disconnects ends the wait at once, and what was taken for
+  it goes back through ``Wait.release``. While it waits, a space of the body goes out
+  every ``RUNSTEAD_LONGPOLL_KEEPALIVE_S`` seconds (the worker's pull gives up after
+  ``tasks_app.protocol.PULL_IDLE_TIMEOUT_S`` of silence, D1). At most
+  ``RUNSTEAD_LONGPOLL_START_SLOTS`` waits start at once per process (``_Admission``).
+  Such requests pass no Django middleware: no session cookie is read (token
+  authentication only).
+- Anywhere else (WSGI, the test client, a request without ``wait``) rendering the
+  response performs the wait in the request's thread (``take_or_wait_sync``), outside
+  the view's transaction.
+"""
+import asyncio
+import io
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import parse_qs
+
+from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
+from django.urls import Resolver404, resolve
+from rest_framework.response import Response
+
+from core.waiting import Wait, run_db, take_or_wait, take_or_wait_sync
+
+
+class WaitResponse(Response):
+    """A long-poll view's answer: ``wait`` (a ``core.waiting.Wait``) and ``render``, which
+    turns the wait's result into the JSON body (a dict; called in a thread, so it may read
+    the database). Status 200 unless ``status`` says otherwise."""
+
+    def __init__(self, wait: Wait, render: Callable[[Any], dict], **kwargs):
+        super().__init__(None, **kwargs)
+        self.wait = wait
+        self.render_result = render
+        self._waited = False
+
+    def finish(self, result) -> "WaitResponse":
+        """Render the body from the wait's ``result``."""
+        self.data = self.render_result(result)
+        self._waited = True
+        return self.render()
+
+    @property
+    def rendered_content(self):
+        if not self._waited:  # not performed by ``route``: wait here, in this thread
+            self.data = self.render_result(take_or_wait_sync(self.wait))
+            self._waited = True
+        return super().rendered_content
+
+
+class LongPollRouter:
+    """ASGI app: long-polls of ``views`` (see the module docstring), all else to Django."""
+
+    def __init__(self, django_app, views: Iterable[type]):
+        self.django_app = django_app
+        self.views = tuple(views)
+
+    def match(self, scope):
+        """The resolved view of a waiting request for one of ``views``, or None."""
+        if scope["type"] != "http" or scope["method"] != "GET":
+            return None
+        if "wait" not in parse_qs(scope.get("query_string", b"").decode("latin-1")):
+            return None
+        try:
+            found = resolve(scope["path"])
+        except Resolver404:
+            return None
+        return found if getattr(found.func, "view_class", None) in self.views else None
+
+    async def __call__(self, scope, receive, send):
+        found = self.match(scope)
+        if found is None:
+            return await self.django_app(scope, receive, send)
+        return await long_poll(found, scope, receive, send)
+
+
+def route(django_app, views: Iterable[type]) -> LongPollRouter:
+    """The HTTP side of ``config/asgi.py``: ``views`` are the long-poll view classes."""
+    return LongPollRouter(django_app, views)
+
+
+def _dispatch(found, scope):
+    """Run the view in this (pool) thread; a ``WaitResponse`` comes back unperformed,
+    anything else rendered."""
+    request = ASGIRequest(scope, io.BytesIO(b""))
+    response = found.func(request, *found.args, **found.kwargs)
+    if not isinstance(response, WaitResponse) and callable(getattr(response, "render", None)):
+        response = response.render()
+    return response
+
+
+async def _send(send, response) -> None:
+    headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
+    headers.append((b"content-length", str(len(response.content)).encode()))
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": response.content})
+
+
+async def _disconnected(receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _send_keepalive(send, response, streaming: bool) -> None:
+    """D1: one space of the body (JSON allows leading whitespace); the first one starts
+    the response (the view has authorised, so the status is known; no length, so the
+    server sends it chunked and a proxy flushes each write)."""
+    if not streaming:
+        headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": b" ", "more_body": True})
+
+
+class _Admission:
+    """At most ``RUNSTEAD_LONGPOLL_START_SLOTS`` wait starts (the view, then the first
+    take: the database work of a pull start) at once per event loop, so a wave of pulls
+    (every worker after a restart) queues behind itself, not in front of the API's
+    requests for the threads, the connection pool and the interpreter."""
+
+    _semaphores: "dict[asyncio.AbstractEventLoop, asyncio.Semaphore]" = {}
+
+    def __init__(self):
+        loop = asyncio.get_running_loop()
+        for old in [other for other in self._semaphores if other.is_closed()]:
+            del self._semaphores[old]
+        self.semaphore = self._semaphores.setdefault(loop, asyncio.Semaphore(settings.RUNSTEAD_LONGPOLL_START_SLOTS))
+        self.held = False
+
+    async def __aenter__(self):
+        await self.semaphore.acquire()
+        self.held = True
+        return self
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.semaphore.release()
+
+    async def __aexit__(self, *exc):
+        self.release()
+
+
+async def long_poll(found, scope, receive, send) -> None:
+    """One waiting request (``found``: its ``ResolverMatch``). Its start (the view and
+    the first take) waits for one of the loop's start slots (``_Admission``). While it
+    waits, a space goes out every ``RUNSTEAD_LONGPOLL_KEEPALIVE_S`` seconds, so the
+    client sees a half-open connection by the silence (D1)."""
+    async with _Admission() as admission:
+        await _long_poll(found, scope, receive, send, admission)
+
+
+async def _long_poll(found, scope, receive, send, admission: _Admission) -> None:
+    disconnect = asyncio.ensure_future(_disconnected(receive))
+    waiting = None
+    streaming = False  # the response has begun (a keep-alive went out)
+    try:
+        response = await run_db(_dispatch, found, scope)
+        if isinstance(response, WaitResponse):
+            waiting = asyncio.ensure_future(take_or_wait(response.wait, first_taken=admission.release))
+        else:
+            admission.release()
+        if waiting is not None:
+            while not (await asyncio.wait({waiting, disconnect}, timeout=settings.RUNSTEAD_LONGPOLL_KEEPALIVE_S,
+                                          return_when=asyncio.FIRST_COMPLETED))[0]:
+                await _send_keepalive(send, response, streaming)
+                streaming = True
+            if not waiting.done():  # the client is gone; a take in flight is released
+                waiting.cancel()
+                await asyncio.wait({waiting})
+                return
+            result = waiting.result()
+            if disconnect.done():
+                if response.wait.release is not None and response.wait.done(result):
+                    await run_db(response.wait.release, result)
+                return
+            response = await run_db(response.finish, result)
+        if disconnect.done():
+            return
+        if streaming:
+            await send({"type": "http.response.body", "body": response.content})
+        else:
+            await _send(send, response)
+    finally:
+        disconnect.cancel()
+        if waiting is not None and not waiting.done():  # this request itself was cancelled
+            waiting.cancel()

@@ -1,0 +1,113 @@
+"""SPEC Q3 on the service: ``GET /api/approvals/{id}/?wait=S`` is a long-poll of the one
+wait (``core.waiting``): on daphne it is answered by the decision's after-commit wake-up,
+not by a timer, and by the safety re-check for an expiry nobody announced; under WSGI the
+same wait runs in the request's thread (its sync form). Tests wait on the fact "the read
+waits" (``core.waiting``'s DEBUG line, or ``waiting(key)`` in process), never on a sleep."""
+import time
+import uuid
+
+import httpx
+import pytest
+
+from core.waiting import waiting
+from sessions_app.approvals import approval_key
+from tests.conftest import owner_api
+from tests.live import Background, live_daphne  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+DEBUG = {"RUNSTEAD_LOG_LEVEL": "DEBUG"}  # core.waiting logs each wait that begins waiting
+BASH = {"command": "make test"}
+
+
+def _headers(owner, **extra) -> dict:
+    return {"Authorization": f"Token {owner.auth_token.key}", **extra}
+
+
+def _ask(url, owner) -> dict:
+    body = {"key": f"k-{uuid.uuid4()}", "session": str(uuid.uuid4()), "agent": "claude", "tool_name": "Bash",
+            "tool_input": BASH}
+    answer = httpx.post(url + "/api/approvals/", json=body, headers=_headers(owner), timeout=10)
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def _read(url, owner, approval_id, wait):
+    return httpx.get(f"{url}/api/approvals/{approval_id}/", params={"wait": wait}, headers=_headers(owner),
+                     timeout=wait + 10)
+
+
+def test_q3_a_waiting_read_is_answered_by_the_decision_not_by_a_timer(live_daphne, owner):
+    # Re-check every 30 s: only the decision's after-commit wake-up can answer within 3 s.
+    url = live_daphne(RUNSTEAD_LONGPOLL_RECHECK_S="30", **DEBUG)
+    approval = _ask(url, owner)
+    read = Background(_read, url, owner, approval["id"], 20)
+    live_daphne.servers[-1].wait_waiting(key=approval_key(approval["id"]))  # pending: the read waits
+    decided = time.monotonic()
+    decision = httpx.post(f"{url}/api/approvals/{approval['id']}/decision/", json={"behavior": "deny", "message": "no"},
+                          headers=_headers(owner, **{"Idempotency-Key": "d-1"}), timeout=10)
+    assert decision.status_code == 200, decision.text
+    answer = read.result(10)
+    took = time.monotonic() - decided
+    assert answer.status_code == 200
+    assert (answer.json()["state"], answer.json()["message"]) == ("denied", "no")
+    assert took < 3, f"the waiting read answered {took:.2f} s after the decision"
+
+
+def test_q3_an_expiry_ends_the_wait_through_the_safety_recheck(live_daphne, owner):
+    # Nothing announces an expiry that only time makes: the re-check's take expires it.
+    url = live_daphne(RUNSTEAD_APPROVAL_WAIT_S="1", RUNSTEAD_LONGPOLL_RECHECK_S="0.3", **DEBUG)
+    approval = _ask(url, owner)
+    answer = _read(url, owner, approval["id"], 20)
+    assert (answer.json()["state"], answer.json()["decided_by"]) == ("expired", "timeout")
+    assert live_daphne.servers[-1].waits().count(approval_key(approval["id"])) >= 1  # it did wait first
+
+
+def test_q3_a_decided_approval_answers_at_once(live_daphne, owner):
+    url = live_daphne()
+    approval = _ask(url, owner)
+    httpx.post(f"{url}/api/approvals/{approval['id']}/decision/", json={"behavior": "allow"},
+               headers=_headers(owner, **{"Idempotency-Key": "d-1"}), timeout=10)
+    started = time.monotonic()
+    assert _read(url, owner, approval["id"], 25).json()["state"] == "allowed"
+    assert time.monotonic() - started < 5
+
+
+def test_q3_sync_form_under_wsgi_is_woken_by_the_decision(owner):
+    api = owner_api(owner)
+    body = {"key": "k-sync", "session": str(uuid.uuid4()), "agent": "claude", "tool_name": "Bash", "tool_input": BASH}
+    approval = api.post("/api/approvals/", body, format="json").json()
+    read = Background(owner_api(owner).get, f"/api/approvals/{approval['id']}/", {"wait": 20})
+    deadline = time.monotonic() + 10
+    while waiting(approval_key(approval["id"])) < 1:  # the read's first take found it pending
+        assert time.monotonic() < deadline, "the read never waited"
+        time.sleep(0.01)
+    assert api.post(f"/api/approvals/{approval['id']}/decision/", {"behavior": "allow", "scope": "session"},
+                    format="json", HTTP_IDEMPOTENCY_KEY="d-1").status_code == 200
+    answer = read.result(5)
+    assert (answer.status_code, answer.json()["state"], answer.json()["scope"]) == (200, "allowed", "session")
+
+
+def test_q3_the_safety_recheck_is_one_query_for_all_waiting_approvals(owner, django_assert_num_queries):
+    """D1/Q3: the re-check asks once which of the waiting approvals a take would now answer
+    (decided, past ``expires_at``, or gone), instead of one take per waiting hook (bench:
+    500 waiting hooks made 100 takes/s)."""
+    from datetime import timedelta
+
+    from core import clock
+    from sessions_app.approvals import approvals_ready
+    from sessions_app.models import Approval
+
+    api = owner_api(owner)
+    ids = [api.post("/api/approvals/", {"key": f"k-{n}", "session": str(uuid.uuid4()), "agent": "claude",
+                                        "tool_name": "Bash", "tool_input": BASH}, format="json").json()["id"]
+           for n in range(4)]
+    pending, decided, due = ids[0], ids[1], ids[2]
+    assert api.post(f"/api/approvals/{decided}/decision/", {"behavior": "allow"}, format="json",
+                    HTTP_IDEMPOTENCY_KEY="d-1").status_code == 200
+    Approval.objects.filter(pk=due).update(expires_at=clock.now() - timedelta(seconds=1))
+    Approval.objects.filter(pk=ids[3]).delete()
+    keys = [approval_key(i) for i in ids]
+    with django_assert_num_queries(1):
+        found = approvals_ready(keys)
+    assert found == {approval_key(decided), approval_key(due), approval_key(ids[3])}
+    assert approval_key(pending) not in found

@@ -1,0 +1,109 @@
+"""``manage.py submit_task --follow`` (SPEC B2, B4, G4, O4): a terminal follows its task
+against a real daphne and a real worker running the fake Claude: state changes and
+transcript lines as they arrive, plain when piped and with a spinner line on a terminal,
+one JSON object a line with ``--json``; exit 0 on ``succeeded``, 1 on another final
+state, 2 on ``unknown``."""
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.live import live_daphne  # noqa: F401  (fixture)
+from tests.worker_harness import BASE_DIR, SHORT_TIMINGS, LiveSetup, manage_env, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+FAKE_CLAUDE = Path(__file__).resolve().parent.parent / "scripts" / "fake_claude.py"
+PROFILES = {"claude": {"FAKE_CLAUDE_PAUSE_S": "0.3", "FAKE_CLAUDE_TURNS": "3", "FAKE_CLAUDE_COMMIT": "0"},
+            "broken": {"FAKE_CLAUDE_PAUSE_S": "0.2", "FAKE_CLAUDE_RESULT": "api_error"},
+            "stuck": {"FAKE_CLAUDE_PAUSE_S": "30", "FAKE_CLAUDE_TURNS": "2"}}
+
+
+@pytest.fixture
+def setup(live_daphne, make_owner, tmp_path):  # noqa: F811
+    setup = LiveSetup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path)
+    subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
+    lines = [f'allowed_roots = ["{setup.root}"]']
+    for name, env in PROFILES.items():
+        env_toml = ", ".join(f'{k} = "{v}"' for k, v in env.items())
+        lines += [f"[profiles.{name}]", 'preset = "claude"', f'binary = "{FAKE_CLAUDE}"', f"env = {{ {env_toml} }}"]
+    setup.config.write_text("\n".join(lines) + "\n")
+    setup.start_worker()
+    yield setup
+    setup.close()
+
+
+def command(setup, agent, *extra, prompt="tidy the readme"):
+    return [sys.executable, "manage.py", "submit_task", "--server", setup.url, "--token", setup.owner.auth_token.key,
+            "--machine", setup.machine_id, "--folder", str(setup.repo), "--agent", agent, "--follow", *extra, prompt]
+
+
+def follow(setup, agent, *extra, timeout=60):
+    done = subprocess.run(command(setup, agent, *extra), cwd=BASE_DIR, env=manage_env(), capture_output=True,
+                          text=True, timeout=timeout)
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_o4_follow_prints_states_and_the_transcript_and_exits_0_on_succeeded(setup):
+    code, out, err = follow(setup, "claude")
+    assert code == 0, (out, err)
+    assert "\r" not in out and "\x1b" not in out  # piped: plain lines only
+    lines = out[out.index("[accepted]"):].splitlines()
+    states = [line.split("]")[0] + "]" for line in lines if line.startswith("[")]
+    assert states[0] == "[accepted]" and states[-1] == "[succeeded]" and "[running]" in states
+    assert "> tidy the readme" in lines
+    assert "Turn 1: looking at the repository for 'tidy the readme'." in lines
+    assert lines.count("$ Bash: git status --short") == 2 and lines.count("  ↳ ok") == 2
+    assert "Done: 'tidy the readme' is handled; I committed my notes." in lines  # the last entry, from the final
+    result = "result: exit code 0 · 3 turns · 2 tool calls · 9600 in / 240 out · $0.0324"
+    assert lines.index("> tidy the readme") < lines.index("$ Bash: git status --short") < lines.index(result)
+    assert lines[-1] == "agent: Done: 'tidy the readme' is handled; I committed my notes."
+
+
+def test_o4_follow_exits_1_on_another_final_state_with_json_lines(setup):
+    code, out, err = follow(setup, "broken", "--json")
+    assert code == 1, (out, err)
+    objects = [json.loads(line) for line in out.splitlines()]
+    accepted, *events = objects
+    assert accepted["state"] == "accepted"  # the POST answer
+    assert events[-1]["type"] == "final" and events[-1]["task"]["state"] == "failed"
+    states = [e["state"] for e in events if e["type"] == "state"]
+    assert states[0] == "accepted" and states[-1] == "failed"
+    kinds = [e["kind"] for e in events if e["type"] == "entry"]
+    assert kinds == ["prompt", "message", "error"]
+    numbers = [e["n"] for e in events if e["type"] == "entry"]
+    assert numbers == [1, 2, 3]
+
+
+def test_o4_follow_exits_2_on_unknown_with_a_spinner_on_a_terminal(setup):
+    """A worker killed with SIGKILL mid-run: the lease lapses and the task is unknown."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(command(setup, "stuck"), cwd=BASE_DIR, env=manage_env(), stdin=slave, stdout=slave,
+                            stderr=slave, close_fds=True)
+    os.close(slave)
+    output = bytearray()
+
+    def read_some() -> bytes:
+        try:
+            return os.read(master, 65536)
+        except OSError:
+            return b""
+
+    try:
+        wait_for(lambda: output.extend(read_some()) or b"[running]" in output, timeout=30, what="running")
+        for worker in setup.workers:
+            worker.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=30) == 2
+        output.extend(read_some())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    text = output.decode(errors="replace")
+    assert "\x1b[2K" in text and any(frame in text for frame in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")  # the spinner line
+    assert "[unknown]" in text and "outcome unknown" in text

@@ -1,0 +1,202 @@
+"""The one wait primitive (``core/waiting.py``; D1, D2, W5, Q3), on its own: a resource
+that is not the outbox (an approval-like state that turns from ``pending`` to decided)
+waits, is woken by ``notify``, times out with its last take, is superseded, releases what
+a cancelled take took; the async and the sync form alike. The worker long-poll on a real
+daphne is in ``tests/test_longpoll.py``."""
+import asyncio
+import threading
+import time
+import uuid
+
+import pytest
+
+from core.waiting import Wait, notify, take_or_wait, take_or_wait_sync, waiting
+
+# channels_redis binds its receive state to one event loop; each test has its own loop.
+pytestmark = pytest.mark.usefixtures("fresh_layer")
+
+DEADLINE_S = 5.0
+
+
+class Approval:
+    """A stand-in resource: its take reads the state, ``decide`` changes it."""
+
+    def __init__(self):
+        self.key = f"approval.{uuid.uuid4()}"
+        self.state = "pending"
+        self.takes: list[bool] = []
+
+    def take(self, first: bool) -> str:
+        self.takes.append(first)
+        return self.state
+
+    def wait(self, timeout_s: float, **options) -> Wait:
+        return Wait(key=self.key, take=self.take, timeout_s=timeout_s, done=lambda state: state != "pending", **options)
+
+
+async def until_waiting(key: str, count: int = 1) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while waiting(key) != count:
+        assert time.monotonic() < deadline, f"{waiting(key)} waits of {key} waiting, expected {count}"
+        await asyncio.sleep(0.01)
+
+
+def until_waiting_sync(key: str, count: int = 1) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while waiting(key) != count:
+        assert time.monotonic() < deadline, f"{waiting(key)} waits of {key} waiting, expected {count}"
+        time.sleep(0.01)
+
+
+@pytest.mark.asyncio
+async def test_q3_waiting_take_answers_when_notified_not_on_the_recheck():
+    approval = Approval()
+    pull = asyncio.create_task(take_or_wait(approval.wait(20)))
+    await until_waiting(approval.key)
+    approval.state = "allowed"
+    started = time.monotonic()
+    await asyncio.to_thread(notify, approval.key)  # as a service's on_commit callback does
+    assert await asyncio.wait_for(pull, DEADLINE_S) == "allowed"
+    assert time.monotonic() - started < 2  # the safety re-check runs every 5 s
+    assert approval.takes == [True, False]
+    assert waiting(approval.key) == 0
+
+
+@pytest.mark.asyncio
+async def test_q3_wait_without_an_answer_returns_its_last_take_at_the_timeout():
+    approval = Approval()
+    started = time.monotonic()
+    assert await take_or_wait(approval.wait(0.3)) == "pending"
+    assert 0.3 <= time.monotonic() - started < 2
+    assert approval.takes == [True]  # nothing woke it: no second take
+    assert await take_or_wait(approval.wait(0)) == "pending"  # wait=0: one take, no wait
+
+
+@pytest.mark.asyncio
+async def test_w5_newer_exclusive_wait_supersedes_the_older_which_returns_at_once():
+    approval = Approval()
+    older = asyncio.create_task(take_or_wait(approval.wait(20, exclusive=True)))
+    await until_waiting(approval.key)
+    newer = asyncio.create_task(take_or_wait(approval.wait(20, exclusive=True)))
+    assert await asyncio.wait_for(older, DEADLINE_S) == "pending"
+    await until_waiting(approval.key)  # the newer one waits on
+    approval.state = "denied"
+    await asyncio.to_thread(notify, approval.key)
+    assert await asyncio.wait_for(newer, DEADLINE_S) == "denied"
+
+
+@pytest.mark.asyncio
+async def test_d1_cancelled_wait_releases_what_its_take_took():
+    key = f"machine.{uuid.uuid4()}"
+    taking, finish = threading.Event(), threading.Event()
+    released = []
+
+    def take(first):
+        taking.set()
+        finish.wait(DEADLINE_S)
+        return ["message-1"]
+
+    pull = asyncio.create_task(take_or_wait(Wait(key=key, take=take, timeout_s=20, release=released.append)))
+    assert await asyncio.to_thread(taking.wait, DEADLINE_S)
+    pull.cancel()  # the client went away while the take ran
+    await asyncio.wait({pull})
+    assert pull.cancelled()
+    finish.set()
+    deadline = time.monotonic() + DEADLINE_S
+    while not released:
+        assert time.monotonic() < deadline, "what the cancelled take took was never released"
+        await asyncio.sleep(0.01)
+    assert released == [["message-1"]]
+    assert waiting(key) == 0
+
+
+def test_q3_sync_form_waits_is_woken_and_superseded_the_same_way(monkeypatch):
+    monkeypatch.setattr("core.waiting.SYNC_RECHECK_S", 30)  # only the notification can answer in time
+    approval = Approval()
+    answers = []
+    older = threading.Thread(target=lambda: answers.append(take_or_wait_sync(approval.wait(20, exclusive=True))))
+    older.start()
+    until_waiting_sync(approval.key)
+    newer = threading.Thread(target=lambda: answers.append(take_or_wait_sync(approval.wait(20, exclusive=True))))
+    newer.start()
+    older.join(DEADLINE_S)
+    assert answers == ["pending"]  # superseded: the older one returned its last take
+    until_waiting_sync(approval.key)
+    approval.state = "allowed"
+    started = time.monotonic()
+    notify(approval.key)
+    newer.join(DEADLINE_S)
+    assert answers == ["pending", "allowed"]
+    assert time.monotonic() - started < 2
+    assert approval.takes == [True, True, False]  # each first take, then the woken one
+    assert waiting(approval.key) == 0
+
+
+@pytest.mark.parametrize("key", ["machine/1", "", "x" * 91, "approval 1"])
+def test_wait_key_must_be_a_channel_group_name(key):
+    with pytest.raises(ValueError, match="wait key"):
+        Wait(key=key, take=lambda first: None, timeout_s=1)
+
+
+@pytest.mark.asyncio
+async def test_d2_pump_ends_when_its_loop_closes_even_if_the_layer_turns_the_cancel_into_an_error(monkeypatch):
+    """Seen in CI on PostgreSQL: closing a test's event loop cancelled the pump's reader
+    while channels_redis read from Redis, redis-py reported it as its own read timeout,
+    and the reader retried forever, so the loop never closed. The layer here is a stand-in
+    that does exactly that (a real Redis does it only under a race); the reader must end."""
+    from core import waiting as waiting_module
+
+    class CancelSwallowingLayer:
+        async def new_channel(self):
+            return "specific.test!one"
+
+        async def receive(self, channel):
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                raise TimeoutError("Timeout reading from 127.0.0.1:6390") from None
+
+    monkeypatch.setattr(waiting_module, "layer_is_remote", lambda: True)
+    monkeypatch.setattr(waiting_module, "get_channel_layer", lambda: CancelSwallowingLayer())
+    pump = waiting_module._Pump(asyncio.get_running_loop())
+    await asyncio.wait_for(pump.channel_ready.wait(), DEADLINE_S)
+    tasks = set(pump.tasks)
+    for task in tasks:
+        task.cancel()
+    done, pending = await asyncio.wait(tasks, timeout=DEADLINE_S)
+    assert not pending and all(task.cancelled() for task in done)
+
+
+@pytest.mark.asyncio
+async def test_d2_long_poll_starts_are_admitted_a_few_at_a_time(settings, monkeypatch):
+    """A wave of pull starts (every worker after a restart) runs at most
+    ``RUNSTEAD_LONGPOLL_START_SLOTS`` views at once per process: the rest queue behind
+    them, not in front of the API's requests. Ten requests, two slots, real pool threads."""
+    from django.http import JsonResponse
+
+    from core import longpoll
+
+    settings.RUNSTEAD_LONGPOLL_START_SLOTS = 2
+    lock, active, peak = threading.Lock(), [0], [0]
+
+    def view(found, scope):  # stands in for the authorisation and the first take
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+        return JsonResponse({"messages": []})
+
+    monkeypatch.setattr(longpoll, "_dispatch", view)
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+
+    async def receive():
+        await asyncio.Event().wait()  # the client stays
+
+    await asyncio.wait_for(asyncio.gather(*(longpoll.long_poll(None, {}, receive, send) for _ in range(10))), DEADLINE_S)
+    assert peak[0] == 2
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [200] * 10
