@@ -84,8 +84,10 @@ class Wait:
       many keys at once (which of them a take would now find something for), called in
       a thread; without it the re-check wakes every waiter, whose take is the check.
     - ``release(result)``: optional, gives back what a take took when its answer cannot
-      reach the client (the client went away, the server stopped during a take), so it
-      is not hidden for a visibility window (D1). Called in a thread.
+      reach the client (the client went away, the server stopped during a take, or a
+      newer exclusive wait superseded this one while its take ran: by W5 its client is
+      gone), so it is not hidden for a visibility window (D1). Called in a thread.
+    - ``empty``: what a superseded wait answers once it gave back what it took.
     """
 
     key: str
@@ -95,6 +97,7 @@ class Wait:
     exclusive: bool = False
     ready: Callable[[list[str]], Iterable[str]] | None = None
     release: Callable[[Any], Any] | None = None
+    empty: Any = None
 
     def __post_init__(self):
         if not KEY_PATTERN.fullmatch(self.key):
@@ -270,7 +273,8 @@ async def take_or_wait(wait: Wait, *, first_taken: Callable[[], Any] | None = No
     again, until ``wait.timeout_s`` seconds have passed, a newer exclusive wait of the
     key superseded this one, or the server stops. Returns the last take's result; raises
     what ``take`` raised. Cancelled (the client went away, the server stops) while a
-    take runs, the take's result goes to ``wait.release``. ``first_taken()`` is called
+    take runs, or superseded while a take found something, the take's result goes to
+    ``wait.release`` (and a superseded wait returns ``wait.empty``). ``first_taken()`` is called
     once the first take is over (``core.longpoll``'s admission of wait starts). Implements
     D1, D2 (Q3)."""
     waiter = _register(wait, asyncio.get_running_loop())
@@ -296,6 +300,9 @@ async def take_or_wait(wait: Wait, *, first_taken: Callable[[], Any] | None = No
                 break
             waiter.event.clear()  # before the take: a wake-up during it is not lost
             result = await _take(wait, False)
+        if _given_back(waiter, result):
+            await run_db(wait.release, result)
+            return wait.empty
         return result
     finally:
         _unregister(waiter)
@@ -324,9 +331,20 @@ def take_or_wait_sync(wait: Wait):
                 break
             waiter.event.clear()
             result = wait.take(False)
+        if _given_back(waiter, result):
+            wait.release(result)
+            return wait.empty
         return result
     finally:
         _unregister(waiter)
+
+
+def _given_back(waiter: _Waiter, result) -> bool:
+    """W5, D1: a newer exclusive wait superseded this one while its take found something
+    (the newer one's first take ran before it, so would not see it): by W5 this wait's
+    client is gone, so what it took goes back and wakes the newer wait."""
+    wait = waiter.wait
+    return waiter.reason == "superseded" and wait.release is not None and wait.done(result)
 
 
 async def _take(wait: Wait, first: bool):

@@ -403,6 +403,29 @@ async def test_d1_pull_whose_client_disconnects_during_its_take_releases_the_mes
     await sync_to_async(connections.close_all)()  # the ORM's thread: no session left at teardown
 
 
+@pytest.mark.django_db
+def test_w5_d1_release_gives_back_only_what_that_pull_still_holds(owner, machine, grant, pinned):
+    """``messages_release`` of a superseded or abandoned pull: a message that a newer
+    pull has taken since stays with the newer pull (nothing delivered twice); one the
+    pull still holds is visible again at once."""
+    from django.utils import timezone
+
+    from tasks_app.services.messages import messages_release, messages_take
+    from tests.factories import submit
+
+    submit(owner, machine, grant.path)
+    older = messages_take(machine_id=machine.pk, now=timezone.now(), new_pull=True)
+    pinned.shift(1)
+    newer = messages_take(machine_id=machine.pk, now=timezone.now(), new_pull=True)
+    assert [m.pk for m in older] == [m.pk for m in newer] and len(older) == 1
+    assert messages_release(machine_id=machine.pk, taken=older) == 0
+    held = OutboxMessage.objects.get(pk=older[0].pk)
+    assert held.visible_at == newer[0].visible_at > timezone.now()  # still the newer pull's
+    assert messages_release(machine_id=machine.pk, taken=newer) == 1
+    assert OutboxMessage.objects.get(pk=older[0].pk).visible_at == timezone.now()
+    assert messages_take(machine_id=machine.pk, now=timezone.now(), new_pull=False) != []
+
+
 def test_d1_pulls_begun_together_end_apart():
     """1,000 workers that pull together after a restart must not end, and pull again,
     together: each pull's wait is its ``wait`` less a random share of up to 20 %."""

@@ -110,6 +110,47 @@ async def test_d1_cancelled_wait_releases_what_its_take_took():
     assert waiting(key) == 0
 
 
+@pytest.mark.asyncio
+async def test_w5_wait_superseded_while_its_take_ran_gives_back_what_it_took():
+    """The older pull's take claims a message while a newer pull begins (its first take
+    ran before the claim, so it found nothing): by W5 the older client is gone, so the
+    older wait answers ``empty`` and gives the message back, which wakes the newer."""
+    key = f"machine.{uuid.uuid4()}"
+    outbox: list[str] = []
+    taking, finish = threading.Event(), threading.Event()
+    released = []
+
+    def older_take(first):
+        if first:
+            return []
+        taking.set()
+        finish.wait(DEADLINE_S)  # the claim is made; the newer pull starts meanwhile
+        return ["message-1"]
+
+    def release(taken):
+        released.append(taken)
+        outbox.extend(taken)
+        notify(key)
+
+    def newer_take(first):
+        taken, outbox[:] = list(outbox), []
+        return taken
+
+    older = asyncio.create_task(take_or_wait(Wait(key=key, take=older_take, timeout_s=20, exclusive=True,
+                                                  release=release, empty=[])))
+    await until_waiting(key)
+    await asyncio.to_thread(notify, key)
+    assert await asyncio.to_thread(taking.wait, DEADLINE_S)
+    newer = asyncio.create_task(take_or_wait(Wait(key=key, take=newer_take, timeout_s=20, exclusive=True,
+                                                  release=release, empty=[])))
+    await until_waiting(key)  # the newer's first take found nothing
+    finish.set()
+    assert await asyncio.wait_for(older, DEADLINE_S) == []
+    assert released == [["message-1"]]
+    assert await asyncio.wait_for(newer, DEADLINE_S) == ["message-1"]
+    assert waiting(key) == 0
+
+
 def test_q3_sync_form_waits_is_woken_and_superseded_the_same_way(monkeypatch):
     monkeypatch.setattr("core.waiting.SYNC_RECHECK_S", 30)  # only the notification can answer in time
     approval = Approval()

@@ -8,8 +8,9 @@ asyncio streams: send the upgrade, read the answer and the first frames (an acce
 socket: the ``rate_limited`` message and the close frame, or nothing), then drop the
 connection. Prints ``under way`` at its first refused handshake (the fact a test waits
 for), then one JSON line: ``{"sent", "upgraded", "rate_limited", "closed_early", "refused",
-"errors", "elapsed_s"}`` (``closed_early``: upgraded, then reset before its frames were
-read). Standard library only.
+"errors", "error_kinds", "elapsed_s"}`` (``closed_early``: upgraded, then reset before its frames were
+read; ``errors``: handshakes that failed on this client's side, their kinds in
+``error_kinds``). Standard library only.
 """
 import asyncio
 import base64
@@ -48,8 +49,10 @@ async def one(port: int, token: str, source: str, counts: dict) -> None:
             counts["rate_limited"] += 1
             if counts["rate_limited"] == 1:
                 print("under way", flush=True)  # the owner's burst is used up: the flood bites
-    except (OSError, asyncio.IncompleteReadError, TimeoutError):
+    except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
         counts["errors"] += 1
+        kinds = counts.setdefault("error_kinds", {})
+        kinds[type(exc).__name__] = kinds.get(type(exc).__name__, 0) + 1
     finally:
         if writer is not None:
             writer.close()

@@ -29,18 +29,18 @@ def messages_wait(*, machine_id, wait_s: float) -> Wait:
     previous connection is gone (one poller per machine, W5, D1). Woken after the commit
     that makes a message visible (``transitions.message_send``, ``messages_release``);
     the safety re-check is ``outbox_ready``; what a pull took for a client that went away
-    is released (``messages_release``)."""
+    or that a newer pull superseded while its take ran is released (``messages_release``)."""
 
     def take(first: bool) -> list[OutboxMessage]:
         return messages_take(machine_id=machine_id, now=clock.now(), new_pull=first)
 
     def release(taken: list[OutboxMessage]) -> None:
-        messages_release(machine_id=machine_id, message_ids=[m.id for m in taken])
+        messages_release(machine_id=machine_id, taken=taken)
 
     return Wait(
         key=outbox_key(machine_id), take=take,
         timeout_s=min(wait_s, LONG_POLL_MAX_S) * (1 - PULL_END_JITTER * random.random()),
-        exclusive=True, ready=outbox_ready, release=release,
+        exclusive=True, ready=outbox_ready, release=release, empty=[],
     )
 
 
@@ -67,13 +67,19 @@ def messages_take(*, machine_id, now: datetime, new_pull: bool) -> list[OutboxMe
     return list(OutboxMessage.objects.filter(pk__in=claimed).order_by("created_at", "id"))
 
 
-def messages_release(*, machine_id, message_ids, now: datetime | None = None) -> int:
-    """Make messages that a pull took but could not hand over (its client disconnected)
-    visible again at once, and wake the machine's pulls (D1). Returns how many."""
+def messages_release(*, machine_id, taken: list[OutboxMessage], now: datetime | None = None) -> int:
+    """Make messages that a pull took (``taken``, as ``messages_take`` returned them) but
+    could not hand over (its client disconnected, a newer pull superseded it) visible
+    again at once, and wake the machine's pulls (D1). A message that another pull has
+    taken since (its ``visible_at`` moved on) or that was acknowledged stays as it is, so
+    nothing is delivered twice for it. Returns how many were released."""
     now = now or clock.now()
-    released = OutboxMessage.objects.filter(machine_id=machine_id, pk__in=list(message_ids), acked_at__isnull=True).update(
-        visible_at=now
-    )
+    released = 0
+    with transaction.atomic():
+        for message in taken:
+            released += OutboxMessage.objects.filter(
+                machine_id=machine_id, pk=message.pk, visible_at=message.visible_at, acked_at__isnull=True
+            ).update(visible_at=now)
     if released:
         notify(outbox_key(machine_id))
     return released
