@@ -19,3 +19,13 @@ AGENTS = ("claude", "codex", "gemini", "opencode")
 # M2's default marker class (seconds), which I7's tool hooks assume until the sender has
 # recorded the class the service answered (store.marker_class_s).
 DEFAULT_MARKER_CLASS_S = 1200.0
+# Q5: the argument that marks the hook entry a worker added for one task's run, and the
+# variable the worker sets in every task's environment (``task_approval``). Here, not
+# there, so that a tool hook decides without importing the HTTP client (I7).
+TASK_FLAG = "--task"
+TASK_ENV = "RUNSTEAD_TASK_ID"
+
+
+def in_task(environ) -> bool:
+    """Whether this hook runs inside a RunStead task (the worker sets ``RUNSTEAD_TASK_ID``)."""
+    return bool(environ.get(TASK_ENV))

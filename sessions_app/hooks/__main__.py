@@ -32,11 +32,11 @@ def read_payload(argv: list[str]) -> bytes:
 
 
 def run(argv: list[str]) -> None:
-    from sessions_app.hooks import DEFAULT_MARKER_CLASS_S, mapping, store, task_approval
+    from sessions_app.hooks import DEFAULT_MARKER_CLASS_S, TASK_FLAG, in_task, mapping, store
 
     state_dir = store.default_state_dir()
     agent = argv[0] if argv else ""
-    task_entry = argv[1:2] == [task_approval.TASK_FLAG]  # Q5: the entry a worker added for one run
+    task_entry = argv[1:2] == [TASK_FLAG]  # Q5: the entry a worker added for one run
     if task_entry:
         argv = argv[:1] + argv[2:]
     try:
@@ -52,7 +52,9 @@ def run(argv: list[str]) -> None:
         except ValueError as error:
             raise mapping.BadInput(f"invalid JSON: {error}") from None
         if agent == "claude" and isinstance(payload, dict) and payload.get("hook_event_name") == "PermissionRequest" \
-                and task_approval.in_task(os.environ):  # Q5: a headless task asks through its own entry only
+                and in_task(os.environ):  # Q5: a headless task asks through its own entry only
+            from sessions_app.hooks import task_approval
+
             return answer_permission(task_approval.ask(payload, os.environ) if task_entry else None)
         event = mapping.identify(agent, payload)
         now = time.time()

@@ -34,21 +34,14 @@ import os
 import uuid
 from pathlib import Path
 
-from sessions_app.hooks import RUNSTEAD_NAMESPACE, approval
+from sessions_app.hooks import RUNSTEAD_NAMESPACE, TASK_ENV, approval
 from tasks_app.protocol import APPROVAL_INPUT_MAX_BYTES, cut_json, json_digest
 
 CREDENTIAL_ENV = "RUNSTEAD_TASK_CREDENTIAL"
 SERVER_ENV = "RUNSTEAD_TASK_SERVER"
-TASK_ENV = "RUNSTEAD_TASK_ID"
 HOOK_DIR_ENV = "RUNSTEAD_TASK_HOOK_DIR"
 COUNTS_FILE = "approval-counts.json"
-TASK_FLAG = "--task"  # marks the hook entry a worker added for one run
 KEY_MAX = 255
-
-
-def in_task(environ) -> bool:
-    """Whether this hook runs inside a RunStead task (the worker sets ``RUNSTEAD_TASK_ID``)."""
-    return bool(environ.get(TASK_ENV))
 
 
 def request_key(payload: dict, *, hook_dir: str | None) -> str:
