@@ -385,3 +385,19 @@ def test_i7_sender_records_the_class_of_the_running_marker_the_service_answered(
     answered["marker"] = None  # a refused write carries none: the last class stays
     sender.learn_marker_class(Answer())
     assert store.marker_class_s(state_dir) == 30.0
+
+
+
+def test_i7_i1_a_tool_hook_imports_neither_django_nor_the_asking_client(tmp_path):
+    """I1, I7: a tool hook's own share of its start is a few tens of milliseconds because
+    it loads only the mapping and the store; the asking modules (an HTTP client, TLS) are
+    for ``PermissionRequest`` alone (``bench/hook_latency.py`` measures the difference)."""
+    tool = {"session_id": "light-1", "hook_event_name": "PreToolUse", "tool_name": "Bash", "cwd": "/x",
+            "tool_input": {"command": "ls"}}
+    heavy = ("django", "http.client", "ssl", "sessions_app.hooks.approval", "sessions_app.hooks.task_approval")
+    probe = ("import json, sys\nfrom sessions_app.hooks.__main__ import run\nrun(['claude'])\n"
+             f"print(json.dumps([m for m in {heavy!r} + ('sessions_app.hooks.mapping',) if m in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", probe], input=json.dumps(tool).encode(), capture_output=True,
+                          timeout=30, env=hook_env(tmp_path / "hooks"), cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["sessions_app.hooks.mapping"]  # the mapping, nothing heavy
