@@ -300,8 +300,8 @@ async def take_or_wait(wait: Wait, *, first_taken: Callable[[], Any] | None = No
                 break
             waiter.event.clear()  # before the take: a wake-up during it is not lost
             result = await _take(wait, False)
-        if _given_back(waiter, result):
-            await run_db(wait.release, result)
+        if _superseded_holding(waiter, result):
+            await run_db(_give_back, wait, result)
             return wait.empty
         return result
     finally:
@@ -331,20 +331,29 @@ def take_or_wait_sync(wait: Wait):
                 break
             waiter.event.clear()
             result = wait.take(False)
-        if _given_back(waiter, result):
-            wait.release(result)
+        if _superseded_holding(waiter, result):
+            _give_back(wait, result)
             return wait.empty
         return result
     finally:
         _unregister(waiter)
 
 
-def _given_back(waiter: _Waiter, result) -> bool:
+def _superseded_holding(waiter: _Waiter, result) -> bool:
     """W5, D1: a newer exclusive wait superseded this one while its take found something
     (the newer one's first take ran before it, so would not see it): by W5 this wait's
-    client is gone, so what it took goes back and wakes the newer wait."""
+    client is gone, so what it took goes back (``_give_back``) and wakes the newer wait."""
     wait = waiter.wait
     return waiter.reason == "superseded" and wait.release is not None and wait.done(result)
+
+
+def _give_back(wait: Wait, result) -> None:
+    """``wait.release(result)``; a failure is logged (what the take took then shows again
+    after its visibility window) and never reaches the client."""
+    try:
+        wait.release(result)
+    except Exception:
+        log.exception("wait %s: giving back what its take took failed", wait.key)
 
 
 async def _take(wait: Wait, first: bool):
@@ -367,9 +376,7 @@ def _release_abandoned(wait: Wait, future) -> None:
 
 def _release_now(wait: Wait, result) -> None:
     try:
-        wait.release(result)
-    except Exception:
-        log.exception("wait %s: releasing what a cancelled take took failed", wait.key)
+        _give_back(wait, result)
     finally:
         connections.close_all()
 
