@@ -1,13 +1,22 @@
 """Authentication of machines (``Authorization: Machine <token>``) and of a task's
 approval credential (``Authorization: Task <credential>``, Q5), and the permissions that
 keep owner, machine and task-credential endpoints apart (K1, K2, Q7)."""
+import copy
 import hashlib
+import logging
+import threading
 from dataclasses import dataclass
 
+from django.contrib.auth import get_user_model
+from django.db import transaction
 from rest_framework import authentication, permissions
 
+from core import epoch
 from core.errors import ApplicationError
 from tasks_app.models import FINAL_STATES, Machine, Task
+from tasks_app.services.locking import for_key_share
+
+log = logging.getLogger("runstead.auth")
 
 
 def token_digest(token: str) -> str:
@@ -29,22 +38,113 @@ class MachineAuthentication(authentication.BaseAuthentication):
     keyword = "Machine"
 
     def authenticate(self, request):
+        digest = self.presented_digest(request)
+        return None if digest is None else paired_machine(digest)
+
+    def presented_digest(self, request) -> str | None:
+        """The digest of the presented machine token; None when the request presents none
+        (another scheme may apply); ``TokenRevoked`` for a malformed header."""
         header = authentication.get_authorization_header(request).decode("latin-1").split()
         if not header or header[0] != self.keyword:
             return None
         if len(header) != 2:
             raise TokenRevoked()
-        machine = (
-            Machine.objects.select_related("owner")
-            .filter(token_hash=token_digest(header[1]), paired=True)
-            .first()
-        )
-        if machine is None:
-            raise TokenRevoked()
-        return (machine.owner, machine)
+        return token_digest(header[1])
 
     def authenticate_header(self, request):
         return self.keyword
+
+
+def paired_machine(digest: str):
+    """(owner, machine) of the paired machine whose token has ``digest``, read from the
+    database; raises ``TokenRevoked`` for any other token."""
+    machine = Machine.objects.select_related("owner").filter(token_hash=digest, paired=True).first()
+    if machine is None:
+        raise TokenRevoked()
+    return (machine.owner, machine)
+
+
+class MachineTokenCache:
+    """This process's machine tokens (digest -> owner, machine) for the worker's pull
+    start, which every idle worker makes every ~25 s (D1; issue 22: a pull start without
+    a token read). K1 holds as without it:
+
+    - a lookup first reads the shared counter ``machine-tokens`` (``core.epoch``, one
+      Redis GET) and forgets every entry when it moved; without Redis, or when Redis does
+      not answer, nothing is cached (every lookup reads the database);
+    - ``machine_tokens_changed`` moves the counter inside the transaction that revokes or
+      re-pairs, after that transaction locked the machine's row ``FOR UPDATE``;
+    - a miss reads the row ``FOR KEY SHARE``, which waits for such a transaction to end,
+      so a token is never cached from before a revocation under the counter after it.
+
+    So a revoked or re-paired token is refused by every process from the revocation's
+    commit on. The machine of an entry is shared by this process's pulls: read-only but
+    for ``last_heard_at``, which ``pairing.machine_heard`` keeps current; the owner is a
+    copy. At most ``MAX_ENTRIES`` machines; past that, lookups read the database."""
+
+    NAME = "machine-tokens"
+    MAX_ENTRIES = 100_000
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._epoch = None
+        self._entries: dict[str, tuple] = {}
+
+    def lookup(self, digest: str):
+        """(owner, machine) of the paired machine whose token has ``digest``; raises
+        ``TokenRevoked`` for any other."""
+        current = epoch.read(self.NAME)
+        if current is None:
+            return paired_machine(digest)
+        with self._lock:
+            if current != self._epoch:
+                self._entries.clear()
+                self._epoch = current
+            hit = self._entries.get(digest)
+        if hit is None:
+            log.debug("machine token cache: miss")
+            with transaction.atomic():  # FOR KEY SHARE: waits for a revocation in progress
+                machine = next(iter(for_key_share(Machine.objects.filter(token_hash=digest, paired=True))), None)
+            if machine is None:
+                raise TokenRevoked()
+            hit = (get_user_model().objects.get(pk=machine.owner_id), machine)
+            with self._lock:
+                if self._epoch == current and len(self._entries) < self.MAX_ENTRIES:
+                    self._entries[digest] = hit
+        return copy.copy(hit[0]), hit[1]
+
+    def forget(self) -> None:
+        """Drop every entry of this process (a revocation here; tests between cases)."""
+        with self._lock:
+            self._entries.clear()
+            self._epoch = None
+
+
+machine_tokens = MachineTokenCache()
+
+
+def machine_tokens_changed() -> None:
+    """K1: call inside the transaction that revokes a machine token or re-pairs a machine,
+    after it locked the machine's row ``FOR UPDATE``: every process forgets its cached
+    tokens (``MachineTokenCache``). Raises ApplicationError 503 ``service_unavailable``
+    when Redis is configured and does not answer (the transaction then changes nothing:
+    a revocation the other processes might not see is not made)."""
+    machine_tokens.forget()
+    try:
+        epoch.bump(MachineTokenCache.NAME)
+    except epoch.EpochUnavailable as exc:
+        log.error("%s: the revocation is refused", exc)
+        raise ApplicationError("service_unavailable", "the service cannot tell its other processes of the "
+                               "revocation now (Redis): try again", status_code=503) from exc
+
+
+class CachedMachineAuthentication(MachineAuthentication):
+    """``MachineAuthentication`` through this process's ``MachineTokenCache``: for the
+    worker's pull, the one machine request made all the time by every idle worker."""
+
+    def authenticate(self, request):
+        digest = self.presented_digest(request)
+        return None if digest is None else machine_tokens.lookup(digest)
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,17 @@ def _fresh_rate_limits():
 
 
 @pytest.fixture(autouse=True)
+def _fresh_machine_tokens():
+    """This process's machine-token cache (``tasks_app.auth.MachineTokenCache``) outlives
+    a test's rolled-back rows; each test starts without it."""
+    from tasks_app.auth import machine_tokens
+
+    machine_tokens.forget()
+    yield
+    machine_tokens.forget()
+
+
+@pytest.fixture(autouse=True)
 def outbound_names(monkeypatch):
     """K5's resolver in this process (``notifications.outbound.getaddrinfo``) answers
     without the network: IP literals as the C library reads them, ``localhost``, and the

@@ -17,6 +17,7 @@ proxy's balancing amounts to for one request).
 """
 import asyncio
 import json
+import re
 import signal
 import socket
 import threading
@@ -287,3 +288,58 @@ async def until(predicate, timeout_s: float):
     while not predicate():
         assert time.monotonic() < deadline, "not within the deadline"
         await asyncio.sleep(0.05)
+
+
+def _token_misses(server) -> int:
+    """Pull starts of ``server`` that read their machine token from the database (its
+    ``tasks_app.auth.MachineTokenCache`` logs each miss at DEBUG)."""
+    return len(re.findall(r" runstead\.auth machine token cache: miss", server.log()))
+
+
+def test_k1_revoked_and_repaired_tokens_are_refused_on_every_process_at_once_while_100_pulls_wait(
+        live_daphne, owner, make_machine):
+    from django.utils import timezone
+
+    from tasks_app.services.pairing import machine_pair, pairing_code_create
+    from tasks_app.services.revocation import machine_unpair
+
+    urls, servers = three(live_daphne)
+    machines = [make_machine(owner, name=f"m{i}") for i in range(100)]
+
+    async def pull_all(pairs, wait=0, at_once=20):
+        """GET the pull for each (url, token), ``at_once`` at a time: (status, error) of each."""
+        gate = asyncio.Semaphore(at_once)
+
+        async def one(client, url, token):
+            async with gate:
+                answer = await client.get(f"{url}/api/worker/messages/?wait={wait}",
+                                          headers={"Authorization": f"Machine {token}"})
+                return answer.status_code, answer.json().get("error")
+
+        async with httpx.AsyncClient(timeout=40) as client:
+            return await asyncio.gather(*(one(client, url, token) for url, token in pairs))
+
+    every = [(url, m.test_token) for url in urls for m in machines]
+    assert set(asyncio.run(pull_all(every))) == {(200, None)}
+    assert [_token_misses(s) for s in servers] == [100, 100, 100]  # one database read each...
+    assert set(asyncio.run(pull_all(every))) == {(200, None)}
+    assert [_token_misses(s) for s in servers] == [100, 100, 100]  # ...and none the second time
+
+    waiting = Background(lambda: asyncio.run(pull_all([(urls[i % 3], m.test_token) for i, m in enumerate(machines)],
+                                                       wait=8, at_once=100)))
+    for server in servers:
+        server.wait_waiting(count=33, timeout=20)  # 34, 33, 33 pulls wait on the three
+    now = timezone.now()
+    for m in machines[:50]:
+        machine_unpair(machine=m, actor="owner:test", now=now)
+    new_tokens = []
+    for m in machines[50:]:
+        code, _ = pairing_code_create(owner=owner, machine_id=m.id, now=now)
+        new_tokens.append(machine_pair(code=code, client="test", now=now)[1])
+    revoked = time.monotonic()
+    answers = asyncio.run(pull_all(every))  # every old token, on every process, right after
+    took = time.monotonic() - revoked
+    assert set(answers) == {(401, "token_revoked")}, sorted(set(answers))
+    assert set(asyncio.run(pull_all([(url, t) for url in urls for t in new_tokens]))) == {(200, None)}
+    print(f"\n300 old tokens refused {took:.2f} s after the last revocation; misses {[_token_misses(s) for s in servers]}")
+    assert set(waiting.result(20)) == {(200, None)}  # the pulls that were waiting end as they would

@@ -4,11 +4,11 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 
 from core.errors import ApplicationError
 from core.broadcast import broadcast
-from tasks_app.auth import token_digest
+from tasks_app.auth import machine_tokens_changed, token_digest
 from tasks_app.models import Machine, PairingAttempt, PairingCode
 from tasks_app.shapes import machine_event, machine_is_offline
 
@@ -63,6 +63,7 @@ def machine_pair(*, code: str, name: str = "", client: str = "", now: datetime) 
             token = secrets.token_urlsafe(32)
             if row.machine_id:
                 machine = Machine.objects.select_for_update().get(pk=row.machine_id)
+                machine_tokens_changed()  # K1: the old token, cached anywhere, is refused
                 machine.generation += 1
                 machine.version += 1
             else:
@@ -89,15 +90,22 @@ def machine_publish(machine: Machine, *, now: datetime) -> None:
 def machine_heard(*, machine: Machine, now: datetime) -> None:
     """Record that the service heard from ``machine``, outside business transactions (P2),
     at most every LAST_HEARD_WRITE_EVERY_S seconds; a change that brings an offline
-    machine back is broadcast."""
+    machine back is broadcast. ``machine.last_heard_at`` may be older than the row's (the
+    pull's machine comes from ``tasks_app.auth.MachineTokenCache``, and other processes
+    write too): each write is conditional on the row's own value, and
+    ``machine.last_heard_at`` is set to what was written."""
     last = machine.last_heard_at
     if last is not None and (now - last).total_seconds() < LAST_HEARD_WRITE_EVERY_S:
         return
-    was_offline = machine_is_offline(last, now)
-    updated = Machine.objects.filter(pk=machine.pk, last_heard_at=last).update(
+    row = Machine.objects.filter(pk=machine.pk)
+    never = Q(last_heard_at__isnull=True)
+    if machine_is_offline(last, now):
+        offline_since = now - timedelta(seconds=settings.RUNSTEAD_MACHINE_OFFLINE_S)
+        if row.filter(never | Q(last_heard_at__lt=offline_since)).update(last_heard_at=now, version=F("version") + 1):
+            machine.refresh_from_db()
+            machine_publish(machine, now=now)
+            return
+    row.filter(never | Q(last_heard_at__lte=now - timedelta(seconds=LAST_HEARD_WRITE_EVERY_S))).update(
         last_heard_at=now, version=F("version") + 1
     )
     machine.last_heard_at = now
-    if updated and was_offline:
-        machine.refresh_from_db()
-        machine_publish(machine, now=now)

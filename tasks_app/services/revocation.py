@@ -4,6 +4,7 @@ from datetime import datetime
 from django.db import IntegrityError, transaction
 
 from core.errors import ApplicationError
+from tasks_app.auth import machine_tokens_changed
 from tasks_app.models import NEVER_LEASED_STATES, Grant, Machine, Task, TaskState
 from tasks_app.services.folders import normalize_folder
 from tasks_app.services.locking import lock_budget, retry_on_deadlock
@@ -69,6 +70,7 @@ def machine_unpair(*, machine: Machine, actor: str, now: datetime) -> Machine:
     with transaction.atomic():
         machine = Machine.objects.select_for_update().get(pk=machine.pk)
         if machine.paired:
+            machine_tokens_changed()  # K1: its token, cached anywhere, is refused
             Machine.objects.filter(pk=machine.pk).update(paired=False, token_hash="", unpaired_at=now)
             lock_budget(machine.owner_id)
             tasks = Task.objects.filter(machine=machine, state__in=NOT_STARTED_ON_REVOCATION).order_by("pk").select_for_update()

@@ -1,0 +1,96 @@
+"""K1 with the pull start's machine-token cache (``tasks_app.auth.MachineTokenCache``;
+issue 22): a pull start reads its machine's token from the database once per process,
+and a revoked or re-paired token is refused at once all the same. The cache needs the
+shared counter in Redis, so these run in the PostgreSQL + Redis pass; across three real
+daphne processes: ``tests/test_several_daphnes.py``."""
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from core import epoch
+from tasks_app.models import Machine
+from tasks_app.services.pairing import machine_pair, pairing_code_create
+from tasks_app.services.revocation import machine_unpair
+from tests.conftest import machine_api, owner_api
+
+pytestmark = pytest.mark.postgres
+
+
+def _pull(machine_or_token):
+    token = getattr(machine_or_token, "test_token", machine_or_token)
+    client = machine_api(type("M", (), {"test_token": token}))
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get("/api/worker/messages/?wait=0")
+    return response, _token_reads(queries)
+
+
+def _token_reads(queries) -> list[str]:
+    return [q["sql"] for q in queries.captured_queries if '"tasks_app_machine"."token_hash" =' in q["sql"]]
+
+
+@pytest.mark.django_db
+def test_k1_a_pull_start_reads_its_machine_token_once_per_process(machine):
+    first, reads = _pull(machine)
+    assert first.status_code == 200 and len(reads) == 1
+    for _ in range(3):
+        again, reads = _pull(machine)
+        assert again.status_code == 200 and reads == []  # from this process's cache
+    with CaptureQueriesContext(connection) as queries:
+        other = machine_api(machine).post("/api/worker/leases/", {}, format="json")
+    assert other.status_code == 400 and len(_token_reads(queries)) == 1  # other endpoints: as before
+
+
+@pytest.mark.django_db
+def test_k1_unpaired_machines_cached_token_is_refused_at_once(owner, machine):
+    assert _pull(machine)[0].status_code == 200
+    machine_unpair(machine=machine, actor="owner:test", now=timezone.now())
+    refused, _ = _pull(machine)
+    assert refused.status_code == 401 and refused.json()["error"] == "token_revoked"
+
+
+@pytest.mark.django_db
+def test_k1_repaired_machines_cached_old_token_is_refused_and_the_new_one_works(owner, machine):
+    assert _pull(machine)[0].status_code == 200
+    code, _ = pairing_code_create(owner=owner, machine_id=machine.id, now=timezone.now())
+    _, new_token = machine_pair(code=code, client="test", now=timezone.now())
+    refused, _ = _pull(machine)
+    assert refused.status_code == 401 and refused.json()["error"] == "token_revoked"
+    assert _pull(new_token)[0].status_code == 200
+
+
+@pytest.mark.django_db
+def test_k1_a_revocation_the_other_processes_cannot_hear_is_refused_and_changes_nothing(owner, machine, settings,
+                                                                                         monkeypatch):
+    assert _pull(machine)[0].status_code == 200
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens: the shared counter is unreachable
+    monkeypatch.setattr(epoch, "_client", None)
+    answer = owner_api(owner).post(f"/api/machines/{machine.id}/unpair/")
+    assert answer.status_code == 503 and answer.json()["error"] == "service_unavailable"
+    assert Machine.objects.get(pk=machine.pk).paired
+    pulled, reads = _pull(machine)  # without the counter nothing is cached: read each time
+    assert pulled.status_code == 200 and len(reads) == 1
+
+
+@pytest.mark.django_db
+def test_b7_heard_through_a_stale_cached_machine_writes_by_the_row_and_announces_only_a_real_return(
+        machine, pinned, monkeypatch):
+    from datetime import timedelta
+
+    from tasks_app.services import pairing
+
+    announced = []
+    monkeypatch.setattr(pairing, "machine_publish", lambda m, now: announced.append(now))
+    start = timezone.now()
+    Machine.objects.filter(pk=machine.pk).update(last_heard_at=start)
+    cached = Machine.objects.get(pk=machine.pk)  # as this process cached it
+    Machine.objects.filter(pk=machine.pk).update(last_heard_at=start + timedelta(seconds=60))  # another process heard it
+    later = start + timedelta(seconds=120)  # offline by the cached value, online by the row
+    pairing.machine_heard(machine=cached, now=later)
+    assert Machine.objects.get(pk=machine.pk).last_heard_at == later and cached.last_heard_at == later
+    assert announced == []
+    much_later = later + timedelta(seconds=300)  # offline by the row too: a real return
+    pairing.machine_heard(machine=cached, now=much_later)
+    assert Machine.objects.get(pk=machine.pk).last_heard_at == much_later and announced == [much_later]
+    pairing.machine_heard(machine=cached, now=much_later + timedelta(seconds=1))  # within 5 s: no write
+    assert Machine.objects.get(pk=machine.pk).last_heard_at == much_later
