@@ -20,6 +20,7 @@ TIMEOUT_S = 0.5  # a Redis that does not answer this fast is treated as unavaila
 
 _client = None
 _client_lock = threading.Lock()
+_unreachable = False  # logged once per outage, not once per read
 
 
 class EpochUnavailable(Exception):
@@ -50,11 +51,18 @@ def read(name: str) -> int | None:
     client = _redis()
     if client is None:
         return None
+    global _unreachable
     try:
-        return int(client.get(_key(name)) or 0)
+        value = int(client.get(_key(name)) or 0)
     except Exception as exc:  # redis-py raises its own ConnectionError, TimeoutError, ...
-        log.warning("epoch %s: Redis did not answer (%s); not caching", name, exc)
+        if not _unreachable:
+            log.warning("epoch %s: Redis did not answer (%s); caches are not used until it does", name, exc)
+        _unreachable = True
         return None
+    if _unreachable:
+        log.warning("epoch %s: Redis answers again; caches are used again", name)
+        _unreachable = False
+    return value
 
 
 def bump(name: str) -> None:

@@ -1,6 +1,6 @@
 from django.apps import AppConfig
 from django.conf import settings
-from django.db.models.signals import post_save
+from django.db.models.signals import post_delete, post_save
 
 
 def _give_new_owner_a_budget(sender, instance, created, raw=False, **kwargs):
@@ -12,6 +12,15 @@ def _give_new_owner_a_budget(sender, instance, created, raw=False, **kwargs):
         Budget.objects.get_or_create(owner=instance, defaults={"limit_s": settings.RUNSTEAD_DEFAULT_BUDGET_S})
 
 
+def _forget_deleted_machines_token(sender, instance, **kwargs):
+    """K1: a deleted machine (its owner deleted) is forgotten by every process's token
+    cache, as an unpaired one is (``tasks_app.auth.machine_tokens_changed``)."""
+    from tasks_app.auth import machine_tokens_changed
+
+    if instance.paired:
+        machine_tokens_changed()
+
+
 class TasksAppConfig(AppConfig):
     name = "tasks_app"
     verbose_name = "Tasks"
@@ -21,3 +30,4 @@ class TasksAppConfig(AppConfig):
         from tasks_app import schema  # noqa: F401 - registers the OpenAPI auth extension
 
         post_save.connect(_give_new_owner_a_budget, sender=settings.AUTH_USER_MODEL, dispatch_uid="runstead-budget")
+        post_delete.connect(_forget_deleted_machines_token, sender="tasks_app.Machine", dispatch_uid="runstead-tokens")

@@ -94,3 +94,13 @@ def test_b7_heard_through_a_stale_cached_machine_writes_by_the_row_and_announces
     assert Machine.objects.get(pk=machine.pk).last_heard_at == much_later and announced == [much_later]
     pairing.machine_heard(machine=cached, now=much_later + timedelta(seconds=1))  # within 5 s: no write
     assert Machine.objects.get(pk=machine.pk).last_heard_at == much_later
+
+
+@pytest.mark.django_db
+def test_k1_a_deleted_owners_cached_machine_token_is_refused(make_owner, make_machine):
+    gone = make_owner()
+    machine = make_machine(gone)
+    assert _pull(machine)[0].status_code == 200
+    gone.delete()  # its machines go with it
+    refused, _ = _pull(machine)
+    assert refused.status_code == 401 and refused.json()["error"] == "token_revoked"
