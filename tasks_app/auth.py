@@ -33,13 +33,18 @@ class TokenRevoked(ApplicationError):
 
 class MachineAuthentication(authentication.BaseAuthentication):
     """``Authorization: Machine <token>`` -> (owner, machine). Any token that is not the
-    current token of a paired machine answers 401 ``token_revoked`` (K1, R3)."""
+    current token of a paired machine answers 401 ``token_revoked`` (K1, R3). A view
+    with ``machine_token_cached = True`` (the worker's pull, which every idle worker
+    starts every ~25 s) looks the token up through this process's ``MachineTokenCache``."""
 
     keyword = "Machine"
 
     def authenticate(self, request):
         digest = self.presented_digest(request)
-        return None if digest is None else paired_machine(digest)
+        if digest is None:
+            return None
+        view = (getattr(request, "parser_context", None) or {}).get("view")
+        return machine_tokens.lookup(digest) if getattr(view, "machine_token_cached", False) else paired_machine(digest)
 
     def presented_digest(self, request) -> str | None:
         """The digest of the presented machine token; None when the request presents none
@@ -136,15 +141,6 @@ def machine_tokens_changed() -> None:
         log.error("%s: the revocation is refused", exc)
         raise ApplicationError("service_unavailable", "the service cannot tell its other processes of the "
                                "revocation now (Redis): try again", status_code=503) from exc
-
-
-class CachedMachineAuthentication(MachineAuthentication):
-    """``MachineAuthentication`` through this process's ``MachineTokenCache``: for the
-    worker's pull, the one machine request made all the time by every idle worker."""
-
-    def authenticate(self, request):
-        digest = self.presented_digest(request)
-        return None if digest is None else machine_tokens.lookup(digest)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ from rest_framework import generics, status
 from rest_framework.authtoken.models import Token
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
-from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from core import clock
@@ -17,7 +16,7 @@ from core.pagination import PageQuery
 from core.strict import EmptyBody, NoQuery, valid_body, valid_query
 from tasks_app.api import serializers as s
 from tasks_app.api.throttling import OwnerAcceptRate
-from tasks_app.auth import CachedMachineAuthentication, IsMachine, MachineAuthentication, request_machine
+from tasks_app.auth import IsMachine, request_machine
 from tasks_app.models import Budget, Grant, Machine, Task
 from tasks_app.services import acceptance, cancel, idempotency, integration, leases, messages, pairing, receipts, revocation
 from tasks_app.shapes import (
@@ -256,11 +255,11 @@ class WorkerPair(APIView):
 
 class WorkerMessages(MachineView):
     """Long-poll the outbox (W2, W5, D1): answers with the service's wait, which the server
-    performs (``core.longpoll``). The machine token is looked up through this process's
-    cache (``CachedMachineAuthentication``): every idle worker starts a pull every ~25 s."""
+    performs (``core.longpoll``)."""
 
-    authentication_classes = [CachedMachineAuthentication if cls is MachineAuthentication else cls
-                              for cls in api_settings.DEFAULT_AUTHENTICATION_CLASSES]
+    # Every idle worker starts a pull every ~25 s: its token is looked up through this
+    # process's ``tasks_app.auth.MachineTokenCache`` (K1 as without it).
+    machine_token_cached = True
 
     @extend_schema(parameters=[s.MessagesQuery], responses={200: shape(MessagesShape), **errors()})
     def get(self, request):
