@@ -8,13 +8,12 @@ import threading
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
-from django.db import transaction
 from rest_framework import authentication, permissions
 
 from core import epoch
 from core.errors import ApplicationError
 from tasks_app.models import FINAL_STATES, Machine, Task
-from tasks_app.services.locking import for_key_share
+from tasks_app.services.locking import is_postgres
 
 log = logging.getLogger("runstead.auth")
 
@@ -75,12 +74,14 @@ class MachineTokenCache:
     a token read). K1 holds as without it:
 
     - a lookup first reads the shared counter ``machine-tokens`` (``core.epoch``, one
-      Redis GET) and forgets every entry when it moved; without Redis, or when Redis does
-      not answer, nothing is cached (every lookup reads the database);
+      Redis GET) and forgets every entry when it moved; without Redis, when Redis does
+      not answer, or on a database other than PostgreSQL, nothing is cached (every
+      lookup reads the database);
     - ``machine_tokens_changed`` moves the counter inside the transaction that revokes or
       re-pairs, after that transaction locked the machine's row ``FOR UPDATE``;
-    - a miss reads the row ``FOR KEY SHARE``, which waits for such a transaction to end,
-      so a token is never cached from before a revocation under the counter after it.
+    - a miss reads the row ``FOR KEY SHARE`` (one statement, its own transaction), which
+      waits for such a transaction to end, so a token is never cached from before a
+      revocation under the counter after it.
 
     So a revoked or re-paired token is refused by every process from the revocation's
     commit on. The machine of an entry is shared by this process's pulls: read-only but
@@ -98,7 +99,7 @@ class MachineTokenCache:
     def lookup(self, digest: str):
         """(owner, machine) of the paired machine whose token has ``digest``; raises
         ``TokenRevoked`` for any other."""
-        current = epoch.read(self.NAME)
+        current = epoch.read(self.NAME) if is_postgres() else None
         if current is None:
             return paired_machine(digest)
         with self._lock:
@@ -108,8 +109,8 @@ class MachineTokenCache:
             hit = self._entries.get(digest)
         if hit is None:
             log.debug("machine token cache: miss")
-            with transaction.atomic():  # FOR KEY SHARE: waits for a revocation in progress
-                machine = next(iter(for_key_share(Machine.objects.filter(token_hash=digest, paired=True))), None)
+            sql, params = Machine.objects.filter(token_hash=digest, paired=True).query.sql_with_params()
+            machine = next(iter(Machine.objects.raw(f"{sql} FOR KEY SHARE", params)), None)
             if machine is None:
                 raise TokenRevoked()
             hit = (get_user_model().objects.get(pk=machine.owner_id), machine)

@@ -104,3 +104,61 @@ def test_k1_a_deleted_owners_cached_machine_token_is_refused(make_owner, make_ma
     gone.delete()  # its machines go with it
     refused, _ = _pull(machine)
     assert refused.status_code == 401 and refused.json()["error"] == "token_revoked"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_p1_k1_a_cache_miss_during_a_revocation_waits_for_it_and_caches_nothing(owner, machine):
+    """Real PostgreSQL, two connections: the revocation has locked the machine's row and
+    moved the counter, not yet committed; a pull start's miss then must not read the
+    still-committed old row (it would cache it under the new counter for good): its
+    ``FOR KEY SHARE`` read waits for the commit and finds the token revoked."""
+    import threading
+    import time
+
+    from django.db import connection, connections, transaction
+
+    from tasks_app.auth import TokenRevoked, machine_tokens, machine_tokens_changed, token_digest
+
+    digest = token_digest(machine.test_token)
+    locked, release = threading.Event(), threading.Event()
+    outcome = {}
+
+    def revoke():
+        try:
+            with transaction.atomic():
+                Machine.objects.select_for_update().get(pk=machine.pk)
+                machine_tokens_changed()
+                Machine.objects.filter(pk=machine.pk).update(paired=False, token_hash="")
+                locked.set()
+                release.wait(10)
+        finally:
+            connections.close_all()
+
+    def look():
+        try:
+            outcome["owner_machine"] = machine_tokens.lookup(digest)
+        except TokenRevoked as exc:
+            outcome["refused"] = exc
+        finally:
+            connections.close_all()
+
+    revoker = threading.Thread(target=revoke)
+    revoker.start()
+    assert locked.wait(10)
+    looker = threading.Thread(target=look)
+    looker.start()
+    deadline = time.monotonic() + 10
+    with connection.cursor() as cursor:  # the fact: the lookup waits on the revocation's row lock
+        while True:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                           "AND query LIKE %s", ["%FOR KEY SHARE%"])
+            if cursor.fetchone()[0] == 1:
+                break
+            assert time.monotonic() < deadline and looker.is_alive(), "the lookup did not wait for the revocation"
+            time.sleep(0.02)
+    release.set()
+    revoker.join(10)
+    looker.join(10)
+    assert "refused" in outcome, outcome
+    with pytest.raises(TokenRevoked):
+        machine_tokens.lookup(digest)  # and nothing stale was cached
