@@ -37,6 +37,27 @@ def claude_bin() -> str:
     return cli_bin("claude")
 
 
+# The variables of ``claude_env`` a worker profile passes to the CLI it runs.
+CLI_ENV_KEYS = ("HOME", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+                "DISABLE_AUTOUPDATER", "DISABLE_TELEMETRY", "IS_SANDBOX")
+
+
+def write_claude_profile(setup, *, api: AnthropicAPI, home: Path, options: str = "") -> None:
+    """Write the worker config of ``setup`` (``tests.worker_harness.LiveSetup``): its
+    allowed root and one ``[profiles.claude]`` running the real CLI offline against
+    ``api`` with ``home`` as ``$HOME`` (``claude_env``), plus the TOML lines ``options``
+    (each ending in a newline), such as ``'isolation = "worktree"\n'``."""
+    env = claude_env(home=home, api=api)
+    profile_env = ", ".join(f"{k} = {json.dumps(env[k])}" for k in CLI_ENV_KEYS)
+    setup.config.write_text(
+        f'allowed_roots = ["{setup.root}"]\n'
+        '[profiles.claude]\npreset = "claude"\n'
+        f"binary = {json.dumps(claude_bin())}\n"
+        f"{options}"
+        f"env = {{ {profile_env} }}\n"
+    )
+
+
 def claude_env(*, home: Path, api: AnthropicAPI, extra: dict | None = None) -> dict:
     """Environment for running the real CLI offline against ``api`` with ``home`` as
     ``$HOME`` (created; its ``.claude.json`` skips the first-run screens). Returns a new

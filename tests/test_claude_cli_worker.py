@@ -6,30 +6,18 @@ import uuid
 
 import pytest
 
-from tests.claude_cli import claude_bin, claude_env, fake_model_api  # noqa: F401
+from tests.claude_cli import fake_model_api, write_claude_profile  # noqa: F401  (fixture)
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.worker_harness import SHORT_TIMINGS, LiveSetup
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-CLI_ENV_KEYS = ("HOME", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
-                "DISABLE_AUTOUPDATER", "DISABLE_TELEMETRY", "IS_SANDBOX")
-
-
 @pytest.fixture
 def real_claude(live_daphne, make_owner, tmp_path, fake_model_api):  # noqa: F811
-    binary = claude_bin()
     setup = LiveSetup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path)
     subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
-    env = claude_env(home=tmp_path / "home", api=fake_model_api)
-    profile_env = ", ".join(f'{k} = "{env[k]}"' for k in CLI_ENV_KEYS)
-    setup.config.write_text(
-        f'allowed_roots = ["{setup.root}"]\n'
-        '[profiles.claude]\npreset = "claude"\n'
-        f'binary = "{binary}"\n'
-        'extra_args = ["--permission-mode", "bypassPermissions"]\n'
-        f"env = {{ {profile_env} }}\n"
-    )
+    write_claude_profile(setup, api=fake_model_api, home=tmp_path / "home",
+                         options='extra_args = ["--permission-mode", "bypassPermissions"]\n')
     setup.start_worker()
     yield setup
     setup.close()

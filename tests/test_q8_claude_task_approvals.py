@@ -24,14 +24,12 @@ from datetime import datetime
 import pytest
 
 from tasks_app.worker.store import DB_NAME
-from tests.claude_cli import claude_bin, claude_env, fake_model_api  # noqa: F401
+from tests.claude_cli import fake_model_api, write_claude_profile  # noqa: F401  (fixture)
 from tests.live import BoardSocket, module_daphne  # noqa: F401  (fixture)
 from tests.worker_harness import SHORT_TIMINGS, LiveSetup, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-CLI_ENV_KEYS = ("HOME", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
-                "DISABLE_AUTOUPDATER", "DISABLE_TELEMETRY", "IS_SANDBOX")
 WAIT_S = "60"  # approval_wait_s of the answered tests
 SHORT_WAIT_S = "1.5"  # approval_wait_s of the unanswered one
 DENY_WORDS = "Not on this machine: use the staging database instead."
@@ -39,16 +37,8 @@ DENY_WORDS = "Not on this machine: use the staging database instead."
 
 def setup_for(url, make_owner, tmp_path, api) -> LiveSetup:
     setup = LiveSetup(url, make_owner(), tmp_path)
-    env = claude_env(home=tmp_path / "home", api=api)
-    profile_env = ", ".join(f"{k} = {json.dumps(env[k])}" for k in CLI_ENV_KEYS)
-    setup.config.write_text(
-        f'allowed_roots = ["{setup.root}"]\n'
-        '[profiles.claude]\npreset = "claude"\n'
-        f'binary = "{claude_bin()}"\n'
-        'approvals = "ask"\n'
-        'extra_args = ["--permission-mode", "default"]\n'
-        f"env = {{ {profile_env} }}\n"
-    )
+    write_claude_profile(setup, api=api, home=tmp_path / "home",
+                         options='approvals = "ask"\nextra_args = ["--permission-mode", "default"]\n')
     setup.start_worker()
     return setup
 
