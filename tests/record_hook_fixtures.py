@@ -100,7 +100,9 @@ def run_gemini_interactive(prompt: str, *, home: Path, work: Path, setup, out: P
     with gemini_terminal(setup, home=home, work=work, socket=home / "tmux.sock") as term:
         term.wait_for(READY, timeout=90)
         deadline = time.monotonic() + 60
-        while starts() == before and time.monotonic() < deadline:
+        while starts() == before:
+            if time.monotonic() > deadline:
+                raise SystemExit("gemini: its SessionStart hook did not run within 60 s")
             time.sleep(0.1)
         submit(term, prompt)
         term.wait_for(DIALOG, timeout=60)

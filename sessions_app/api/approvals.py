@@ -13,7 +13,6 @@ Who may call what (Q7, K2):
 Another owner's ids answer 404 everywhere. Input is strict (K3); ``tool_input`` is never
 logged (Q7): no view logs bodies, and refusals name the field, never its value.
 """
-from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView
@@ -214,10 +213,7 @@ class ApprovalDecision(APIView):
             owner=request.user, approval_id=approval_id, key=key, raw_body=request.data, behavior=data["behavior"],
             message=data["message"], scope=data.get("scope", ""), actor=actor_owner(request.user), now=clock.now(),
         )
-        response = HttpResponse(stored.body, status=stored.status, content_type="application/json")
-        if stored.replayed:
-            response["Idempotent-Replayed"] = "true"
-        return response
+        return stored.http()
 
 
 class ApprovalTerminal(APIView):

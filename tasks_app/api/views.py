@@ -51,11 +51,8 @@ def _no_input(request) -> None:
     valid_body(EmptyBody, request)
 
 
-def _json(status_code: int, body: str, **headers) -> HttpResponse:
-    response = HttpResponse(body, status=status_code, content_type="application/json")
-    for name, value in headers.items():
-        response[name] = value
-    return response
+def _json(status_code: int, body: str) -> HttpResponse:
+    return HttpResponse(body, status=status_code, content_type="application/json")
 
 
 class TaskListCreate(generics.GenericAPIView):
@@ -101,8 +98,7 @@ class TaskListCreate(generics.GenericAPIView):
             owner=request.user, key=key, raw_body=request.data, data=data,
             now=clock.now(),
         )
-        headers = {"Idempotent-Replayed": "true"} if stored.replayed else {}
-        return _json(stored.status, stored.body, **headers)
+        return stored.http()
 
 
 class TaskDetail(APIView):
@@ -139,8 +135,7 @@ class TaskIntegrate(APIView):
         data = valid_body(s.IntegrateSerializer, request)
         stored = integration.task_integrate(owner=request.user, task_id=task_id, key=key, raw_body=request.data,
                                             action=data["action"], now=clock.now())
-        headers = {"Idempotent-Replayed": "true"} if stored.replayed else {}
-        return _json(stored.status, stored.body, **headers)
+        return stored.http()
 
 
 class OwnerTokenRotate(APIView):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection, transaction
+from django.http import HttpResponse
 from rest_framework.renderers import JSONRenderer
 
 from core.errors import ApplicationError
@@ -36,6 +37,14 @@ class StoredResponse:
     status: int
     body: str
     replayed: bool
+
+    def http(self) -> HttpResponse:
+        """The answer as a view sends it: the stored body byte-equal, with
+        ``Idempotent-Replayed: true`` when it is a replay (A2)."""
+        response = HttpResponse(self.body, status=self.status, content_type="application/json")
+        if self.replayed:
+            response["Idempotent-Replayed"] = "true"
+        return response
 
 
 def parse_idempotency_key(raw: str | None) -> str:
