@@ -7,7 +7,11 @@ prefix on that Redis. Sections (``--sections``, comma separated; all by default)
 
 - ``idle``: N simulated workers (``--workers``, default 10,100,1000) long-polling
   ``GET /api/worker/messages/?wait=25`` on ONE daphne process, from one asyncio client
-  process over raw sockets. Over a quiet window: service CPU (% of one core, psutil on the
+  process over raw sockets. Over a quiet window that begins one whole pull cycle
+  (``WAIT_S`` + 5 s) after the last worker started, so that it sees the steady state
+  and not the first start of every worker (cold token caches, machines coming back
+  online, and PostgreSQL's statistics of those reaching ``pg_stat_database`` up to 10 s
+  late): service CPU (% of one core, psutil on the
   daphne pid), database transactions/s (``pg_stat_database.xact_commit`` delta of the
   scratch database), service threads. Then tasks submitted meanwhile: acceptance latency
   (POST -> 201) and delivery latency (POST sent -> the simulated worker's pull answers
@@ -256,7 +260,7 @@ async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float
         workers.append(asyncio.create_task(worker(i)))
         if i % 50 == 49:
             await asyncio.sleep(0.1)
-    await asyncio.sleep(5.0)
+    await asyncio.sleep(WAIT_S + 5.0)  # one whole pull cycle: the window sees the steady state
     cpu0, x0, t0 = server.cpu_s(), xact_commit(dbname), time.perf_counter()
     threads_max = server.threads()
     while time.perf_counter() - t0 < window_s:

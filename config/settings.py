@@ -239,6 +239,9 @@ RUNSTEAD_LONGPOLL_KEEPALIVE_S = env_seconds("RUNSTEAD_LONGPOLL_KEEPALIVE_S", LON
 # D1, D2: long-poll starts (the view and the first take) at once per daphne process; the
 # rest of a wave of pull starts queues behind them, not in front of the API (core/longpoll.py).
 RUNSTEAD_LONGPOLL_START_SLOTS = max(1, int(env_str("RUNSTEAD_LONGPOLL_START_SLOTS", "2")))
+# D1: the pull starts of an event loop are checked together (one transaction) at most this
+# often (seconds); a start after a quiet spell is checked at once (core/waiting.py).
+RUNSTEAD_LONGPOLL_START_BATCH_S = env_seconds("RUNSTEAD_LONGPOLL_START_BATCH_S", 0.25)
 RUNSTEAD_MACHINE_OFFLINE_S = env_seconds("RUNSTEAD_MACHINE_OFFLINE_S", 90)
 RUNSTEAD_PAIRING_CODE_TTL_S = env_seconds("RUNSTEAD_PAIRING_CODE_TTL_S", 600)
 # K3 rate limits (core/throttling.py), "N/period" with period s, min, hour or day: task

@@ -87,7 +87,15 @@ class Wait:
       reach the client (the client went away, the server stopped during a take, or a
       newer exclusive wait superseded this one while its take ran: by W5 its client is
       gone), so it is not hidden for a visibility window (D1). Called in a thread.
-    - ``empty``: what a superseded wait answers once it gave back what it took.
+    - ``empty``: what a superseded wait answers once it gave back what it took, and a
+      wait whose ``starts`` found nothing for it as its first result.
+    - ``starts(waits: list[Wait]) -> Iterable[str]``: optional, the start of many waits
+      at once (``take_or_wait`` only): called in a thread with the waits that began on
+      one event loop within ``RUNSTEAD_LONGPOLL_START_BATCH_S`` of each other (at most
+      one call per that many seconds), does what each start needs and returns the keys
+      whose first take could find something; only those make it, the others begin
+      waiting with ``empty``. A start that raises ends each of those waits with it.
+    - ``subject``: what the wait is for, for ``starts`` (the pull's machine).
     """
 
     key: str
@@ -98,6 +106,8 @@ class Wait:
     ready: Callable[[list[str]], Iterable[str]] | None = None
     release: Callable[[Any], Any] | None = None
     empty: Any = None
+    starts: Callable[[list["Wait"]], Iterable[str]] | None = None
+    subject: Any = None
 
     def __post_init__(self):
         if not KEY_PATTERN.fullmatch(self.key):
@@ -275,13 +285,20 @@ async def take_or_wait(wait: Wait, *, first_taken: Callable[[], Any] | None = No
     what ``take`` raised. Cancelled (the client went away, the server stops) while a
     take runs, or superseded while a take found something, the take's result goes to
     ``wait.release`` (and a superseded wait returns ``wait.empty``). ``first_taken()`` is called
-    once the first take is over (``core.longpoll``'s admission of wait starts). Implements
-    D1, D2 (Q3)."""
+    once the first take is over, or once the wait joined a batch of ``wait.starts``
+    (``core.longpoll``'s admission of wait starts). Implements D1, D2 (Q3)."""
     waiter = _register(wait, asyncio.get_running_loop())
     try:
         deadline = time.monotonic() + max(0.0, wait.timeout_s)
+        started = None if wait.starts is None else _pump_for(waiter.loop).start(wait)
+        if started is not None and first_taken is not None:
+            first_taken()  # its share of the start is the batch's: let the next one in
+            first_taken = None
         try:
-            result = await _take(wait, True)
+            if started is None or wait.key in await asyncio.shield(started):
+                result = await _take(wait, True)
+            else:
+                result = wait.empty
         finally:
             if first_taken is not None:
                 first_taken()
@@ -405,6 +422,9 @@ class _Pump:
         self.channel_ready = asyncio.Event()
         self.joined: dict[str, float] = {}  # key -> last time a wait of it was here
         self.tasks: set[asyncio.Task] = set()
+        self.batch: list[Wait] | None = None  # the waits of the next ``Wait.starts`` call
+        self.batch_found: asyncio.Future | None = None
+        self.batch_last = 0.0  # monotonic seconds of the last call
         self._spawn(self._recheck_loop())
         if self.remote:
             self._spawn(self._reader_loop())
@@ -413,6 +433,34 @@ class _Pump:
         task = self.loop.create_task(coro)
         self.tasks.add(task)  # the loop keeps only a weak reference
         task.add_done_callback(self.tasks.discard)
+
+    def start(self, wait: Wait) -> asyncio.Future:
+        """Add ``wait`` to the next batch of starts; the future's result is the set of
+        keys whose first take could find something (``Wait.starts``). The batch is made
+        at once when the last one was ``RUNSTEAD_LONGPOLL_START_BATCH_S`` ago or more,
+        else that long after it."""
+        if self.batch is None:
+            self.batch, self.batch_found = [], self.loop.create_future()
+            self._spawn(self._starts(self.batch, self.batch_found))
+        self.batch.append(wait)
+        return self.batch_found
+
+    async def _starts(self, batch: list[Wait], found: asyncio.Future) -> None:
+        await asyncio.sleep(max(0.0, self.batch_last + settings.RUNSTEAD_LONGPOLL_START_BATCH_S - time.monotonic()))
+        self.batch = self.batch_found = None
+        self.batch_last = time.monotonic()
+        keys: set[str] = set()
+        by_starts: dict = {}
+        for wait in batch:
+            by_starts.setdefault(wait.starts, []).append(wait)
+        try:
+            for starts, waits in by_starts.items():
+                keys.update(await run_db(starts, waits))
+        except Exception as exc:
+            found.set_exception(exc)
+            found.exception()  # retrieved: the waits that are still there raise it
+        else:
+            found.set_result(keys)
 
     def watch(self, key: str) -> None:
         if self.remote and key not in self.joined:

@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from tasks_app.models import OutboxMessage, Task
+from tasks_app.models import Grant, Machine, OutboxMessage, Task
 from tests.live import Background, DaphneServer, live_daphne, local_listener  # noqa: F401
 from tests.worker_harness import LiveSetup
 
@@ -431,7 +431,55 @@ def test_d1_pulls_begun_together_end_apart():
     together: each pull's wait is its ``wait`` less a random share of up to 20 %."""
     from tasks_app.services.messages import messages_wait
 
-    ends = [messages_wait(machine_id=uuid.uuid4(), wait_s=25).timeout_s for _ in range(1000)]
+    ends = [messages_wait(machine=Machine(pk=uuid.uuid4()), wait_s=25).timeout_s for _ in range(1000)]
     assert all(20 <= end <= 25 for end in ends)
     assert max(ends) - min(ends) > 4  # spread over the whole 5 s
     assert len({round(end, 2) for end in ends}) > 300  # not a few synchronized groups
+
+
+@pytest.mark.django_db
+def test_d1_p2_pull_starts_together_are_one_heard_update_and_one_look_for_messages(
+        owner, machine, make_machine, grant, pinned, django_capture_on_commit_callbacks):
+    """Issue 22: the pull starts of an event loop (``messages_starts``) record their
+    machines heard in one UPDATE (at most every 5 s each, P2) and find, in one SELECT,
+    which machines have an unacknowledged message, visible or delivered to an earlier pull
+    (that pull's connection is gone, D1); one transaction. A machine that comes back
+    online is announced (B7), once; the others are not."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from core.waiting import Wait
+    from tasks_app.models import Machine
+    from tasks_app.services.messages import message_ack, messages_starts, messages_take, messages_wait
+    from tasks_app.services.transitions import outbox_key
+    from tests.factories import submit
+
+    delivered, acked, idle, back = (make_machine(owner, name) for name in ("delivered", "acked", "idle", "back"))
+    for other in (delivered, acked):
+        Grant.objects.create(owner=owner, machine=other, path=grant.path)
+        assert submit(owner, other, grant.path).status_code == 201
+    assert submit(owner, machine, grant.path).status_code == 201  # visible, never taken
+    messages_take(machine_id=delivered.pk, now=timezone.now(), new_pull=True)  # hidden, not acknowledged
+    for message in messages_take(machine_id=acked.pk, now=timezone.now(), new_pull=True):
+        message_ack(machine=acked, message_id=message.pk, now=timezone.now())
+    online = timezone.now() - timezone.timedelta(seconds=30)
+    Machine.objects.exclude(pk=back.pk).update(last_heard_at=online)
+    machines = list(Machine.objects.filter(owner=owner))  # as the pulls' token lookups found them
+    waits: list[Wait] = [messages_wait(machine=m, wait_s=25) for m in machines]
+
+    with CaptureQueriesContext(connection) as queries, django_capture_on_commit_callbacks() as announced:
+        found = messages_starts(waits)
+    assert found == {outbox_key(machine.pk), outbox_key(delivered.pk)}
+    statements = [q["sql"].split()[0] for q in queries.captured_queries]
+    # the messages; and for `back` alone, its row locked, then read again to announce it
+    assert statements.count("UPDATE") == 1 and statements.count("SELECT") == 3
+    assert len(announced) == 1  # `back` only
+    assert set(Machine.objects.values_list("last_heard_at", flat=True)) == {timezone.now()}
+    assert all(m.last_heard_at == timezone.now() for m in machines)
+
+    pinned.shift(1)  # all heard a second ago: no write, one statement
+    with CaptureQueriesContext(connection) as queries:
+        assert messages_starts(waits) == found
+    assert [q["sql"].split()[0] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]] == ["SELECT"]
+    assert idle.pk in {m.pk for m in machines}

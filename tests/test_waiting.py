@@ -241,3 +241,46 @@ async def test_d2_long_poll_starts_are_admitted_a_few_at_a_time(settings, monkey
     await asyncio.wait_for(asyncio.gather(*(longpoll.long_poll(None, {}, receive, send) for _ in range(10))), DEADLINE_S)
     assert peak[0] == 2
     assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [200] * 10
+
+
+@pytest.mark.asyncio
+async def test_d1_starts_of_one_event_loop_are_checked_together_and_only_found_keys_take(settings):
+    """Issue 22 (1,000 idle workers, < 5 transactions/s): waits with ``starts`` that begin
+    together on one event loop are started by one ``starts`` call (in the real pull, one
+    transaction for all), at most one call per ``RUNSTEAD_LONGPOLL_START_BATCH_S``; only
+    the keys it names make a first take, the others wait from ``empty`` and are still
+    woken by ``notify``. A start that raises ends each wait of its batch with the error."""
+    settings.RUNSTEAD_LONGPOLL_START_BATCH_S = 0.3
+    calls: list[list[str]] = []
+    approvals = [Approval() for _ in range(30)]
+    ready = {approvals[0].key}  # has something at the start
+
+    def starts(waits: list[Wait]) -> set[str]:
+        calls.append(sorted(wait.key for wait in waits))
+        return {wait.key for wait in waits} & ready
+
+    approvals[0].state = "allowed"
+    first = asyncio.create_task(take_or_wait(approvals[-1].wait(20, starts=starts, empty="pending")))
+    await until_waiting(approvals[-1].key)  # a start after a quiet spell: checked at once
+    pulls = [asyncio.create_task(take_or_wait(a.wait(20, starts=starts, empty="pending"))) for a in approvals[:-1]]
+    for approval in approvals[1:-1]:
+        await until_waiting(approval.key)
+    assert await asyncio.wait_for(pulls[0], DEADLINE_S) == "allowed"
+    assert calls == [[approvals[-1].key], sorted(a.key for a in approvals[:-1])]
+    assert approvals[0].takes == [True]
+    assert all(a.takes == [] for a in approvals[1:])  # nothing found: no take at all
+
+    approvals[5].state = "denied"
+    await asyncio.to_thread(notify, approvals[5].key)
+    assert await asyncio.wait_for(pulls[5], DEADLINE_S) == "denied"
+    assert approvals[5].takes == [False]
+    for task in [first, *pulls]:
+        task.cancel()
+    await asyncio.wait([first, *pulls], timeout=DEADLINE_S)
+
+    def broken(waits):
+        raise RuntimeError("database down")
+
+    failing = [asyncio.create_task(take_or_wait(Approval().wait(20, starts=broken))) for _ in range(3)]
+    results = await asyncio.wait_for(asyncio.gather(*failing, return_exceptions=True), DEADLINE_S)
+    assert [type(r) for r in results] == [RuntimeError] * 3

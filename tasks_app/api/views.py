@@ -225,10 +225,12 @@ class MachineView(APIView):
     outside the business transaction (P2)."""
 
     permission_classes = [IsMachine]
+    heard_by_service = False  # the service records the machine heard itself (the pull's start)
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
-        pairing.machine_heard(machine=request_machine(request), now=clock.now())
+        if not self.heard_by_service:
+            pairing.machine_heard(machine=request_machine(request), now=clock.now())
 
 
 class WorkerPair(APIView):
@@ -255,11 +257,12 @@ class WorkerMessages(MachineView):
     # Every idle worker starts a pull every ~25 s: its token is looked up through this
     # process's ``tasks_app.auth.MachineTokenCache`` (K1 as without it).
     machine_token_cached = True
+    heard_by_service = True  # with the other pull starts of the event loop (messages_starts)
 
     @extend_schema(parameters=[s.MessagesQuery], responses={200: shape(MessagesShape), **errors()})
     def get(self, request):
         wait = valid_query(s.MessagesQuery, request)["wait"]
-        pull = messages.messages_wait(machine_id=request_machine(request).pk, wait_s=wait)
+        pull = messages.messages_wait(machine=request_machine(request), wait_s=wait)
         return WaitResponse(pull, render=messages_dict)
 
 

@@ -12,6 +12,7 @@ from core.errors import ApplicationError
 from core.waiting import Wait, notify
 from tasks_app.models import Machine, MessageKind, OutboxMessage, Task, TaskState
 from tasks_app.protocol import LONG_POLL_MAX_S, PULL_END_JITTER
+from tasks_app.services.pairing import machine_heard, machines_heard
 from tasks_app.services.transitions import TransitionConflict, outbox_key, task_transition
 
 BATCH = 20
@@ -19,29 +20,55 @@ BATCH = 20
 log = logging.getLogger("runstead.messages")
 
 
-def messages_wait(*, machine_id, wait_s: float) -> Wait:
+def messages_wait(*, machine: Machine, wait_s: float) -> Wait:
     """The worker's long-poll ``GET /api/worker/messages/?wait=S`` as a ``core.waiting.Wait``
-    on ``outbox_key(machine_id)``, for ``take_or_wait`` (ASGI) or ``take_or_wait_sync``
+    on ``outbox_key(machine.pk)``, for ``take_or_wait`` (ASGI) or ``take_or_wait_sync``
     (WSGI); its result is a list of ``OutboxMessage`` (empty after ``wait_s`` seconds,
     at most ``LONG_POLL_MAX_S``, 25, less a random share of up to ``PULL_END_JITTER``
-    so that pulls begun together end apart). The first take also takes the machine's delivered
-    but unacknowledged messages, and the wait is exclusive: a new pull means the
-    previous connection is gone (one poller per machine, W5, D1). Woken after the commit
-    that makes a message visible (``transitions.message_send``, ``messages_release``);
-    the safety re-check is ``outbox_ready``; what a pull took for a client that went away
-    or that a newer pull superseded while its take ran is released (``messages_release``)."""
+    so that pulls begun together end apart). The pull's start records the machine heard
+    (P2) and makes the first take, which also takes the machine's delivered but
+    unacknowledged messages; under ASGI the starts of an event loop are checked together
+    first (``messages_starts``). The wait is exclusive: a new pull means the previous
+    connection is gone (one poller per machine, W5, D1). Woken after the commit that
+    makes a message visible (``transitions.message_send``, ``messages_release``); the
+    safety re-check is ``outbox_ready``; what a pull took for a client that went away or
+    that a newer pull superseded while its take ran is released (``messages_release``)."""
 
     def take(first: bool) -> list[OutboxMessage]:
-        return messages_take(machine_id=machine_id, now=clock.now(), new_pull=first)
+        now = clock.now()
+        if first:
+            machine_heard(machine=machine, now=now)  # a no-op after messages_starts
+        return messages_take(machine_id=machine.pk, now=now, new_pull=first)
 
     def release(taken: list[OutboxMessage]) -> None:
-        messages_release(machine_id=machine_id, taken=taken)
+        messages_release(machine_id=machine.pk, taken=taken)
 
     return Wait(
-        key=outbox_key(machine_id), take=take,
+        key=outbox_key(machine.pk), take=take,
         timeout_s=min(wait_s, LONG_POLL_MAX_S) * (1 - PULL_END_JITTER * random.random()),
         exclusive=True, ready=outbox_ready, release=release, empty=[],
+        starts=messages_starts, subject=machine,
     )
+
+
+def messages_starts(waits: list[Wait]) -> set[str]:
+    """The starts of ``waits`` (``messages_wait``'s, ``subject`` their machine) that began
+    together on one event loop (D1; issue 22: idle pulls cost no transaction each): records
+    their machines heard (``pairing.machines_heard``, one UPDATE) and returns the keys of
+    those whose first take would find something, that is with an unacknowledged message,
+    visible or delivered to an earlier pull (one SELECT per 500 machines), all in one
+    transaction. The others begin waiting without a first take."""
+    machines = {wait.subject.pk: wait.subject for wait in waits}
+    ids = list(machines)
+    found = set()
+    with transaction.atomic():
+        machines_heard(list(machines.values()), now=clock.now())
+        for start in range(0, len(ids), 500):
+            found.update(
+                OutboxMessage.objects.filter(machine_id__in=ids[start : start + 500], acked_at__isnull=True)
+                .values_list("machine_id", flat=True).distinct()
+            )
+    return {outbox_key(machine_id) for machine_id in found}
 
 
 def messages_take(*, machine_id, now: datetime, new_pull: bool) -> list[OutboxMessage]:

@@ -88,24 +88,34 @@ def machine_publish(machine: Machine, *, now: datetime) -> None:
 
 
 def machine_heard(*, machine: Machine, now: datetime) -> None:
-    """Record that the service heard from ``machine``, outside business transactions (P2),
-    at most every LAST_HEARD_WRITE_EVERY_S seconds; a change that brings an offline
-    machine back is broadcast. ``machine.last_heard_at`` may be older than the row's (the
-    pull's machine comes from ``tasks_app.auth.MachineTokenCache``, and other processes
-    write too): each write is conditional on the row's own value, and
-    ``machine.last_heard_at`` is set to what was written."""
-    last = machine.last_heard_at
-    if last is not None and (now - last).total_seconds() < LAST_HEARD_WRITE_EVERY_S:
+    """``machines_heard([machine], now=now)``."""
+    machines_heard([machine], now=now)
+
+
+def machines_heard(machines: list[Machine], *, now: datetime) -> None:
+    """Record that the service heard from each of ``machines`` at ``now`` (UTC), outside
+    business transactions (P2), at most every LAST_HEARD_WRITE_EVERY_S (5) seconds per
+    machine: one UPDATE for all that are due (the pull starts of an event loop come here
+    together, ``messages.messages_starts``). A write that brings an offline machine back
+    is broadcast (B7). A ``machine.last_heard_at`` may be older than its row's (the pull's
+    machine comes from ``tasks_app.auth.MachineTokenCache``, and other processes write
+    too): each write is conditional on the row's own value, and ``machine.last_heard_at``
+    is set to what was written."""
+    due = [m for m in machines
+           if m.last_heard_at is None or (now - m.last_heard_at).total_seconds() >= LAST_HEARD_WRITE_EVERY_S]
+    if not due:
         return
-    row = Machine.objects.filter(pk=machine.pk)
     never = Q(last_heard_at__isnull=True)
-    if machine_is_offline(last, now):
-        offline_since = now - timedelta(seconds=settings.RUNSTEAD_MACHINE_OFFLINE_S)
-        if row.filter(never | Q(last_heard_at__lt=offline_since)).update(last_heard_at=now, version=F("version") + 1):
-            machine.refresh_from_db()
+    back = [m.pk for m in due if machine_is_offline(m.last_heard_at, now)]
+    offline_since = now - timedelta(seconds=settings.RUNSTEAD_MACHINE_OFFLINE_S)
+    with transaction.atomic(savepoint=False):
+        if back:  # those that really come back, by their rows, are announced
+            back = list(Machine.objects.select_for_update().filter(pk__in=back).order_by("pk")
+                        .filter(never | Q(last_heard_at__lt=offline_since)).values_list("pk", flat=True))
+        Machine.objects.filter(pk__in=[m.pk for m in due]).filter(
+            never | Q(last_heard_at__lte=now - timedelta(seconds=LAST_HEARD_WRITE_EVERY_S))
+        ).update(last_heard_at=now, version=F("version") + 1)
+        for machine in Machine.objects.filter(pk__in=back) if back else ():
             machine_publish(machine, now=now)
-            return
-    row.filter(never | Q(last_heard_at__lte=now - timedelta(seconds=LAST_HEARD_WRITE_EVERY_S))).update(
-        last_heard_at=now, version=F("version") + 1
-    )
-    machine.last_heard_at = now
+    for machine in due:
+        machine.last_heard_at = now
