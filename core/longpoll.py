@@ -21,6 +21,7 @@ result into the body. It does not know how the wait is performed:
   the view's transaction.
 """
 import asyncio
+import functools
 import io
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -72,17 +73,24 @@ class LongPollRouter:
             return None
         if "wait" not in parse_qs(scope.get("query_string", b"").decode("latin-1")):
             return None
-        try:
-            found = resolve(scope["path"])
-        except Resolver404:
-            return None
-        return found if getattr(found.func, "view_class", None) in self.views else None
+        found = _resolve(scope["path"])
+        return found if found is not None and getattr(found.func, "view_class", None) in self.views else None
 
     async def __call__(self, scope, receive, send):
         found = self.match(scope)
         if found is None:
             return await self.django_app(scope, receive, send)
         return await long_poll(found, scope, receive, send)
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolve(path: str):
+    """``django.urls.resolve(path)``, or None; remembered, since every idle worker's pull
+    asks for the same path every ~25 s (the URLconf does not change while serving)."""
+    try:
+        return resolve(path)
+    except Resolver404:
+        return None
 
 
 def route(django_app, views: Iterable[type]) -> LongPollRouter:

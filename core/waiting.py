@@ -19,7 +19,9 @@ How a wait is woken, in this process and across processes:
   notification announced (a Redis outage, a visibility window that ran out);
 - ``Wait.exclusive``: a newer wait of the same key supersedes the older (one poller per
   machine, W5), which returns its last take at once; in another process too, through
-  the same group (``wait.supersede``, the newer by its start time);
+  the group every event loop's channel joins (``SUPERSEDE_GROUP``: one
+  ``wait.supersede`` message for the exclusive waits that began on a loop within
+  ``RUNSTEAD_LONGPOLL_START_BATCH_S``; the newer by its start time);
 - ``stop_all()`` (the server stops, ``config/server_hooks.py``): every wait returns its
   last take at once, and so does any wait that starts afterwards.
 
@@ -61,6 +63,11 @@ SYNC_RECHECK_S = 0.2
 LAYER_RETRY_S = 1.0  # after a failed channel layer receive (Redis down)
 GROUP_IDLE_DISCARD_S = 120.0  # leave a key's group once nobody here waited on it for this long
 GROUP_PREFIX = "wait."
+# Every event loop's channel is in this group: the exclusive waits that began on one loop
+# within a start batch go to the others in one message (W5 across processes).
+SUPERSEDE_GROUP = "waits-superseding"
+# Join the groups again this often: channels_redis forgets a member a day after it joined.
+GROUP_REJOIN_S = 3600.0
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,90}")  # a channels group name once prefixed
 FINAL = ("superseded", "stopped")
 
@@ -421,10 +428,15 @@ class _Pump:
         self.channel = None
         self.channel_ready = asyncio.Event()
         self.joined: dict[str, float] = {}  # key -> last time a wait of it was here
+        self.joining: set[str] = set()  # keys whose group this loop's channel is yet to join
+        self.joiner = False  # whether a task joins them
         self.tasks: set[asyncio.Task] = set()
         self.batch: list[Wait] | None = None  # the waits of the next ``Wait.starts`` call
         self.batch_found: asyncio.Future | None = None
         self.batch_last = 0.0  # monotonic seconds of the last call
+        self.superseding: list[list] | None = None  # [key, started] to tell the other processes
+        self.superseding_last = 0.0
+        self.supersede_joined = float("-inf")
         self._spawn(self._recheck_loop())
         if self.remote:
             self._spawn(self._reader_loop())
@@ -464,20 +476,33 @@ class _Pump:
 
     def watch(self, key: str) -> None:
         if self.remote and key not in self.joined:
-            self._spawn(self._join(key))
+            self.joining.add(key)
+            if not self.joiner:
+                self.joiner = True
+                self._spawn(self._join())
         self.joined[key] = time.monotonic()
 
     def seen(self, key: str) -> None:
         if key in self.joined:
             self.joined[key] = time.monotonic()
 
-    async def _join(self, key: str) -> None:
+    async def _join(self) -> None:
+        """Join the groups of ``joining`` one after the other: a wave of new keys (every
+        worker after a restart) takes one connection of the layer's pool, not all."""
         try:
             await self.channel_ready.wait()
-            await get_channel_layer().group_add(group_name(key), self.channel)
-        except Exception as exc:  # the layer is down: the safety re-check still delivers
-            log.warning("channel layer group_add failed (%s); relying on the re-check", exc)
-            self.joined.pop(key, None)
+            layer = get_channel_layer()
+            while self.joining:
+                key = self.joining.pop()
+                try:
+                    await layer.group_add(group_name(key), self.channel)
+                except Exception as exc:  # the layer is down: the safety re-check still delivers
+                    log.warning("channel layer group_add failed (%s); relying on the re-check", exc)
+                    for left in (key, *self.joining):  # the re-check watches them again
+                        self.joined.pop(left, None)
+                    self.joining.clear()
+        finally:
+            self.joiner = False
 
     async def _reader_loop(self) -> None:
         layer = get_channel_layer()
@@ -485,6 +510,7 @@ class _Pump:
         # process's one receive loop with the board consumers instead of competing with it.
         self.channel = await layer.new_channel()
         self.channel_ready.set()
+        await self._join_superseding()
         while True:
             try:
                 message = await layer.receive(self.channel)
@@ -496,25 +522,49 @@ class _Pump:
                 # A Redis outage or restart loses group memberships: join again later.
                 log.warning("channel layer receive failed (%s); retrying in %s s", exc, LAYER_RETRY_S)
                 self.joined = {}
+                self.supersede_joined = float("-inf")  # the re-check joins it again
                 await asyncio.sleep(LAYER_RETRY_S)
                 continue
             if message.get("type") == "wait.wake":
                 wake(message.get("key", ""), loop=self.loop)
             elif message.get("type") == "wait.supersede" and message.get("origin") != _PROCESS:
-                supersede_older(message.get("key", ""), float(message.get("started", 0)), loop=self.loop)
+                for key, started in message.get("waits", ()):
+                    supersede_older(str(key), float(started), loop=self.loop)
+
+    async def _join_superseding(self) -> None:
+        try:
+            await get_channel_layer().group_add(SUPERSEDE_GROUP, self.channel)
+            self.supersede_joined = time.monotonic()
+        except Exception as exc:  # the re-check tries again
+            log.warning("channel layer group_add of %s failed (%s)", SUPERSEDE_GROUP, exc)
 
     def supersede_elsewhere(self, key: str, started: float) -> None:
         """An exclusive wait of ``key`` began here at ``started``: the other processes end
-        their older ones (W5: one poller per machine, whichever process it reached)."""
-        if self.remote:
-            message = {"type": "wait.supersede", "key": key, "started": started, "origin": _PROCESS}
-            self._spawn(_quiet(get_channel_layer().group_send(group_name(key), message)))
+        their older ones (W5: one poller per machine, whichever process it reached). Sent
+        at once after a quiet spell, else with the others of its start batch: one
+        message per ``RUNSTEAD_LONGPOLL_START_BATCH_S`` at most."""
+        if not self.remote:
+            return
+        if self.superseding is None:
+            self.superseding = []
+            self._spawn(self._send_superseding())
+        self.superseding.append([key, started])
+
+    async def _send_superseding(self) -> None:
+        await asyncio.sleep(max(0.0, self.superseding_last + settings.RUNSTEAD_LONGPOLL_START_BATCH_S - time.monotonic()))
+        waits, self.superseding = self.superseding, None
+        self.superseding_last = time.monotonic()
+        message = {"type": "wait.supersede", "waits": waits, "origin": _PROCESS}
+        await _quiet(get_channel_layer().group_send(SUPERSEDE_GROUP, message))
 
     async def _recheck_loop(self) -> None:
         interval = settings.RUNSTEAD_LONGPOLL_RECHECK_S
         while True:
             await asyncio.sleep(interval)
             mine = _snapshot(loop=self.loop)
+            if self.channel is not None and time.monotonic() - self.supersede_joined > GROUP_REJOIN_S:
+                self.joined = {}  # the keys waited on now are joined again just below
+                self._spawn(self._join_superseding())
             if self.remote:
                 for key in {w.wait.key for w in mine} - set(self.joined):
                     self.watch(key)
