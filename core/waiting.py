@@ -297,7 +297,7 @@ async def take_or_wait(wait: Wait, *, first_taken: Callable[[], Any] | None = No
     waiter = _register(wait, asyncio.get_running_loop())
     try:
         deadline = time.monotonic() + max(0.0, wait.timeout_s)
-        started = None if wait.starts is None else _pump_for(waiter.loop).start(wait)
+        started = None if wait.starts is None else _pump_for(waiter.loop).starts.add(wait)
         if started is not None and first_taken is not None:
             first_taken()  # its share of the start is the batch's: let the next one in
             first_taken = None
@@ -431,11 +431,8 @@ class _Pump:
         self.joining: set[str] = set()  # keys whose group this loop's channel is yet to join
         self.joiner = False  # whether a task joins them
         self.tasks: set[asyncio.Task] = set()
-        self.batch: list[Wait] | None = None  # the waits of the next ``Wait.starts`` call
-        self.batch_found: asyncio.Future | None = None
-        self.batch_last = 0.0  # monotonic seconds of the last call
-        self.superseding: list[list] | None = None  # [key, started] to tell the other processes
-        self.superseding_last = 0.0
+        self.starts = _Batches(self, self._starts)  # of waits, for ``Wait.starts``
+        self.superseding = _Batches(self, self._send_superseding)  # of [key, started]
         self.supersede_joined = float("-inf")
         self._spawn(self._recheck_loop())
         if self.remote:
@@ -446,33 +443,15 @@ class _Pump:
         self.tasks.add(task)  # the loop keeps only a weak reference
         task.add_done_callback(self.tasks.discard)
 
-    def start(self, wait: Wait) -> asyncio.Future:
-        """Add ``wait`` to the next batch of starts; the future's result is the set of
-        keys whose first take could find something (``Wait.starts``). The batch is made
-        at once when the last one was ``RUNSTEAD_LONGPOLL_START_BATCH_S`` ago or more,
-        else that long after it."""
-        if self.batch is None:
-            self.batch, self.batch_found = [], self.loop.create_future()
-            self._spawn(self._starts(self.batch, self.batch_found))
-        self.batch.append(wait)
-        return self.batch_found
-
-    async def _starts(self, batch: list[Wait], found: asyncio.Future) -> None:
-        await asyncio.sleep(max(0.0, self.batch_last + settings.RUNSTEAD_LONGPOLL_START_BATCH_S - time.monotonic()))
-        self.batch = self.batch_found = None
-        self.batch_last = time.monotonic()
-        keys: set[str] = set()
+    async def _starts(self, batch: list[Wait]) -> set[str]:
+        """The keys of ``batch`` whose first take could find something (``Wait.starts``)."""
         by_starts: dict = {}
         for wait in batch:
             by_starts.setdefault(wait.starts, []).append(wait)
-        try:
-            for starts, waits in by_starts.items():
-                keys.update(await run_db(starts, waits))
-        except Exception as exc:
-            found.set_exception(exc)
-            found.exception()  # retrieved: the waits that are still there raise it
-        else:
-            found.set_result(keys)
+        keys: set[str] = set()
+        for starts, waits in by_starts.items():
+            keys.update(await run_db(starts, waits))
+        return keys
 
     def watch(self, key: str) -> None:
         if self.remote and key not in self.joined:
@@ -543,17 +522,10 @@ class _Pump:
         their older ones (W5: one poller per machine, whichever process it reached). Sent
         at once after a quiet spell, else with the others of its start batch: one
         message per ``RUNSTEAD_LONGPOLL_START_BATCH_S`` at most."""
-        if not self.remote:
-            return
-        if self.superseding is None:
-            self.superseding = []
-            self._spawn(self._send_superseding())
-        self.superseding.append([key, started])
+        if self.remote:
+            self.superseding.add([key, started])
 
-    async def _send_superseding(self) -> None:
-        await asyncio.sleep(max(0.0, self.superseding_last + settings.RUNSTEAD_LONGPOLL_START_BATCH_S - time.monotonic()))
-        waits, self.superseding = self.superseding, None
-        self.superseding_last = time.monotonic()
+    async def _send_superseding(self, waits: list[list]) -> None:
         message = {"type": "wait.supersede", "waits": waits, "origin": _PROCESS}
         await _quiet(get_channel_layer().group_send(SUPERSEDE_GROUP, message))
 
@@ -592,6 +564,37 @@ class _Pump:
             del self.joined[key]
             if self.channel is not None:
                 self._spawn(_quiet(layer.group_discard(group_name(key), self.channel)))
+
+
+class _Batches:
+    """Items added on one event loop go to ``flush(items)`` (a coroutine function)
+    together: at once after a quiet spell, else ``RUNSTEAD_LONGPOLL_START_BATCH_S``
+    seconds after the last flush (at most one flush per that many seconds). ``add``
+    returns the future of that flush's result (or of its exception). Event loop only."""
+
+    def __init__(self, pump: "_Pump", flush):
+        self.pump, self.flush = pump, flush
+        self.items: list | None = None
+        self.result: asyncio.Future | None = None
+        self.last = float("-inf")  # monotonic seconds of the last flush
+
+    def add(self, item) -> asyncio.Future:
+        if self.items is None:
+            self.items, self.result = [], self.pump.loop.create_future()
+            self.pump._spawn(self._flush_later())
+        self.items.append(item)
+        return self.result
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(max(0.0, self.last + settings.RUNSTEAD_LONGPOLL_START_BATCH_S - time.monotonic()))
+        items, result = self.items, self.result
+        self.items = self.result = None
+        self.last = time.monotonic()
+        try:
+            result.set_result(await self.flush(items))
+        except Exception as exc:
+            result.set_exception(exc)
+            result.exception()  # retrieved: whoever still awaits it raises it
 
 
 async def _quiet(coro) -> None:

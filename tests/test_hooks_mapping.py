@@ -45,7 +45,7 @@ def test_i2_ids_are_uuid5_of_agent_and_session_and_device_is_per_instance():
     state = {}
     writes = call("claude", fixture("claude", "session_start_startup"), state)
     sid = str(uuid.uuid5(uuid.UUID("80bf71b1-6975-58ca-9896-94d5739ee39a"), "claude:abc123"))
-    assert RUNSTEAD_NAMESPACE == uuid.UUID("80bf71b1-6975-58ca-9896-94d5739ee39a")
+    assert uuid.UUID(RUNSTEAD_NAMESPACE) == uuid.UUID("80bf71b1-6975-58ca-9896-94d5739ee39a")
     assert writes[0] == {"method": "POST", "path": "/api/sessions/",
                          "body": {"id": sid, "title": "app", "agent": "claude", "cwd": "/Users/me/src/app"}}
     assert writes[1] == {"method": "POST", "path": "/api/devices/mac:claude:abc123/sweep/", "body": None}
@@ -155,7 +155,7 @@ def test_i4_codex_notify_writes_running_then_ended_for_a_turn_never_started():
     writes = call("codex", fixture("codex", "notify_turn_complete"), state)
     assert kinds(writes) == ["create", f"running:{CODEX_TURN}", f"ended:{CODEX_TURN}"]
     assert writes[0]["body"]["title"] == CODEX_NOTIFY["input-messages"][0]
-    assert writes[0]["body"]["id"] == str(uuid.uuid5(RUNSTEAD_NAMESPACE, f"codex:{CODEX_NOTIFY['thread-id']}"))
+    assert writes[0]["body"]["id"] == str(uuid.uuid5(uuid.UUID(RUNSTEAD_NAMESPACE), f"codex:{CODEX_NOTIFY['thread-id']}"))
     assert call("codex", fixture("codex", "notify_turn_complete"), state) == []  # a repeat adds nothing
 
 

@@ -391,10 +391,13 @@ def test_i7_sender_records_the_class_of_the_running_marker_the_service_answered(
 def test_i7_i1_a_tool_hook_imports_neither_django_nor_the_asking_client(tmp_path):
     """I1, I7: a tool hook's own share of its start is a few tens of milliseconds because
     it loads only the mapping and the store; the asking modules (an HTTP client, TLS) are
-    for ``PermissionRequest`` alone (``bench/hook_latency.py`` measures the difference)."""
+    for ``PermissionRequest`` alone, ``uuid`` (``platform`` on Python 3.11) for a hook
+    that writes, and ``dataclasses`` (``inspect``) for none (``bench/hook_latency.py``
+    measures the difference)."""
     tool = {"session_id": "light-1", "hook_event_name": "PreToolUse", "tool_name": "Bash", "cwd": "/x",
             "tool_input": {"command": "ls"}}
-    heavy = ("django", "http.client", "ssl", "sessions_app.hooks.approval", "sessions_app.hooks.task_approval")
+    heavy = ("django", "http.client", "ssl", "sessions_app.hooks.approval", "sessions_app.hooks.task_approval",
+             "uuid", "dataclasses", "inspect")
     probe = ("import json, sys\nfrom sessions_app.hooks.__main__ import run\nrun(['claude'])\n"
              f"print(json.dumps([m for m in {heavy!r} + ('sessions_app.hooks.mapping',) if m in sys.modules]))")
     done = subprocess.run([sys.executable, "-c", probe], input=json.dumps(tool).encode(), capture_output=True,

@@ -11,10 +11,8 @@ few tens of milliseconds (I1). Modules:
 - ``sender``: the detached process that delivers queued writes in order (R4).
 - ``install``: merging RunStead's entries into each CLI's user config (I5).
 """
-import uuid
-
 # I2: RunStead session id = uuid5(RUNSTEAD_NAMESPACE, "<agent>:<agent session id>").
-RUNSTEAD_NAMESPACE = uuid.UUID("80bf71b1-6975-58ca-9896-94d5739ee39a")
+RUNSTEAD_NAMESPACE = "80bf71b1-6975-58ca-9896-94d5739ee39a"
 AGENTS = ("claude", "codex", "gemini", "opencode")
 # M2's default marker class (seconds), which I7's tool hooks assume until the sender has
 # recorded the class the service answered (store.marker_class_s).
@@ -24,6 +22,15 @@ DEFAULT_MARKER_CLASS_S = 1200.0
 # there, so that a tool hook decides without importing the HTTP client (I7).
 TASK_FLAG = "--task"
 TASK_ENV = "RUNSTEAD_TASK_ID"
+
+
+def uuid5(name: str) -> str:
+    """``str(uuid.uuid5(RUNSTEAD_NAMESPACE, name))`` (I2). ``uuid`` is imported on first
+    use: on Python 3.11 it imports ``platform`` (5-9 ms), which a tool hook with nothing
+    due never needs (I7)."""
+    import uuid
+
+    return str(uuid.uuid5(uuid.UUID(RUNSTEAD_NAMESPACE), name))
 
 
 def in_task(environ) -> bool:

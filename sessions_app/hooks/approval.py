@@ -40,12 +40,11 @@ import os
 import re
 import ssl
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sessions_app.hooks import RUNSTEAD_NAMESPACE, store
+from sessions_app.hooks import store, uuid5
 from tasks_app.protocol import APPROVAL_INPUT_MAX_BYTES, APPROVAL_WAIT_MAX_S, cut_json, json_digest
 
 DEFAULT_WAIT_S = 600.0
@@ -96,7 +95,7 @@ def _key_part(value) -> str:
     stable uuid5 of it (``-`` when absent)."""
     if not isinstance(value, str) or not value:
         return "-"
-    return value if KEY_PART.match(value) else str(uuid.uuid5(RUNSTEAD_NAMESPACE, value))
+    return value if KEY_PART.match(value) else uuid5(value)
 
 
 def approval_key(agent: str, agent_session_id: str, prompt_id, digest: str, count: int) -> str:

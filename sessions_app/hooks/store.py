@@ -25,7 +25,7 @@ import json
 import os
 import sqlite3
 import time
-from dataclasses import dataclass
+from collections import namedtuple
 from pathlib import Path
 
 from sessions_app.hooks import DEFAULT_MARKER_CLASS_S
@@ -176,17 +176,9 @@ def refresh_only(write: dict) -> bool:
             and set(body) <= REFRESH_KEYS)
 
 
-@dataclass
-class Row:
-    """One queued write."""
-
-    seq: int
-    method: str
-    path: str
-    body: dict | None
-    server: str | None
-    token: str | None
-    attempts: int
+# One queued write: seq (int), method, path, body (dict or None), server and token (str or
+# None: the config's at send time), attempts (int). Not a dataclass: see ``mapping.Event``.
+Row = namedtuple("Row", "seq method path body server token attempts")
 
 
 class Outbox:

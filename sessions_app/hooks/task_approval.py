@@ -31,10 +31,9 @@ folder, never with the credential or the tool input. Imports no Django. Seconds.
 import fcntl
 import json
 import os
-import uuid
 from pathlib import Path
 
-from sessions_app.hooks import RUNSTEAD_NAMESPACE, TASK_ENV, approval
+from sessions_app.hooks import TASK_ENV, approval, uuid5
 from tasks_app.protocol import APPROVAL_INPUT_MAX_BYTES, cut_json, json_digest
 
 CREDENTIAL_ENV = "RUNSTEAD_TASK_CREDENTIAL"
@@ -59,7 +58,7 @@ def _base(payload: dict) -> str:
 def _key(payload: dict, n: int) -> str:
     digest = json_digest(_tool_input(payload))
     key = "task:" + approval.approval_key("claude", payload.get("session_id"), payload.get("prompt_id"), digest, n)
-    return key if len(key) <= KEY_MAX else f"task:{uuid.uuid5(RUNSTEAD_NAMESPACE, key)}"
+    return key if len(key) <= KEY_MAX else f"task:{uuid5(key)}"
 
 
 def _tool_input(payload: dict) -> dict:
