@@ -122,14 +122,72 @@ async def _disconnected(receive) -> None:
             return
 
 
-async def _send_keepalive(send, response, streaming: bool) -> None:
-    """D1: one space of the body (JSON allows leading whitespace); the first one starts
-    the response (the view has authorised, so the status is known; no length, so the
-    server sends it chunked and a proxy flushes each write)."""
-    if not streaming:
-        headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
-        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": b" ", "more_body": True})
+class _Streaming:
+    """A waiting response's keep-alive side (D1): one space of the body at a time (JSON
+    allows leading whitespace); the first one starts the response (the view has
+    authorised, so the status is known; no length, so the server sends it chunked and a
+    proxy flushes each write)."""
+
+    __slots__ = ("send", "status", "started", "sending")
+
+    def __init__(self, send, status: int):
+        self.send, self.status = send, status
+        self.started = False  # the response has begun: only the body may follow
+        self.sending = False
+
+    async def keepalive(self) -> None:
+        self.sending = True
+        try:
+            if not self.started:
+                headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
+                await self.send({"type": "http.response.start", "status": self.status, "headers": headers})
+                self.started = True
+            await self.send({"type": "http.response.body", "body": b" ", "more_body": True})
+        finally:
+            self.sending = False
+
+
+class _KeepAlive:
+    """The keep-alives of every waiting long-poll of one event loop from ONE timer (not a
+    timer per response; 1,000 idle workers): every ``RUNSTEAD_LONGPOLL_KEEPALIVE_S``
+    seconds each response added before that tick gets a space, so the first comes
+    within that many seconds of the start and the next ones that far apart. Event loop only."""
+
+    _loops: "dict[asyncio.AbstractEventLoop, _KeepAlive]" = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.responses: set[_Streaming] = set()
+        self.timer = None
+        self.senders: set[asyncio.Task] = set()  # the loop keeps only a weak reference
+
+    @classmethod
+    def here(cls) -> "_KeepAlive":
+        loop = asyncio.get_running_loop()
+        for old in [other for other in cls._loops if other.is_closed()]:
+            del cls._loops[old]
+        return cls._loops.setdefault(loop, cls(loop))
+
+    def add(self, response: _Streaming) -> None:
+        self.responses.add(response)
+        if self.timer is None:
+            self.timer = self.loop.call_later(settings.RUNSTEAD_LONGPOLL_KEEPALIVE_S, self._tick)
+
+    def _tick(self) -> None:
+        self.timer = None
+        if self.responses:
+            sender = self.loop.create_task(self._send_all(list(self.responses)))
+            self.senders.add(sender)
+            sender.add_done_callback(self.senders.discard)
+            self.timer = self.loop.call_later(settings.RUNSTEAD_LONGPOLL_KEEPALIVE_S, self._tick)
+
+    async def _send_all(self, responses: list[_Streaming]) -> None:
+        for response in responses:
+            if response in self.responses:  # not answered meanwhile
+                try:
+                    await response.keepalive()
+                except Exception:  # the connection is gone: its request ends on the disconnect
+                    self.responses.discard(response)
 
 
 class _Admission:
@@ -172,8 +230,7 @@ async def long_poll(found, scope, receive, send) -> None:
 
 async def _long_poll(found, scope, receive, send, admission: _Admission) -> None:
     disconnect = asyncio.ensure_future(_disconnected(receive))
-    waiting = None
-    streaming = False  # the response has begun (a keep-alive went out)
+    waiting = streaming = None
     try:
         response = await run_db(_dispatch, found, scope)
         if isinstance(response, WaitResponse):
@@ -181,10 +238,14 @@ async def _long_poll(found, scope, receive, send, admission: _Admission) -> None
         else:
             admission.release()
         if waiting is not None:
-            while not (await asyncio.wait({waiting, disconnect}, timeout=settings.RUNSTEAD_LONGPOLL_KEEPALIVE_S,
-                                          return_when=asyncio.FIRST_COMPLETED))[0]:
-                await _send_keepalive(send, response, streaming)
-                streaming = True
+            streaming, keepalive = _Streaming(send, response.status_code), _KeepAlive.here()
+            keepalive.add(streaming)
+            try:
+                await asyncio.wait({waiting, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                keepalive.responses.discard(streaming)
+            while streaming.sending:  # a keep-alive that began goes out whole before the body
+                await asyncio.sleep(0)
             if not waiting.done():  # the client is gone; a take in flight is released
                 waiting.cancel()
                 await asyncio.wait({waiting})
@@ -197,7 +258,7 @@ async def _long_poll(found, scope, receive, send, admission: _Admission) -> None
             response = await run_db(response.finish, result)
         if disconnect.done():
             return
-        if streaming:
+        if streaming is not None and streaming.started:
             await send({"type": "http.response.body", "body": response.content})
         else:
             await _send(send, response)
