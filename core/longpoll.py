@@ -122,6 +122,18 @@ async def _disconnected(receive) -> None:
             return
 
 
+def _of_running_loop(registry: dict, make):
+    """``registry[loop]`` of the running event loop, made by ``make(loop)`` the first
+    time; entries of closed loops are dropped (each test has its own loop)."""
+    loop = asyncio.get_running_loop()
+    found = registry.get(loop)
+    if found is None:
+        for old in [other for other in registry if other.is_closed()]:
+            del registry[old]
+        found = registry[loop] = make(loop)
+    return found
+
+
 class _Streaming:
     """A waiting response's keep-alive side (D1): one space of the body at a time (JSON
     allows leading whitespace); the first one starts the response (the view has
@@ -163,10 +175,7 @@ class _KeepAlive:
 
     @classmethod
     def here(cls) -> "_KeepAlive":
-        loop = asyncio.get_running_loop()
-        for old in [other for other in cls._loops if other.is_closed()]:
-            del cls._loops[old]
-        return cls._loops.setdefault(loop, cls(loop))
+        return _of_running_loop(cls._loops, cls)
 
     def add(self, response: _Streaming) -> None:
         self.responses.add(response)
@@ -199,10 +208,8 @@ class _Admission:
     _semaphores: "dict[asyncio.AbstractEventLoop, asyncio.Semaphore]" = {}
 
     def __init__(self):
-        loop = asyncio.get_running_loop()
-        for old in [other for other in self._semaphores if other.is_closed()]:
-            del self._semaphores[old]
-        self.semaphore = self._semaphores.setdefault(loop, asyncio.Semaphore(settings.RUNSTEAD_LONGPOLL_START_SLOTS))
+        self.semaphore = _of_running_loop(self._semaphores,
+                                          lambda loop: asyncio.Semaphore(settings.RUNSTEAD_LONGPOLL_START_SLOTS))
         self.held = False
 
     async def __aenter__(self):

@@ -74,7 +74,7 @@ def run(argv: list[str]) -> None:
                     from sessions_app.hooks import approval
 
                     ask = approval.prepare(agent=agent, agent_session_id=event.agent_session_id,
-                                           session_id=str(mapping.session_uuid(agent, event.agent_session_id)),
+                                           session_id=mapping.session_uuid(agent, event.agent_session_id),
                                            payload=payload, state=state)
                 if writes:
                     outbox.append(writes)

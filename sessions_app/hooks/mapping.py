@@ -124,7 +124,7 @@ class Writes:
         self.hostname = hostname
         self.now = now
         self.class_s = class_s
-        self.session_id = str(session_uuid(event.agent, event.agent_session_id))
+        self.session_id = session_uuid(event.agent, event.agent_session_id)
         self.device_id = device_id(hostname, event.agent, event.agent_session_id)
         self.items: list[dict] = []
 
