@@ -85,7 +85,7 @@ class MachineTokenCache:
 
     So a revoked or re-paired token is refused by every process from the revocation's
     commit on. The machine of an entry is shared by this process's pulls: read-only but
-    for ``last_heard_at``, which ``pairing.machine_heard`` keeps current; the owner is a
+    for ``last_heard_at``, which ``pairing.machines_heard`` keeps current; the owner is a
     copy. At most ``MAX_ENTRIES`` machines; past that, lookups read the database."""
 
     NAME = "machine-tokens"

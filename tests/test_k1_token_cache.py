@@ -86,13 +86,13 @@ def test_b7_heard_through_a_stale_cached_machine_writes_by_the_row_and_announces
     cached = Machine.objects.get(pk=machine.pk)  # as this process cached it
     Machine.objects.filter(pk=machine.pk).update(last_heard_at=start + timedelta(seconds=60))  # another process heard it
     later = start + timedelta(seconds=120)  # offline by the cached value, online by the row
-    pairing.machine_heard(machine=cached, now=later)
+    pairing.machines_heard([cached], now=later)
     assert Machine.objects.get(pk=machine.pk).last_heard_at == later and cached.last_heard_at == later
     assert announced == []
     much_later = later + timedelta(seconds=300)  # offline by the row too: a real return
-    pairing.machine_heard(machine=cached, now=much_later)
+    pairing.machines_heard([cached], now=much_later)
     assert Machine.objects.get(pk=machine.pk).last_heard_at == much_later and announced == [much_later]
-    pairing.machine_heard(machine=cached, now=much_later + timedelta(seconds=1))  # within 5 s: no write
+    pairing.machines_heard([cached], now=much_later + timedelta(seconds=1))  # within 5 s: no write
     assert Machine.objects.get(pk=machine.pk).last_heard_at == much_later
 
 

@@ -230,7 +230,7 @@ class MachineView(APIView):
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         if not self.heard_by_service:
-            pairing.machine_heard(machine=request_machine(request), now=clock.now())
+            pairing.machines_heard([request_machine(request)], now=clock.now())
 
 
 class WorkerPair(APIView):

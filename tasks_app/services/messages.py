@@ -12,7 +12,7 @@ from core.errors import ApplicationError
 from core.waiting import Wait, notify
 from tasks_app.models import Machine, MessageKind, OutboxMessage, Task, TaskState
 from tasks_app.protocol import LONG_POLL_MAX_S, PULL_END_JITTER
-from tasks_app.services.pairing import machine_heard, machines_heard
+from tasks_app.services.pairing import machines_heard
 from tasks_app.services.transitions import TransitionConflict, outbox_key, task_transition
 
 BATCH = 20
@@ -37,7 +37,7 @@ def messages_wait(*, machine: Machine, wait_s: float) -> Wait:
     def take(first: bool) -> list[OutboxMessage]:
         now = clock.now()
         if first:
-            machine_heard(machine=machine, now=now)  # a no-op after messages_starts
+            machines_heard([machine], now=now)  # a no-op after messages_starts
         return messages_take(machine_id=machine.pk, now=now, new_pull=first)
 
     def release(taken: list[OutboxMessage]) -> None:
@@ -59,16 +59,22 @@ def messages_starts(waits: list[Wait]) -> set[str]:
     visible or delivered to an earlier pull (one SELECT per 500 machines), all in one
     transaction. The others begin waiting without a first take."""
     machines = {wait.subject.pk: wait.subject for wait in waits}
-    ids = list(machines)
-    found = set()
     with transaction.atomic():
         machines_heard(list(machines.values()), now=clock.now())
-        for start in range(0, len(ids), 500):
-            found.update(
-                OutboxMessage.objects.filter(machine_id__in=ids[start : start + 500], acked_at__isnull=True)
-                .values_list("machine_id", flat=True).distinct()
-            )
+        found = _machines_with_messages(list(machines))
     return {outbox_key(machine_id) for machine_id in found}
+
+
+def _machines_with_messages(ids: list, **filters) -> set:
+    """Of machine ``ids``, those with an unacknowledged message matching ``filters``: one
+    query per 500 machines."""
+    found = set()
+    for start in range(0, len(ids), 500):
+        found.update(
+            OutboxMessage.objects.filter(machine_id__in=ids[start : start + 500], acked_at__isnull=True, **filters)
+            .values_list("machine_id", flat=True).distinct()
+        )
+    return found
 
 
 def messages_take(*, machine_id, now: datetime, new_pull: bool) -> list[OutboxMessage]:
@@ -117,17 +123,7 @@ def outbox_ready(keys: list[str]) -> set[str]:
     unacknowledged message now: the long-poll's one safety re-check for all waiting
     pulls of an event loop (D1). One query per 500 machines."""
     by_id = {key.removeprefix(outbox_key("")): key for key in keys}
-    ids = list(by_id)
-    now = clock.now()
-    found = set()
-    for start in range(0, len(ids), 500):
-        found.update(
-            by_id[str(m)]
-            for m in OutboxMessage.objects.filter(
-                machine_id__in=ids[start : start + 500], acked_at__isnull=True, visible_at__lte=now
-            ).values_list("machine_id", flat=True).distinct()
-        )
-    return found
+    return {by_id[str(m)] for m in _machines_with_messages(list(by_id), visible_at__lte=clock.now())}
 
 
 def message_ack(*, machine: Machine, message_id, now: datetime) -> None:

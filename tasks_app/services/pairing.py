@@ -87,11 +87,6 @@ def machine_publish(machine: Machine, *, now: datetime) -> None:
     broadcast(machine.owner_id, machine_event(machine, now=now))
 
 
-def machine_heard(*, machine: Machine, now: datetime) -> None:
-    """``machines_heard([machine], now=now)``."""
-    machines_heard([machine], now=now)
-
-
 def machines_heard(machines: list[Machine], *, now: datetime) -> None:
     """Record that the service heard from each of ``machines`` at ``now`` (UTC), outside
     business transactions (P2), at most every LAST_HEARD_WRITE_EVERY_S (5) seconds per
