@@ -155,10 +155,10 @@ class Hooks:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 pass
-        from sessions_app.hooks import sender
+        from sessions_app.hooks import launch
 
         for d in self.dirs:  # the detached senders the hooks started
-            pid = sender.sender_pid(d)
+            pid = launch.sender_pid(d)
             if pid:
                 try:
                     os.kill(pid, signal.SIGTERM)

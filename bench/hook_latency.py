@@ -17,8 +17,10 @@ last hook the sender had delivered every write.
 Then the tool hooks of I7 (``PreToolUse`` / ``PostToolUse`` of a session whose turn is
 open and not yet past half of its marker class: nothing due, so the hook only reads its
 local state: no outbox write, no network, no sender) beside the same interpreter doing
-nothing (``python -c pass``), run alternately so both see the same load: p50 and p99 of
-each and of the difference, the hook's own share, which I7 bounds at 50 ms. Usage::
+nothing (``python -c pass``, and ``python -S -c pass``: the hook command runs with
+``-S``), run in turn so all see the same load: p50 and p99 of each and of the
+differences, the hook's own share, which I7 bounds at 50 ms. The hooks run as
+``install_hooks`` writes them (``install.hook_argv``), their bytecode written first. Usage::
 
     .venv/bin/python bench/hook_latency.py --server http://127.0.0.1:8000 --token TOKEN [-n 200]
 
@@ -40,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sessions_app.hooks import sender, store  # noqa: E402
+from sessions_app.hooks import install, launch, store  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hooks" / "claude"
 
@@ -62,7 +64,7 @@ def measure(server: str, token: str, n: int, drain: bool) -> tuple[list[float], 
         state_dir = Path(tmp) / "hooks"
         store.write_config(state_dir, server=server, token=token)
         env = {**os.environ, "RUNSTEAD_HOOK_DIR": str(state_dir), "PYTHONPATH": str(ROOT)}
-        argv = [sys.executable, "-m", "sessions_app.hooks", "claude"]
+        argv = install.hook_argv("claude", state_dir)
         times = []
         try:
             for payload in payloads(n):
@@ -80,7 +82,7 @@ def measure(server: str, token: str, n: int, drain: bool) -> tuple[list[float], 
                     if not outbox.pending():
                         drained_s = time.perf_counter() - last
         finally:
-            pid = sender.sender_pid(state_dir)
+            pid = launch.sender_pid(state_dir)
             if pid:
                 os.kill(pid, signal.SIGTERM)
         return times, drained_s
@@ -92,9 +94,10 @@ def percentile(times: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def measure_tool_hooks(n: int) -> tuple[list[float], list[float]]:
-    """I7: ``n`` tool hook calls with nothing due and ``n`` runs of ``python -c pass``,
-    alternating; returns both lists of milliseconds. Fails if a tool hook queued a write."""
+def measure_tool_hooks(n: int) -> tuple[list[float], list[float], list[float]]:
+    """I7: ``n`` tool hook calls with nothing due, ``n`` runs of ``python -c pass`` and
+    ``n`` of ``python -S -c pass`` (the hook command's own flag), in turn; returns the
+    three lists of milliseconds. Fails if a tool hook queued a write."""
     with tempfile.TemporaryDirectory(prefix="hook-bench-") as tmp:
         state_dir = Path(tmp) / "hooks"
         store.write_config(state_dir, server="http://127.0.0.1:9", token="bench")
@@ -104,23 +107,23 @@ def measure_tool_hooks(n: int) -> tuple[list[float], list[float]]:
                 outbox.save_session_state(f"claude:{session}", {"created": True, "turn": "p0", "turn_at": time.time()})
             queued = len(outbox.rows())
         env = {**os.environ, "RUNSTEAD_HOOK_DIR": str(state_dir), "PYTHONPATH": str(ROOT)}
-        hook = [sys.executable, "-m", "sessions_app.hooks", "claude"]
-        baseline = [sys.executable, "-c", "pass"]
-        tool, bare = [], []
+        hook = install.hook_argv("claude", state_dir)
+        baselines = ([sys.executable, "-c", "pass"], [sys.executable, "-S", "-c", "pass"])
+        tool, bare, bare_s = [], [], []
         for i in range(n):
             payload = {"session_id": session, "hook_event_name": "PostToolUse" if i % 2 else "PreToolUse",
                        "tool_name": "Bash", "tool_input": {"command": "ls"}, "tool_use_id": f"toolu_{i}",
                        "cwd": "/tmp", "transcript_path": "/tmp/t.jsonl", "permission_mode": "default"}
             data = json.dumps(payload).encode()
-            for argv, times, stdin in ((hook, tool, data), (baseline, bare, b"")):
+            for argv, times, stdin in ((hook, tool, data), (baselines[0], bare, b""), (baselines[1], bare_s, b"")):
                 start = time.perf_counter()
                 result = subprocess.run(argv, input=stdin, env=env, cwd="/", capture_output=True)
                 times.append((time.perf_counter() - start) * 1000)
                 assert result.returncode == 0 and result.stdout == b"", result
         with store.Outbox(state_dir) as outbox:
             assert len(outbox.rows()) == queued, "a tool hook with nothing due queued a write"
-        assert sender.sender_pid(state_dir) is None, "a tool hook with nothing due started the sender"
-        return tool, bare
+        assert launch.sender_pid(state_dir) is None, "a tool hook with nothing due started the sender"
+        return tool, bare, bare_s
 
 
 def main():
@@ -129,6 +132,7 @@ def main():
     parser.add_argument("--token", default="bench")
     parser.add_argument("-n", type=int, default=200)
     args = parser.parse_args()
+    install.compile_hook_modules()  # as install_hooks does
     conditions = []
     if args.server:
         conditions.append(("up", args.server))
@@ -141,12 +145,14 @@ def main():
         p99 = times[min(len(times) - 1, int(round(0.99 * (len(times) - 1))))]
         tail = f"all {drained_s:.2f} s after the last hook" if drained_s is not None else "-"
         print(f"{name:<12} {len(times):>5} {statistics.median(times):>10.1f} {p99:>8.1f} {times[-1]:>8.1f}  {tail}")
-    tool, bare = measure_tool_hooks(args.n)
+    tool, bare, bare_s = measure_tool_hooks(args.n)
     own = [t - b for t, b in zip(tool, bare)]
+    own_s = [t - b for t, b in zip(tool, bare_s)]
     print(f"\nI7 tool hook, nothing due (n={len(tool)}, load average now {os.getloadavg()[0]:.1f})")
-    print(f"{'':<22} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
-    for name, times in (("tool hook", tool), ("python -c pass", bare), ("own share (difference)", own)):
-        print(f"{name:<22} {percentile(times, 0.5):>8.1f} {percentile(times, 0.99):>8.1f} {max(times):>8.1f}")
+    print(f"{'':<26} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for name, times in (("tool hook", tool), ("python -c pass", bare), ("python -S -c pass", bare_s),
+                        ("own share (vs -c pass)", own), ("own share (vs -S -c pass)", own_s)):
+        print(f"{name:<26} {percentile(times, 0.5):>8.1f} {percentile(times, 0.99):>8.1f} {max(times):>8.1f}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,12 @@ import json
 import random
 from collections.abc import Callable
 
+# I1, I7: the interpreter flag of every hook command: ``-S`` leaves out ``site`` (and the
+# ``.pth`` files of the virtualenv), 2 ms of every hook; a hook needs only the standard
+# library and the checkout its command puts on ``PYTHONPATH``. The sender it starts runs
+# with ``site`` (it sends with httpx, ``launch``).
+HOOK_PYTHON_FLAGS = ("-S",)
+
 # POST /api/tasks/ without ``max_runtime_s``: the task may run this long, in seconds, and
 # this much budget is reserved at acceptance (A6, J4).
 DEFAULT_MAX_RUNTIME_S = 1800

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sessions_app.hooks import sender as hook_sender
+from sessions_app.hooks import launch as hook_launch
 from tests.live import BoardSocket
 from tests.worker_harness import wait_for
 
@@ -75,7 +75,7 @@ def stop_sender(state_dir: Path, timeout_s: float = 5.0) -> None:
     """Stops the sender running for ``state_dir`` (by the pid in its lock file), if any."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        pid = hook_sender.sender_pid(Path(state_dir))
+        pid = hook_launch.sender_pid(Path(state_dir))
         if pid is None:
             return
         try:

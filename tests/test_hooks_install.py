@@ -220,3 +220,23 @@ def test_q3_install_hooks_adds_permission_request_with_a_timeout_above_the_wait(
     assert hook_approval.load_settings(config, {"RUNSTEAD_HOOK_APPROVAL_WAIT_S": "2.5"}).wait_s == 2.5
     assert hook_approval.load_settings({}, {}) == hook_approval.Settings(wait_s=600, unreachable_s=10, poll_s=25)
     assert hook_approval.load_settings({}, {"RUNSTEAD_HOOK_APPROVAL_POLL_S": "90"}).poll_s == 25
+
+
+def test_i5_i7_installed_command_skips_site_and_finds_its_bytecode_written(dirs):
+    """I7: the command ``install_hooks`` writes runs the interpreter with ``-S`` (a hook
+    needs only the standard library) and the install writes the bytecode of the modules
+    a hook imports, so a hook never compiles them, not even where
+    ``PYTHONDONTWRITEBYTECODE`` is set."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    import sessions_app.hooks.mapping as mapping
+
+    config_dir, state_dir = dirs
+    cached = Path(importlib.util.cache_from_source(mapping.__file__))
+    cached.unlink(missing_ok=True)  # Python recompiles it in memory meanwhile: harmless to other tests
+    install("claude", server="http://127.0.0.1:8000", token="t", config_dir=config_dir, state_dir=state_dir)
+    assert cached.exists()
+    command = json.loads((config_dir / "settings.json").read_text())["hooks"]["Stop"][0]["hooks"][0]["command"]
+    assert f"{sys.executable} -S -m sessions_app.hooks claude" in command

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from sessions_app.hooks import mapping, store
-from sessions_app.hooks.sender import ensure_sender
+from sessions_app.hooks.launch import ensure_sender
 from sessions_app.models import EndedTurn, Marker, Session
 from tests.hooks_support import BASE_DIR, Board, fixture, hook_env, run_hook, stop_sender, wait_until
 from tests.live import DaphneServer, live_daphne  # noqa: F401

@@ -200,7 +200,7 @@ def test_i1_hook_starts_a_sender_that_delivers_and_exits_when_idle(state_dir, re
     assert result.returncode == 0
     wait_until(lambda: len(recorder.requests) == 3)
     assert [r[0] for r in recorder.requests] == ["POST", "PUT", "PATCH"]
-    from sessions_app.hooks.sender import sender_running
+    from sessions_app.hooks.launch import sender_running
 
     wait_until(lambda: not sender_running(state_dir), timeout=10)
     assert os.listdir(state_dir)  # state kept
@@ -354,7 +354,7 @@ def test_i7_tool_hook_with_nothing_due_only_reads_then_one_due_writes_one_runnin
     result = run_hook("claude", tool, state_dir)
     assert (result.returncode, result.stdout) == (0, b"")
     assert _files(state_dir) == before  # no outbox write, no log line, no sender started
-    from sessions_app.hooks.sender import sender_running
+    from sessions_app.hooks.launch import sender_running
 
     assert not sender_running(state_dir)
 
@@ -388,19 +388,31 @@ def test_i7_sender_records_the_class_of_the_running_marker_the_service_answered(
 
 
 
-def test_i7_i1_a_tool_hook_imports_neither_django_nor_the_asking_client(tmp_path):
-    """I1, I7: a tool hook's own share of its start is a few tens of milliseconds because
-    it loads only the mapping and the store; the asking modules (an HTTP client, TLS) are
-    for ``PermissionRequest`` alone, ``uuid`` (``platform`` on Python 3.11) for a hook
-    that writes, and ``dataclasses`` (``inspect``) for none (``bench/hook_latency.py``
-    measures the difference)."""
-    tool = {"session_id": "light-1", "hook_event_name": "PreToolUse", "tool_name": "Bash", "cwd": "/x",
-            "tool_input": {"command": "ls"}}
-    heavy = ("django", "http.client", "ssl", "sessions_app.hooks.approval", "sessions_app.hooks.task_approval",
-             "uuid", "dataclasses", "inspect")
+# What no hook without a permission request loads: Django, the asking client (an HTTP
+# client, TLS), the sender (argparse, the retry schedule: it runs in its own
+# process), ``pathlib`` (``urllib.parse``, ``fnmatch``), ``site`` (the hook runs with -S).
+NOT_IN_A_HOOK = ("django", "httpx", "http.client", "ssl", "sessions_app.hooks.approval",
+                 "sessions_app.hooks.task_approval", "sessions_app.hooks.sender", "tasks_app.protocol",
+                 "argparse", "pathlib", "site", "dataclasses", "inspect")
+
+
+@pytest.mark.parametrize("payload, also_absent", [
+    ({"session_id": "light-1", "hook_event_name": "PreToolUse", "tool_name": "Bash", "cwd": "/x",
+      "tool_input": {"command": "ls"}}, ("uuid", "urllib.parse", "sessions_app.hooks.launch")),
+    ({"session_id": "light-2", "hook_event_name": "UserPromptSubmit", "prompt": "fix it", "cwd": "/x",
+      "prompt_id": "p-1"}, ()),
+], ids=["tool-hook", "prompt-hook"])
+def test_i7_i1_a_hook_loads_only_the_mapping_and_the_store(tmp_path, payload, also_absent):
+    """I1, I7: a hook's own share of its start is a few milliseconds because it loads only
+    the mapping and the store (and, when it queued writes, ``uuid`` and the sender's
+    launcher); a tool hook with nothing due not even those (``bench/hook_latency.py``
+    measures the difference). Run with the hook command's own interpreter flags."""
+    from tasks_app.protocol import HOOK_PYTHON_FLAGS
+
+    absent = NOT_IN_A_HOOK + also_absent
     probe = ("import json, sys\nfrom sessions_app.hooks.__main__ import run\nrun(['claude'])\n"
-             f"print(json.dumps([m for m in {heavy!r} + ('sessions_app.hooks.mapping',) if m in sys.modules]))")
-    done = subprocess.run([sys.executable, "-c", probe], input=json.dumps(tool).encode(), capture_output=True,
-                          timeout=30, env=hook_env(tmp_path / "hooks"), cwd="/")
+             f"print(json.dumps([m for m in {absent!r} + ('sessions_app.hooks.mapping',) if m in sys.modules]))")
+    done = subprocess.run([sys.executable, *HOOK_PYTHON_FLAGS, "-c", probe], input=json.dumps(payload).encode(),
+                          capture_output=True, timeout=30, env=hook_env(tmp_path / "hooks"), cwd="/")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == ["sessions_app.hooks.mapping"]  # the mapping, nothing heavy

@@ -81,9 +81,9 @@ def run(argv: list[str]) -> None:
                 if writes or asking:
                     outbox.save_session_state(event.key, state)
         if writes:
-            from sessions_app.hooks import sender
+            from sessions_app.hooks import launch
 
-            sender.ensure_sender(state_dir)
+            launch.ensure_sender(state_dir)
         if asking:
             output = approval.ask_and_wait(state_dir, session_key=event.key, body=ask, payload=payload, agent=agent)
             if output:

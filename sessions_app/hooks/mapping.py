@@ -16,9 +16,8 @@ whose ``ended`` was queued, so a Codex ``notify`` after its ``Stop`` hook adds n
 not seen answered, Q4) and ``asks`` (the turn's count of permission requests per tool
 input digest, for Q1's key; ``sessions_app.hooks.approval``).
 """
-import re
+import re  # imported by ``json`` anyway
 from collections import namedtuple
-from urllib.parse import quote
 
 from sessions_app.hooks import AGENTS, DEFAULT_MARKER_CLASS_S, uuid5
 
@@ -146,6 +145,8 @@ class Writes:
 
     def sweep(self) -> None:
         """M5: close every running marker of this app instance (a crash left them open)."""
+        from urllib.parse import quote  # not at the top: a tool hook never needs it (I7)
+
         self.add("POST", f"/api/devices/{quote(self.device_id, safe=':')}/sweep/", None)
         for key in ("turn", "turn_at", "turn_origin"):
             self.state.pop(key, None)
@@ -209,6 +210,8 @@ class Writes:
         self.state["jobs"] = sorted(set(self.state.get("jobs", [])) | {job_id})
 
     def job_finish(self, job_id: str) -> None:
+        from urllib.parse import quote
+
         self.add("POST", f"/api/sessions/{self.session_id}/jobs/{quote(job_id, safe='')}/finish/", {"wakes": False})
         self.state["jobs"] = sorted(set(self.state.get("jobs", [])) - {job_id})
 

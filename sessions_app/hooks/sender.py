@@ -12,11 +12,11 @@ for ``RUNSTEAD_HOOK_SENDER_GIVE_UP_S`` (24 h) with the writes kept for the next 
 At its start and every ``PRUNE_EVERY_S`` (a day) while it runs it prunes the agent
 session states untouched for 7 days (I1, ``store.Outbox.prune_sessions``).
 
-``ensure_sender`` (called by the hook after it queued something) starts one, detached,
-when none runs. No Django here (``tasks_app.protocol`` is Django-free).
+``sessions_app.hooks.launch.ensure_sender`` (called by the hook after it queued
+something) starts one, detached, when none runs. No Django here (``tasks_app.protocol``
+is Django-free).
 """
 import argparse
-import fcntl
 import os
 import sys
 import time
@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 from sessions_app.hooks import store
+from sessions_app.hooks.launch import try_lock
 from tasks_app.protocol import BACKOFF_CAP_S, Backoff
 
 BACKOFF_BASE_S = 0.5
@@ -32,7 +33,6 @@ GIVE_UP_S = 86400.0
 POLL_S = 0.05
 HTTP_TIMEOUT_S = 10.0
 PRUNE_EVERY_S = 86400.0
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env_float(name: str, default: float) -> float:
@@ -40,61 +40,6 @@ def _env_float(name: str, default: float) -> float:
         return float(os.environ.get(name, default))
     except ValueError:
         return default
-
-
-def try_lock(state_dir: Path):
-    """An open lock file holding ``flock(LOCK_EX)``, or None when another process holds it."""
-    fd = os.open(state_dir / store.LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def sender_running(state_dir: Path) -> bool:
-    fd = try_lock(state_dir)
-    if fd is None:
-        return True
-    os.close(fd)
-    return False
-
-
-def sender_pid(state_dir: Path) -> int | None:
-    """The pid the running sender wrote into its lock file (None when none runs)."""
-    if not sender_running(state_dir):
-        return None
-    try:
-        return int((state_dir / store.LOCK_NAME).read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def ensure_sender(state_dir: Path) -> bool:
-    """Starts a detached sender for ``state_dir`` unless one runs (its own session, stdio
-    on /dev/null and its log file, so the agent CLI never waits for it). Returns whether
-    it started one. Two hooks racing may both start one; the lock lets one of them work."""
-    if sender_running(state_dir):
-        return False
-    argv = [sys.executable, "-m", "sessions_app.hooks.sender", "--state-dir", str(state_dir)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
-    log = str(state_dir / store.SENDER_LOG)
-    actions = [
-        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-        (os.POSIX_SPAWN_OPEN, 2, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
-    ]
-    try:
-        os.posix_spawn(sys.executable, argv, env, file_actions=actions, setsid=True)
-    except (NotImplementedError, TypeError):  # a platform without setsid in posix_spawn
-        import subprocess
-
-        with open(log, "ab") as err:
-            subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                             start_new_session=True, close_fds=True)
-    return True
 
 
 class Sender:

@@ -19,14 +19,14 @@ for ``SESSION_RETENTION_S`` (7 days) are pruned by the sender (at its start and 
 - ``marker_class.json``: ``{"class_s"}``, the class (M2, seconds) of the last ``running``
   marker the service answered, written by the sender and read by tool hooks (I7).
 
-No Django here (I1).
+No Django here (I1), and no ``pathlib`` either: it imports ``urllib.parse`` and ``fnmatch``, a
+few milliseconds of every hook (I7). A state directory is a ``str`` or any path-like.
 """
 import json
 import os
 import sqlite3
 import time
 from collections import namedtuple
-from pathlib import Path
 
 from sessions_app.hooks import DEFAULT_MARKER_CLASS_S
 
@@ -62,36 +62,45 @@ CREATE TABLE IF NOT EXISTS agent_sessions (
 """
 
 
-def default_state_dir() -> Path:
+StateDir = str | os.PathLike
+
+
+def default_state_dir() -> str:
     """``RUNSTEAD_HOOK_DIR`` or ``~/.runstead/hooks``."""
-    configured = os.environ.get("RUNSTEAD_HOOK_DIR")
-    return Path(configured) if configured else Path.home() / ".runstead" / "hooks"
+    return os.environ.get("RUNSTEAD_HOOK_DIR") or os.path.join(os.path.expanduser("~"), ".runstead", "hooks")
 
 
-def ensure_state_dir(path: Path) -> Path:
-    """Creates the state directory with mode 0700 (and tightens an existing one)."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.stat().st_mode & 0o077:
-        path.chmod(0o700)
+def ensure_state_dir(path: StateDir) -> StateDir:
+    """Creates the state directory with mode 0700 (and tightens an existing one); returns ``path``."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if os.stat(path).st_mode & 0o077:
+        os.chmod(path, 0o700)
     return path
 
 
-def read_config(state_dir: Path) -> dict:
+def _read_json(path: str):
+    with open(path, "rb") as handle:
+        return json.loads(handle.read())
+
+
+def read_config(state_dir: StateDir) -> dict:
     """``{"server", "token"}`` from ``config.json``, or ``{}`` when it is missing or unreadable."""
     try:
-        data = json.loads((state_dir / CONFIG_NAME).read_text())
+        data = _read_json(os.path.join(state_dir, CONFIG_NAME))
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
-def write_config(state_dir: Path, *, server: str, token: str, extra: dict | None = None) -> Path:
+def write_config(state_dir: StateDir, *, server: str, token: str, extra: dict | None = None):
     """Writes ``config.json`` with mode 0600 (created with that mode, then replaced
     atomically, so the token is never readable by others, not even briefly); ``extra``:
-    further settings (``approval_wait_s``)."""
+    further settings (``approval_wait_s``). Returns the file's ``pathlib.Path``."""
+    from pathlib import Path
+
     ensure_state_dir(state_dir)
-    path = state_dir / CONFIG_NAME
-    tmp = state_dir / (CONFIG_NAME + ".tmp")
+    path = Path(state_dir) / CONFIG_NAME
+    tmp = Path(state_dir) / (CONFIG_NAME + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump({"server": server, "token": token, **(extra or {})}, handle, indent=2)
@@ -103,35 +112,36 @@ def write_config(state_dir: Path, *, server: str, token: str, extra: dict | None
     return path
 
 
-def marker_class_s(state_dir: Path) -> float:
+def marker_class_s(state_dir: StateDir) -> float:
     """I7: the marker class (seconds) the service last answered with, or M2's default."""
     try:
-        value = json.loads((state_dir / MARKER_CLASS_NAME).read_text()).get("class_s")
+        value = _read_json(os.path.join(state_dir, MARKER_CLASS_NAME)).get("class_s")
     except (OSError, ValueError, AttributeError):
         return DEFAULT_MARKER_CLASS_S
     return float(value) if isinstance(value, (int, float)) and value > 0 else DEFAULT_MARKER_CLASS_S
 
 
-def write_marker_class(state_dir: Path, class_s: float) -> None:
+def write_marker_class(state_dir: StateDir, class_s: float) -> None:
     """Records the class of a ``running`` marker the service answered (atomic; never raises)."""
     try:
-        if marker_class_s(state_dir) == class_s and (state_dir / MARKER_CLASS_NAME).exists():
+        path = os.path.join(state_dir, MARKER_CLASS_NAME)
+        if marker_class_s(state_dir) == class_s and os.path.exists(path):
             return
-        tmp = state_dir / (MARKER_CLASS_NAME + ".tmp")
+        tmp = path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             json.dump({"class_s": class_s}, handle)
-        os.replace(tmp, state_dir / MARKER_CLASS_NAME)
+        os.replace(tmp, path)
     except OSError:
         pass
 
 
-def peek_session_state(state_dir: Path, key: str) -> dict:
+def peek_session_state(state_dir: StateDir, key: str) -> dict:
     """One agent session's local state read without a lock or a write (a read-only
     connection; ``{}`` when there is no outbox or no such session): what a tool hook
     with nothing due needs (I7)."""
-    path = state_dir / DB_NAME
-    if not path.exists():
+    path = os.path.join(state_dir, DB_NAME)
+    if not os.path.exists(path):
         return {}
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
@@ -144,19 +154,21 @@ def peek_session_state(state_dir: Path, key: str) -> dict:
     return json.loads(row[0]) if row else {}
 
 
-def log_line(state_dir: Path, name: str, message: str) -> None:
+def log_line(state_dir: StateDir, name: str, message: str) -> None:
     """Appends one line to a log file of the state directory; never raises."""
     try:
         ensure_state_dir(state_dir)
-        path = state_dir / name
+        path = os.path.join(state_dir, name)
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         line = f"{stamp} {' '.join(message.split())}\n"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(fd, "a") as handle:
             handle.write(line)
-        if path.stat().st_size > LOG_MAX_BYTES:
-            data = path.read_bytes()[-LOG_MAX_BYTES // 2:]
-            path.write_bytes(data[data.find(b"\n") + 1:])
+        if os.path.getsize(path) > LOG_MAX_BYTES:
+            with open(path, "rb") as handle:
+                data = handle.read()[-LOG_MAX_BYTES // 2:]
+            with open(path, "wb") as handle:
+                handle.write(data[data.find(b"\n") + 1:])
     except OSError:
         pass
 
@@ -186,11 +198,11 @@ class Outbox:
     ``fullfsync=ON``, ``checkpoint_fullfsync=ON``; W1). Every method is one short
     ``BEGIN IMMEDIATE`` transaction; a committed write survives a crash or power loss."""
 
-    def __init__(self, state_dir: Path, *, max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES):
-        self.state_dir = ensure_state_dir(Path(state_dir))
+    def __init__(self, state_dir: StateDir, *, max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES):
+        self.state_dir = ensure_state_dir(state_dir)
         self.max_rows, self.max_bytes = max_rows, max_bytes
-        path = self.state_dir / DB_NAME
-        if not path.exists():
+        path = os.path.join(state_dir, DB_NAME)
+        if not os.path.exists(path):
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
         self.db = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
         self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")

@@ -21,6 +21,8 @@ import os
 import shlex
 import sys
 
+from tasks_app.protocol import HOOK_PYTHON_FLAGS
+
 APPROVALS = ("off", "ask")
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 HOOK_MODULE = "sessions_app.hooks"
@@ -40,8 +42,8 @@ def hook_command() -> str:
     interpreter, this checkout on ``PYTHONPATH``, ``--task``: inside a task only this
     entry asks; an entry ``install_hooks`` wrote in the owner's configuration (for
     interactive sessions) prints nothing there."""
-    return shlex.join(["/usr/bin/env", f"PYTHONPATH={PROJECT_ROOT}", sys.executable, "-m", HOOK_MODULE, "claude",
-                       "--task"])
+    return shlex.join(["/usr/bin/env", f"PYTHONPATH={PROJECT_ROOT}", sys.executable, *HOOK_PYTHON_FLAGS, "-m",
+                       HOOK_MODULE, "claude", "--task"])
 
 
 def claude_settings(*, wait_s: float) -> str:

@@ -35,7 +35,7 @@ from urllib.parse import quote
 
 from django.core.management.base import BaseCommand, CommandError
 
-from sessions_app.hooks import sender, store
+from sessions_app.hooks import launch, store
 
 START_WAIT_S = 2.0
 ENDED_WAIT_S = 15.0
@@ -58,7 +58,7 @@ class TurnClient:
 
     def _queue(self, writes: list[dict]) -> list[int]:
         seqs = self.outbox.enqueue(writes, server=self.server, token=self.token)
-        sender.ensure_sender(self.state_dir)
+        launch.ensure_sender(self.state_dir)
         return seqs
 
     def sweep(self) -> list[int]:
@@ -78,7 +78,7 @@ class TurnClient:
         while self.outbox.pending(seqs):
             if time.monotonic() >= deadline:
                 return False
-            sender.ensure_sender(self.state_dir)
+            launch.ensure_sender(self.state_dir)
             time.sleep(FLUSH_POLL_S)
         return True
 
