@@ -242,6 +242,10 @@ RUNSTEAD_LONGPOLL_START_SLOTS = max(1, int(env_str("RUNSTEAD_LONGPOLL_START_SLOT
 # D1: the pull starts of an event loop are checked together (one transaction) at most this
 # often (seconds); a start after a quiet spell is checked at once (core/waiting.py).
 RUNSTEAD_LONGPOLL_START_BATCH_S = env_seconds("RUNSTEAD_LONGPOLL_START_BATCH_S", 0.25)
+# K1: a process trusts the shared machine-token counter it read this long (seconds) before
+# it reads it again (tasks_app.auth.MachineTokenCache): a token revoked on another process
+# is refused here within this, under the issue's 1 s; on the revoking process at once.
+RUNSTEAD_TOKEN_EPOCH_FRESH_S = env_seconds("RUNSTEAD_TOKEN_EPOCH_FRESH_S", 0.25)
 RUNSTEAD_MACHINE_OFFLINE_S = env_seconds("RUNSTEAD_MACHINE_OFFLINE_S", 90)
 RUNSTEAD_PAIRING_CODE_TTL_S = env_seconds("RUNSTEAD_PAIRING_CODE_TTL_S", 600)
 # K3 rate limits (core/throttling.py), "N/period" with period s, min, hour or day: task

@@ -5,8 +5,10 @@ import copy
 import hashlib
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from rest_framework import authentication, permissions
 
@@ -74,17 +76,19 @@ class MachineTokenCache:
     a token read). K1 holds as without it:
 
     - a lookup first reads the shared counter ``machine-tokens`` (``core.epoch``, one
-      Redis GET) and forgets every entry when it moved; without Redis, when Redis does
-      not answer, or on a database other than PostgreSQL, nothing is cached (every
-      lookup reads the database);
+      Redis GET; a value read less than ``RUNSTEAD_TOKEN_EPOCH_FRESH_S``, 0.25 s, ago is
+      used again: 40 pull starts a second share about four reads) and forgets every
+      entry when it moved; without Redis, when Redis does not answer, or on a database
+      other than PostgreSQL, nothing is cached (every lookup reads the database);
     - ``machine_tokens_changed`` moves the counter inside the transaction that revokes or
       re-pairs, after that transaction locked the machine's row ``FOR UPDATE``;
     - a miss reads the row ``FOR KEY SHARE`` (one statement, its own transaction), which
       waits for such a transaction to end, so a token is never cached from before a
       revocation under the counter after it.
 
-    So a revoked or re-paired token is refused by every process from the revocation's
-    commit on. The machine of an entry is shared by this process's pulls: read-only but
+    So a revoked or re-paired token is refused by the revoking process from the
+    revocation's commit on, and by every other one within ``RUNSTEAD_TOKEN_EPOCH_FRESH_S``
+    of it. The machine of an entry is shared by this process's pulls: read-only but
     for ``last_heard_at``, which ``pairing.machines_heard`` keeps current; the owner is a
     copy. At most ``MAX_ENTRIES`` machines; past that, lookups read the database."""
 
@@ -94,19 +98,35 @@ class MachineTokenCache:
     def __init__(self):
         self._lock = threading.Lock()
         self._epoch = None
+        self._epoch_read_at = 0.0  # time.monotonic() of the read that gave ``_epoch``
         self._entries: dict[str, tuple] = {}
+
+    def _current_epoch(self) -> int | None:
+        """The shared counter, read again when the last read is older than
+        ``RUNSTEAD_TOKEN_EPOCH_FRESH_S`` seconds; None: do not cache."""
+        if not is_postgres():
+            return None
+        now = time.monotonic()
+        with self._lock:
+            if self._epoch is not None and now - self._epoch_read_at < settings.RUNSTEAD_TOKEN_EPOCH_FRESH_S:
+                return self._epoch
+        current = epoch.read(self.NAME)
+        if current is not None:
+            with self._lock:
+                if current != self._epoch:
+                    self._entries.clear()
+                    self._epoch = current
+                self._epoch_read_at = now
+        return current
 
     def lookup(self, digest: str):
         """(owner, machine) of the paired machine whose token has ``digest``; raises
         ``TokenRevoked`` for any other."""
-        current = epoch.read(self.NAME) if is_postgres() else None
+        current = self._current_epoch()
         if current is None:
             return paired_machine(digest)
         with self._lock:
-            if current != self._epoch:
-                self._entries.clear()
-                self._epoch = current
-            hit = self._entries.get(digest)
+            hit = self._entries.get(digest) if current == self._epoch else None
         if hit is None:
             log.debug("machine token cache: miss")
             sql, params = Machine.objects.filter(token_hash=digest, paired=True).query.sql_with_params()
@@ -135,13 +155,16 @@ def machine_tokens_changed() -> None:
     tokens (``MachineTokenCache``). Raises ApplicationError 503 ``service_unavailable``
     when Redis is configured and does not answer (the transaction then changes nothing:
     a revocation the other processes might not see is not made)."""
-    machine_tokens.forget()
     try:
         epoch.bump(MachineTokenCache.NAME)
     except epoch.EpochUnavailable as exc:
         log.error("%s: the revocation is refused", exc)
         raise ApplicationError("service_unavailable", "the service cannot tell its other processes of the "
                                "revocation now (Redis): try again", status_code=503) from exc
+    finally:
+        # After the bump: no lookup here can read the old counter again and trust it
+        # (fresh for RUNSTEAD_TOKEN_EPOCH_FRESH_S) with an entry cached under it.
+        machine_tokens.forget()
 
 
 @dataclass(frozen=True)
