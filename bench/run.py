@@ -648,6 +648,9 @@ def main() -> int:
     parser.add_argument("--hooks", type=int, default=500, help="waiting approval hooks (section approvals)")
     parser.add_argument("--approval-window", type=float, default=25.0)
     parser.add_argument("--decisions", type=int, default=100)
+    parser.add_argument("--service-env", choices=("development", "production"), default="development",
+                        help="RUNSTEAD_ENV of the measured service: production as deploy/ runs it (DEBUG off: no "
+                             "query log), without the TLS redirect (no proxy here)")
     parser.add_argument("--out", help="JSON path (default bench/results/LABEL.json)")
     args = parser.parse_args()
     if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
@@ -667,11 +670,16 @@ def main() -> int:
         conn.execute(f"CREATE DATABASE {dbname}")
     parts = urlsplit(admin_url)
     env = {"DATABASE_URL": urlunsplit(parts._replace(path="/" + dbname)),
-           "RUNSTEAD_CHANNEL_PREFIX": f"bench{os.getpid()}", "DJANGO_SETTINGS_MODULE": "config.settings"}
+           "RUNSTEAD_CHANNEL_PREFIX": f"bench{os.getpid()}", "DJANGO_SETTINGS_MODULE": "config.settings",
+           "RUNSTEAD_ENV": args.service_env}
+    if args.service_env == "production":
+        env.update({"SECRET_KEY": os.environ.get("SECRET_KEY") or uuid.uuid4().hex * 2,
+                    "ALLOWED_HOSTS": "127.0.0.1,localhost", "RUNSTEAD_SSL_REDIRECT": "0"})
     os.environ.update(env)
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BASE_DIR, capture_output=True, text=True).stdout.strip()
     report = {"label": args.label, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "git": git}
+              "loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "git": git,
+              "service_env": args.service_env}
     sections = args.sections.split(",")
     try:
         import django
