@@ -8,7 +8,8 @@ few tens of milliseconds (I1). Modules:
   each agent session's local state (open turn, known background jobs, attention).
 - ``mapping``: one pure function per CLI from a hook payload and the session's local
   state to the writes it implies (I2-I4).
-- ``sender``: the detached process that delivers queued writes in order (R4).
+- ``sender``: the detached process that delivers queued writes in order (R4);
+  ``launch``: what a hook needs to start it (the lock and the spawn, nothing else).
 - ``install``: merging RunStead's entries into each CLI's user config (I5).
 """
 # I2: RunStead session id = uuid5(RUNSTEAD_NAMESPACE, "<agent>:<agent session id>").
