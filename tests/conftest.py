@@ -6,6 +6,7 @@ SQLite pass deselects them (see ./test); under ``CI=true`` a missing server fail
 import os
 import secrets
 import socket
+import time
 
 import pytest
 from django.conf import settings
@@ -21,6 +22,33 @@ from rest_framework.test import APIClient
 # 0.1 s per client. In autorefresh mode it looks a file up when asked instead; daphne
 # and gunicorn processes keep the settings' behaviour.
 settings.WHITENOISE_AUTOREFRESH = True
+
+
+
+def _flush_retrying_a_deadlock():
+    """A transactional test's flush (one TRUNCATE of every table) can deadlock with a
+    transaction of a live daphne that a module shares across tests (``module_daphne``):
+    the TRUNCATE takes its locks table by table while that transaction holds one and asks
+    for another, and PostgreSQL may pick the TRUNCATE as the victim. The victim is rolled
+    back whole, so it is tried again (five times at most); any other error is raised."""
+    from django.db import OperationalError
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    flush = DatabaseOperations.execute_sql_flush
+
+    def execute_sql_flush(self, sql_list):
+        for attempt in range(5):
+            try:
+                return flush(self, sql_list)
+            except OperationalError as exc:
+                if attempt == 4 or type(exc.__cause__).__name__ != "DeadlockDetected":
+                    raise
+                time.sleep(0.05 * (attempt + 1))
+
+    DatabaseOperations.execute_sql_flush = execute_sql_flush
+
+
+_flush_retrying_a_deadlock()
 
 if _xdist_worker := os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["RUNSTEAD_CHANNEL_PREFIX"] = f"{os.environ.get('RUNSTEAD_CHANNEL_PREFIX', 'runstead')}-{_xdist_worker}"
