@@ -15,7 +15,9 @@ result into the body. It does not know how the wait is performed:
   ``tasks_app.protocol.PULL_IDLE_TIMEOUT_S`` of silence, D1). At most
   ``RUNSTEAD_LONGPOLL_START_SLOTS`` waits start at once per process (``_Admission``).
   Such requests pass no Django middleware: no session cookie is read (token
-  authentication only).
+  authentication only). A view class may answer the common request of its kind on the
+  event loop first, with no I/O and no thread (``quick_start``, below); whatever it does
+  not answer goes to the view.
 - Anywhere else (WSGI, the test client, a request without ``wait``) rendering the
   response performs the wait in the request's thread (``take_or_wait_sync``), outside
   the view's transaction.
@@ -30,6 +32,7 @@ from urllib.parse import parse_qs
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.urls import Resolver404, resolve
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from core.waiting import Wait, run_db, take_or_wait, take_or_wait_sync
@@ -58,6 +61,30 @@ class WaitResponse(Response):
             self.data = self.render_result(take_or_wait_sync(self.wait))
             self._waited = True
         return super().rendered_content
+
+
+def quick_response(view_class: type, wait: Wait, render: Callable[[Any], dict]) -> WaitResponse:
+    """The ``WaitResponse`` a DRF ``view_class`` would answer with ``wait`` and ``render``,
+    headers and renderer included (JSON), made without its dispatch: for a view's
+    ``quick_start(scope, *args, **kwargs) -> WaitResponse | None``, which ``route`` calls on
+    the event loop before the view and which must answer only what the view would answer
+    the same way (None: the view answers, errors included)."""
+    response = WaitResponse(wait, render)
+    response.accepted_renderer, response.accepted_media_type = _JSON, _JSON.media_type
+    response.renderer_context = {}
+    response["Vary"] = "Accept"
+    response["Allow"] = _allow(view_class)
+    return response
+
+
+@functools.cache
+def _allow(view_class: type) -> str:
+    view = view_class()
+    view.setup(None)  # as ``as_view`` does: HEAD where GET is
+    return ", ".join(view.allowed_methods)
+
+
+_JSON = JSONRenderer()
 
 
 class LongPollRouter:
@@ -106,6 +133,11 @@ def _dispatch(found, scope):
     if not isinstance(response, WaitResponse) and callable(getattr(response, "render", None)):
         response = response.render()
     return response
+
+
+def _quick_start(found, scope) -> WaitResponse | None:
+    quick_start = getattr(getattr(found.func, "view_class", None), "quick_start", None)
+    return None if quick_start is None else quick_start(scope, *found.args, **found.kwargs)
 
 
 async def _send(send, response) -> None:
@@ -239,7 +271,7 @@ async def _long_poll(found, scope, receive, send, admission: _Admission) -> None
     disconnect = asyncio.ensure_future(_disconnected(receive))
     waiting = streaming = None
     try:
-        response = await run_db(_dispatch, found, scope)
+        response = _quick_start(found, scope) or await run_db(_dispatch, found, scope)
         if isinstance(response, WaitResponse):
             waiting = asyncio.ensure_future(take_or_wait(response.wait, first_taken=admission.release))
         else:

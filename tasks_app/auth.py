@@ -139,6 +139,18 @@ class MachineTokenCache:
                     self._entries[digest] = hit
         return copy.copy(hit[0]), hit[1]
 
+    def cached(self, digest: str):
+        """(owner, machine) for ``digest`` from this process alone, without any I/O (the
+        pull's quick start on the event loop, ``WorkerMessages.quick_start``): only while
+        the counter was read less than ``RUNSTEAD_TOKEN_EPOCH_FRESH_S`` ago, as ``lookup``
+        would use it; None otherwise, or for a digest not cached (then ``lookup``)."""
+        now = time.monotonic()
+        with self._lock:
+            if self._epoch is None or now - self._epoch_read_at >= settings.RUNSTEAD_TOKEN_EPOCH_FRESH_S:
+                return None
+            hit = self._entries.get(digest)
+        return None if hit is None else (copy.copy(hit[0]), hit[1])
+
     def forget(self) -> None:
         """Drop every entry of this process (a revocation here; tests between cases)."""
         with self._lock:

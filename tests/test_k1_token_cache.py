@@ -162,3 +162,79 @@ def test_p1_k1_a_cache_miss_during_a_revocation_waits_for_it_and_caches_nothing(
     assert "refused" in outcome, outcome
     with pytest.raises(TokenRevoked):
         machine_tokens.lookup(digest)  # and nothing stale was cached
+
+
+def _scope(query: bytes = b"wait=25", *headers: tuple[bytes, bytes]) -> dict:
+    return {"type": "http", "method": "GET", "path": "/api/worker/messages/", "query_string": query,
+            "headers": [(b"host", b"testserver"), *headers], "client": ("127.0.0.1", 1),
+            "server": ("testserver", 80), "scheme": "http", "root_path": ""}
+
+
+def _machine_header(token: str) -> tuple[bytes, bytes]:
+    return (b"authorization", f"Machine {token}".encode())
+
+
+def _finished(response) -> tuple[int, list, bytes]:
+    response.finish([])
+    return response.status_code, sorted(response.items()), response.content
+
+
+@pytest.mark.django_db
+def test_d1_k1_a_pull_quick_start_answers_as_the_view_does(machine):
+    """The usual idle pull starts on the event loop without DRF's dispatch (issue 22):
+    the same status, headers and body as the view's, the same wait (the machine's
+    exclusive outbox wait, the asked seconds less the end jitter)."""
+    from core.longpoll import _dispatch, _resolve
+    from tasks_app.api.views import WorkerMessages
+    from tasks_app.services.messages import PULL_END_JITTER
+
+    found = _resolve("/api/worker/messages/")
+    for accept in ([], [(b"accept", b"*/*")], [(b"accept", b"application/json")]):
+        scope = _scope(b"wait=12.5", _machine_header(machine.test_token), *accept)
+        viewed = _dispatch(found, scope)  # caches the token
+        quick = WorkerMessages.quick_start(scope)
+        assert quick is not None and quick.wait.subject.pk == machine.pk
+        assert (quick.wait.key, quick.wait.exclusive) == (viewed.wait.key, True)
+        assert 12.5 * (1 - PULL_END_JITTER) <= quick.wait.timeout_s <= 12.5
+        assert _finished(quick) == _finished(viewed)
+
+
+_OTHER_STARTS = {  # case: (query, headers given the machine's token, the view's status and error code)
+    "no_token": (b"wait=1", lambda t: [], 401, "not_authenticated"),
+    "owner_token_scheme": (b"wait=1", lambda t: [(b"authorization", f"Token {t}".encode())], 401,
+                           "authentication_failed"),
+    "three_words": (b"wait=1", lambda t: [(b"authorization", f"Machine {t} x".encode())], 401, "token_revoked"),
+    "unknown_token": (b"wait=1", lambda t: [_machine_header("not-a-token")], 401, "token_revoked"),
+    "revoked": (b"wait=1", lambda t: [_machine_header(t)], 401, "token_revoked"),
+    "counter_not_fresh": (b"wait=1", lambda t: [_machine_header(t)], 200, None),
+    "wait_over_25": (b"wait=25.5", lambda t: [_machine_header(t)], 400, "invalid"),
+    "wait_exponent": (b"wait=1e1", lambda t: [_machine_header(t)], 400, "invalid"),
+    "wait_negative": (b"wait=-1", lambda t: [_machine_header(t)], 400, "invalid"),
+    "no_wait": (b"", lambda t: [_machine_header(t)], 200, None),
+    "wait_twice": (b"wait=1&wait=2", lambda t: [_machine_header(t)], 400, "invalid"),
+    "unknown_parameter": (b"wait=1&x=1", lambda t: [_machine_header(t)], 400, "invalid"),
+    "accept_text": (b"wait=1", lambda t: [_machine_header(t), (b"accept", b"text/plain")], 406, "not_acceptable"),
+    "authorization_twice": (b"wait=1", lambda t: [_machine_header(t)] * 2, 401, "token_revoked"),
+}
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("case", sorted(_OTHER_STARTS))
+def test_d1_k1_k3_every_other_pull_start_is_left_to_the_view(case, machine, settings):
+    """Whatever is not the usual pull of a cached, current token goes through the view,
+    which answers its error code (K1, K3) or, for a valid pull the quick start could not
+    vouch for without I/O (the counter must be read again; no ``wait``), the pull."""
+    from core.longpoll import _dispatch, _resolve
+    from tasks_app.api.views import WorkerMessages
+
+    found = _resolve("/api/worker/messages/")
+    assert _dispatch(found, _scope(b"wait=1", _machine_header(machine.test_token))).status_code == 200  # cached
+    query, headers, status, error = _OTHER_STARTS[case]
+    if case == "revoked":
+        machine_unpair(machine=machine, actor="owner:test", now=timezone.now())
+    elif case == "counter_not_fresh":
+        settings.RUNSTEAD_TOKEN_EPOCH_FRESH_S = 0  # the counter must be read again: that is I/O
+    scope = _scope(query, *headers(machine.test_token))
+    assert WorkerMessages.quick_start(scope) is None
+    answered = _dispatch(found, scope)
+    assert (answered.status_code, (getattr(answered, "data", None) or {}).get("error")) == (status, error)
