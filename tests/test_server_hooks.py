@@ -37,3 +37,22 @@ def test_w2_waiting_long_poll_returns_when_the_server_stops(make_owner, make_mac
     # The pull ended with the server: daphne closes its open connections as it stops, so
     # the worker sees a disconnection (and pulls again elsewhere), not a 25 s hang.
     assert len(answers) == 1, "the long-poll did not return"
+
+
+def test_d1_the_server_freezes_its_start_up_heap_and_collects_fully_less_often():
+    """Issue 22 (1,000 idle workers, board p99): once daphne runs, what start-up loaded
+    (every view module of the URLconf included) is out of the collector's sight and a full
+    collection waits for ``FULL_COLLECTION_EVERY`` young ones. In this process, then
+    undone: the figures it buys are in bench/README.md."""
+    import gc
+
+    from config.server_hooks import FULL_COLLECTION_EVERY, _settle_heap
+
+    threshold = gc.get_threshold()
+    try:
+        _settle_heap()
+        assert gc.get_threshold() == (threshold[0], threshold[1], FULL_COLLECTION_EVERY)
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
