@@ -271,7 +271,9 @@ async def _long_poll(found, scope, receive, send, admission: _Admission) -> None
     disconnect = asyncio.ensure_future(_disconnected(receive))
     waiting = streaming = None
     try:
-        response = _quick_start(found, scope) or await run_db(_dispatch, found, scope)
+        response = _quick_start(found, scope)
+        if response is None:
+            response = await run_db(_dispatch, found, scope)
         if isinstance(response, WaitResponse):
             waiting = asyncio.ensure_future(take_or_wait(response.wait, first_taken=admission.release))
         else:
