@@ -63,6 +63,9 @@ class WaitResponse(Response):
         return super().rendered_content
 
 
+_JSON = JSONRenderer()
+
+
 def quick_response(view_class: type, wait: Wait, render: Callable[[Any], dict]) -> WaitResponse:
     """The ``WaitResponse`` a DRF ``view_class`` would answer with ``wait`` and ``render``,
     headers and renderer included (JSON), made without its dispatch: for a view's
@@ -82,9 +85,6 @@ def _allow(view_class: type) -> str:
     view = view_class()
     view.setup(None)  # as ``as_view`` does: HEAD where GET is
     return ", ".join(view.allowed_methods)
-
-
-_JSON = JSONRenderer()
 
 
 class LongPollRouter:

@@ -41,24 +41,25 @@ class MachineAuthentication(authentication.BaseAuthentication):
     keyword = "Machine"
 
     def authenticate(self, request):
-        digest = self.presented_digest(request)
+        digest = machine_token_digest(authentication.get_authorization_header(request))
         if digest is None:
             return None
         view = (getattr(request, "parser_context", None) or {}).get("view")
         return machine_tokens.lookup(digest) if getattr(view, "machine_token_cached", False) else paired_machine(digest)
 
-    def presented_digest(self, request) -> str | None:
-        """The digest of the presented machine token; None when the request presents none
-        (another scheme may apply); ``TokenRevoked`` for a malformed header."""
-        header = authentication.get_authorization_header(request).decode("latin-1").split()
-        if not header or header[0] != self.keyword:
-            return None
-        if len(header) != 2:
-            raise TokenRevoked()
-        return token_digest(header[1])
-
     def authenticate_header(self, request):
         return self.keyword
+
+
+def machine_token_digest(authorization: bytes) -> str | None:
+    """The digest of the token of an ``Authorization: Machine <token>`` header's value;
+    None for another scheme or none; ``TokenRevoked`` for a malformed one."""
+    words = authorization.decode("latin-1").split()
+    if not words or words[0] != MachineAuthentication.keyword:
+        return None
+    if len(words) != 2:
+        raise TokenRevoked()
+    return token_digest(words[1])
 
 
 def paired_machine(digest: str):
@@ -108,7 +109,7 @@ class MachineTokenCache:
             return None
         now = time.monotonic()
         with self._lock:
-            if self._epoch is not None and now - self._epoch_read_at < settings.RUNSTEAD_TOKEN_EPOCH_FRESH_S:
+            if self._fresh(now):
                 return self._epoch
         current = epoch.read(self.NAME)
         if current is not None:
@@ -118,6 +119,11 @@ class MachineTokenCache:
                     self._epoch = current
                 self._epoch_read_at = now
         return current
+
+    def _fresh(self, now: float) -> bool:
+        """The counter was read less than ``RUNSTEAD_TOKEN_EPOCH_FRESH_S`` before ``now``
+        (``time.monotonic()``). Under ``_lock``."""
+        return self._epoch is not None and now - self._epoch_read_at < settings.RUNSTEAD_TOKEN_EPOCH_FRESH_S
 
     def lookup(self, digest: str):
         """(owner, machine) of the paired machine whose token has ``digest``; raises
@@ -146,9 +152,7 @@ class MachineTokenCache:
         would use it; None otherwise, or for a digest not cached (then ``lookup``)."""
         now = time.monotonic()
         with self._lock:
-            if self._epoch is None or now - self._epoch_read_at >= settings.RUNSTEAD_TOKEN_EPOCH_FRESH_S:
-                return None
-            hit = self._entries.get(digest)
+            hit = self._entries.get(digest) if self._fresh(now) else None
         return None if hit is None else (copy.copy(hit[0]), hit[1])
 
     def forget(self) -> None:

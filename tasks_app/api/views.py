@@ -1,12 +1,11 @@
 """Task API views: parse, authorise, call one service, render (SPEC H)."""
-import re
-
 from django.db import transaction
 from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.authtoken.models import Token
+from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -18,9 +17,8 @@ from core.pagination import PageQuery
 from core.strict import EmptyBody, NoQuery, valid_body, valid_query
 from tasks_app.api import serializers as s
 from tasks_app.api.throttling import OwnerAcceptRate
-from tasks_app.auth import IsMachine, machine_tokens, request_machine, token_digest
+from tasks_app.auth import IsMachine, TokenRevoked, machine_token_digest, machine_tokens, request_machine
 from tasks_app.models import Budget, Grant, Machine, Task
-from tasks_app.protocol import LONG_POLL_MAX_S
 from tasks_app.services import acceptance, cancel, idempotency, integration, leases, messages, pairing, receipts, revocation
 from tasks_app.shapes import (
     AckShape,
@@ -272,31 +270,32 @@ class WorkerMessages(MachineView):
     def quick_start(cls, scope: dict):
         """What ``get`` answers for the idle worker's usual pull (issue 22: 1,000 idle
         workers start 40 a second), on the event loop without DRF's dispatch or a thread
-        (``core.longpoll.quick_response``): only ``?wait=S`` with S a plain decimal of at
-        most ``LONG_POLL_MAX_S``, one ``Authorization: Machine <token>`` whose token this
-        process holds under a fresh counter (``MachineTokenCache.cached``: K1 as for
-        ``lookup``), and no ``Accept`` or one the JSON renderer answers. None for anything
-        else: the view answers it, with its error codes."""
-        wait = _QUICK_WAIT.fullmatch(scope.get("query_string", b""))
-        if wait is None or float(wait[1]) > LONG_POLL_MAX_S:
-            return None
+        (``core.longpoll.quick_response``): only ``?wait=S`` (S as ``MessagesQuery`` takes
+        it), one ``Authorization: Machine <token>`` whose token this process holds under a
+        fresh counter (``MachineTokenCache.cached``: K1 as for ``lookup``), and no
+        ``Accept`` or one the JSON renderer answers. None for anything else: the view
+        answers it, with its error codes."""
+        name, _, value = scope.get("query_string", b"").partition(b"=")
         found = {}
-        for name, value in scope["headers"]:
-            if name in (b"authorization", b"accept"):
-                if name in found:
+        for header, given in scope["headers"]:
+            if header in (b"authorization", b"accept"):
+                if header in found:
                     return None
-                found[name] = value
-        if found.get(b"accept", b"*/*") not in (b"*/*", b"application/json"):
+                found[header] = given
+        if name != b"wait" or found.get(b"accept", b"*/*") not in (b"*/*", b"application/json"):
             return None
-        scheme, _, token = found.get(b"authorization", b"").decode("latin-1").partition(" ")
-        hit = machine_tokens.cached(token_digest(token)) if scheme == "Machine" and token and " " not in token else None
+        try:
+            wait = _WAIT.run_validation(value.decode("latin-1"))
+            digest = machine_token_digest(found.get(b"authorization", b""))
+        except (ValidationError, TokenRevoked):
+            return None
+        hit = machine_tokens.cached(digest) if digest is not None else None
         if hit is None:
             return None
-        pull = messages.messages_wait(machine=hit[1], wait_s=float(wait[1]))
-        return quick_response(cls, pull, messages_dict)
+        return quick_response(cls, messages.messages_wait(machine=hit[1], wait_s=wait), messages_dict)
 
 
-_QUICK_WAIT = re.compile(rb"wait=([0-9]{1,2}(?:\.[0-9]{1,9})?)")
+_WAIT = s.MessagesQuery().fields["wait"]  # the view's own check of ``wait``, for ``quick_start``
 
 
 class WorkerMessageAck(MachineView):
