@@ -285,9 +285,11 @@ async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float
 
 async def _puller(server: Server, data: dict, delivered: dict, errors: dict, stop: asyncio.Event, i: int):
     """Simulated worker ``i``: pull, ack, pull again until ``stop``; ``delivered[task_id]``
-    is when its pull answered with the task (perf_counter)."""
+    is when its pull answered with the task, ``data["first_pull"][i]`` when it began its
+    first pull (perf_counter)."""
     conn = Conn(server.port)
     headers = {"Authorization": f"Machine {data['machine_tokens'][i]}"}
+    data.setdefault("first_pull", {})[i] = time.perf_counter()
     while not stop.is_set():
         try:
             status, body = await conn.request("GET", f"/api/worker/messages/?wait={WAIT_S}", headers, timeout=WAIT_S + 15)
@@ -315,7 +317,8 @@ async def _submit(owner: Conn, data: dict, n: int, submitted: dict, accept: list
     """One acceptance to a random one of the first ``n`` machines; False on an error."""
     headers = {"Authorization": f"Token {data['token']}", "Content-Type": "application/json",
                "Idempotency-Key": uuid.uuid4().hex}
-    body = json.dumps({"machine": data["machines"][random.randrange(n)], "folder": f"/bench/idle-{uuid.uuid4().hex}",
+    machine = random.randrange(n)
+    body = json.dumps({"machine": data["machines"][machine], "folder": f"/bench/idle-{uuid.uuid4().hex}",
                        "agent": "bench", "prompt": "p", "max_runtime_s": 1, "exclusive": False}).encode()
     sent = time.perf_counter()
     try:
@@ -325,7 +328,9 @@ async def _submit(owner: Conn, data: dict, n: int, submitted: dict, accept: list
     if status != 201:
         return False
     accept.append(time.perf_counter() - sent)
-    submitted[json.loads(answer)["id"]] = sent
+    task_id = json.loads(answer)["id"]
+    submitted[task_id] = sent
+    data.setdefault("task_machine", {})[task_id] = machine
     return True
 
 
@@ -346,6 +351,7 @@ async def _submit_then_stop(server: Server, data: dict, n: int, delivered: dict,
         accept_errors += not await _submit(owner, data, n, submitted, accept)
         await asyncio.sleep(0.5)
     delivery = await _delivered(submitted, delivered)
+    data["submitted"] = submitted
     stop.set()
     for task in workers:
         task.cancel()
@@ -374,8 +380,17 @@ async def _wave(server: Server, data: dict, n: int, cycles: int) -> dict:
     started = time.perf_counter()
     accept, delivery, accept_errors, undelivered = await _submit_then_stop(
         server, data, n, delivered, workers, stop, lambda: time.perf_counter() - started < cycles * WAIT_S)
+    first = data["first_pull"]
+    # Each delivery over 0.5 s: when its task was submitted and when its machine's first
+    # pull began, from the start of the wave (seconds); the client's own pace shows in
+    # when its last first pull began.
+    late = [{"submitted_s": round(sent - started, 2), "delivery_ms": round(1000 * (delivered[t] - sent)) if t in delivered else None,
+             "first_pull_s": round(first[data["task_machine"][t]] - started, 2)}
+            for t, sent in sorted(data["submitted"].items(), key=lambda item: item[1])
+            if delivered.get(t, float("inf")) - sent > 0.5]
     return {"workers": n, "cycles": cycles, "accept": {**lat(accept), "errors": accept_errors},
-            "delivery": {**lat(delivery), "undelivered": undelivered}, "pull_errors": errors["pull"]}
+            "delivery": {**lat(delivery), "undelivered": undelivered}, "pull_errors": errors["pull"],
+            "late": late, "last_first_pull_s": round(max(first.values()) - started, 2)}
 
 
 def section_http(shapes: list[str], env: dict, duration_s: float, conns: list[int]) -> list[dict]:
@@ -618,6 +633,9 @@ def table(report: dict) -> str:
                    f"delivered p50/p99/max ms (undelivered) | pull errors")
         out.append(f"  {a['p50_ms']}/{a['p99_ms']}/{a['max_ms']} ({a['errors']} err) | "
                    f"{d['p50_ms']}/{d['p99_ms']}/{d['max_ms']} ({d['undelivered']}) | {w['pull_errors']}")
+        out.append(f"  the client began its last first pull {w['last_first_pull_s']} s in; deliveries over 0.5 s "
+                   f"(submitted s, delivered ms, its machine's first pull s): "
+                   + (", ".join(f"{x['submitted_s']}/{x['delivery_ms']}/{x['first_pull_s']}" for x in w["late"]) or "none"))
     if report.get("statements"):
         st = report["statements"]
         out.append("\nSQL statements per request (each a round trip; + COMMIT per transaction) | x bare read")

@@ -17,7 +17,9 @@ result into the body. It does not know how the wait is performed:
   Such requests pass no Django middleware: no session cookie is read (token
   authentication only). A view class may answer the common request of its kind on the
   event loop first, with no I/O and no thread (``quick_start``, below); whatever it does
-  not answer goes to the view.
+  not answer goes to the view. What that quick answer needs read first (the tokens of a
+  wave of pull starts) a view class may have read for a whole batch of requests at once
+  (``quick_key``, ``quick_warm``: ``_warm``).
 - Anywhere else (WSGI, the test client, a request without ``wait``) rendering the
   response performs the wait in the request's thread (``take_or_wait_sync``), outside
   the view's transaction.
@@ -25,6 +27,7 @@ result into the body. It does not know how the wait is performed:
 import asyncio
 import functools
 import io
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qs
@@ -35,7 +38,9 @@ from django.urls import Resolver404, resolve
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
-from core.waiting import Wait, run_db, take_or_wait, take_or_wait_sync
+from core.waiting import Wait, batch, run_db, take_or_wait, take_or_wait_sync
+
+log = logging.getLogger("runstead.longpoll")
 
 
 class WaitResponse(Response):
@@ -138,6 +143,24 @@ def _dispatch(found, scope):
 def _quick_start(found, scope) -> WaitResponse | None:
     quick_start = getattr(getattr(found.func, "view_class", None), "quick_start", None)
     return None if quick_start is None else quick_start(scope, *found.args, **found.kwargs)
+
+
+async def _warm(found, scope) -> None:
+    """Before a start: the view class's ``quick_key(scope)`` (None: nothing to read, or
+    its ``quick_start`` answers already) joins the event loop's batch of such keys, which
+    ONE ``quick_warm(keys)`` reads in a pool thread (``core.waiting.batch``; the keys that
+    come while a read is under way go to the next, at once after it), so that
+    ``quick_start`` answers it: a wave of 1,000 pull starts makes a few reads, not 1,000
+    view dispatches. A failure is left to the view, which answers it with its errors."""
+    view_class = getattr(found.func, "view_class", None)
+    quick_key = getattr(view_class, "quick_key", None)
+    key = None if quick_key is None else quick_key(scope)
+    if key is None:
+        return
+    try:
+        await asyncio.shield(batch((_warm, view_class), functools.partial(run_db, view_class.quick_warm), key, every_s=0))
+    except Exception as exc:
+        log.debug("%s: the batched read before quick starts failed (%s); the view answers", view_class.__name__, exc)
 
 
 async def _send(send, response) -> None:
@@ -263,6 +286,7 @@ async def long_poll(found, scope, receive, send) -> None:
     the first take) waits for one of the loop's start slots (``_Admission``). While it
     waits, a space goes out every ``RUNSTEAD_LONGPOLL_KEEPALIVE_S`` seconds, so the
     client sees a half-open connection by the silence (D1)."""
+    await _warm(found, scope)
     async with _Admission() as admission:
         await _long_poll(found, scope, receive, send, admission)
 

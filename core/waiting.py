@@ -408,6 +408,20 @@ def _release_now(wait: Wait, result) -> None:
 # --- per event loop: wake-ups from other processes, the safety re-check ---------------
 
 
+def batch(name, flush, item, *, every_s: float | None = None) -> asyncio.Future:
+    """Add ``item`` to the running event loop's batch ``name`` (any hashable), which
+    ``flush(items)`` (a coroutine function) takes whole, one flush at a time, as the
+    starts of waits are (``Wait.starts``): at once after a quiet spell, else once the
+    flush in flight ended and ``every_s`` seconds (``RUNSTEAD_LONGPOLL_START_BATCH_S``
+    unless given; 0: as soon as it ended) after it began. Returns the future of that
+    flush's result (or of its exception); shield it, another caller may share it."""
+    pump = _pump_for(asyncio.get_running_loop())
+    batches = pump.batches.get(name)
+    if batches is None:
+        batches = pump.batches[name] = _Batches(pump, flush, every_s)
+    return batches.add(item)
+
+
 def _pump_for(loop) -> "_Pump":
     with _lock:
         for old in [other for other in _pumps if other.is_closed()]:
@@ -432,6 +446,7 @@ class _Pump:
         self.joiner = False  # whether a task joins them
         self.tasks: set[asyncio.Task] = set()
         self.starts = _Batches(self, self._starts)  # of waits, for ``Wait.starts``
+        self.batches: dict = {}  # name -> _Batches, for ``batch``
         self.superseding = _Batches(self, self._send_superseding)  # of [key, started]
         self.supersede_joined = float("-inf")
         self._spawn(self._recheck_loop())
@@ -568,15 +583,17 @@ class _Pump:
 
 class _Batches:
     """Items added on one event loop go to ``flush(items)`` (a coroutine function)
-    together: at once after a quiet spell, else ``RUNSTEAD_LONGPOLL_START_BATCH_S``
-    seconds after the last flush (at most one flush per that many seconds). ``add``
-    returns the future of that flush's result (or of its exception). Event loop only."""
+    together, one flush at a time: at once after a quiet spell, else once the flush in
+    flight ended and ``every_s`` seconds (``RUNSTEAD_LONGPOLL_START_BATCH_S`` unless
+    given) after it began. ``add`` returns the future of that flush's result (or of its
+    exception). Event loop only."""
 
-    def __init__(self, pump: "_Pump", flush):
-        self.pump, self.flush = pump, flush
+    def __init__(self, pump: "_Pump", flush, every_s: float | None = None):
+        self.pump, self.flush, self.every_s = pump, flush, every_s
         self.items: list | None = None
         self.result: asyncio.Future | None = None
         self.last = float("-inf")  # monotonic seconds of the last flush
+        self.in_flight: asyncio.Future | None = None  # the result of the flush under way
 
     def add(self, item) -> asyncio.Future:
         if self.items is None:
@@ -586,10 +603,13 @@ class _Batches:
         return self.result
 
     async def _flush_later(self) -> None:
-        await asyncio.sleep(max(0.0, self.last + settings.RUNSTEAD_LONGPOLL_START_BATCH_S - time.monotonic()))
+        if self.in_flight is not None:
+            await asyncio.wait({self.in_flight})
+        every = settings.RUNSTEAD_LONGPOLL_START_BATCH_S if self.every_s is None else self.every_s
+        await asyncio.sleep(max(0.0, self.last + every - time.monotonic()))
         items, result = self.items, self.result
         self.items = self.result = None
-        self.last = time.monotonic()
+        self.last, self.in_flight = time.monotonic(), result
         try:
             result.set_result(await self.flush(items))
         except Exception as exc:

@@ -105,7 +105,7 @@ class MachineTokenCache:
     def _current_epoch(self) -> int | None:
         """The shared counter, read again when the last read is older than
         ``RUNSTEAD_TOKEN_EPOCH_FRESH_S`` seconds; None: do not cache."""
-        if not is_postgres():
+        if not self.enabled():
             return None
         now = time.monotonic()
         with self._lock:
@@ -119,6 +119,11 @@ class MachineTokenCache:
                     self._epoch = current
                 self._epoch_read_at = now
         return current
+
+    @staticmethod
+    def enabled() -> bool:
+        """Whether this deployment caches at all: PostgreSQL and a shared counter (Redis)."""
+        return bool(settings.REDIS_URL) and is_postgres()
 
     def _fresh(self, now: float) -> bool:
         """The counter was read less than ``RUNSTEAD_TOKEN_EPOCH_FRESH_S`` before ``now``
@@ -134,16 +139,41 @@ class MachineTokenCache:
         with self._lock:
             hit = self._entries.get(digest) if current == self._epoch else None
         if hit is None:
-            log.debug("machine token cache: miss")
-            sql, params = Machine.objects.filter(token_hash=digest, paired=True).query.sql_with_params()
-            machine = next(iter(Machine.objects.raw(f"{sql} FOR KEY SHARE", params)), None)
-            if machine is None:
+            hit = self._read([digest], current).get(digest)
+            if hit is None:
                 raise TokenRevoked()
-            hit = (get_user_model().objects.get(pk=machine.owner_id), machine)
-            with self._lock:
-                if self._epoch == current and len(self._entries) < self.MAX_ENTRIES:
-                    self._entries[digest] = hit
         return copy.copy(hit[0]), hit[1]
+
+    def warm(self, digests: list[str]) -> None:
+        """Read the counter (when not fresh) and the paired machines of those of
+        ``digests`` not cached, in ONE statement, as ``lookup`` reads one: a batch of
+        pull starts (``WorkerMessages.quick_warm``). Unknown digests stay uncached (their
+        ``lookup`` refuses them)."""
+        current = self._current_epoch()
+        if current is None:
+            return
+        with self._lock:
+            missing = sorted({d for d in digests if d not in self._entries or current != self._epoch})
+        if missing:
+            self._read(missing, current)
+
+    def _read(self, digests: list[str], current: int) -> dict[str, tuple]:
+        """digest -> (owner, machine) of the paired machines of ``digests``, read ``FOR KEY
+        SHARE`` (one statement, its own transaction: it waits for a revocation of one of
+        them to end) and cached under the counter ``current`` if it is still this
+        process's, up to ``MAX_ENTRIES``."""
+        log.debug("machine token cache: %d missed", len(digests))
+        sql, params = Machine.objects.filter(token_hash__in=digests, paired=True).query.sql_with_params()
+        machines = list(Machine.objects.raw(f"{sql} FOR KEY SHARE", params))
+        owners = get_user_model().objects.in_bulk({m.owner_id for m in machines})
+        found = {m.token_hash: (owners[m.owner_id], m) for m in machines if m.owner_id in owners}
+        with self._lock:
+            if self._epoch == current:
+                for digest, hit in found.items():
+                    if len(self._entries) >= self.MAX_ENTRIES:
+                        break
+                    self._entries[digest] = hit
+        return found
 
     def cached(self, digest: str):
         """(owner, machine) for ``digest`` from this process alone, without any I/O (the

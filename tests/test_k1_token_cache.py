@@ -3,6 +3,8 @@ issue 22): a pull start reads its machine's token from the database once per pro
 and a revoked or re-paired token is refused at once all the same. The cache needs the
 shared counter in Redis, so these run in the PostgreSQL + Redis pass; across three real
 daphne processes: ``tests/test_several_daphnes.py``."""
+import re
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -26,7 +28,7 @@ def _pull(machine_or_token):
 
 
 def _token_reads(queries) -> list[str]:
-    return [q["sql"] for q in queries.captured_queries if '"tasks_app_machine"."token_hash" =' in q["sql"]]
+    return [q["sql"] for q in queries.captured_queries if re.search(r'"tasks_app_machine"."token_hash" (=|IN) ', q["sql"])]
 
 
 @pytest.mark.django_db

@@ -293,7 +293,7 @@ async def until(predicate, timeout_s: float):
 def _token_misses(server) -> int:
     """Pull starts of ``server`` that read their machine token from the database (its
     ``tasks_app.auth.MachineTokenCache`` logs each miss at DEBUG)."""
-    return len(re.findall(r" runstead\.auth machine token cache: miss", server.log()))
+    return sum(int(n) for n in re.findall(r" runstead\.auth machine token cache: (\d+) missed", server.log()))
 
 
 def test_k1_revoked_and_repaired_tokens_are_refused_on_every_process_within_the_epoch_freshness_while_100_pulls_wait(

@@ -208,6 +208,10 @@ async def test_d2_pump_ends_when_its_loop_closes_even_if_the_layer_turns_the_can
     assert not pending and all(task.cancelled() for task in done)
 
 
+async def _nothing_to_warm(found, scope):
+    return None
+
+
 @pytest.mark.asyncio
 async def test_d2_long_poll_starts_are_admitted_a_few_at_a_time(settings, monkeypatch):
     """A wave of pull starts (every worker after a restart) runs at most
@@ -231,6 +235,7 @@ async def test_d2_long_poll_starts_are_admitted_a_few_at_a_time(settings, monkey
 
     monkeypatch.setattr(longpoll, "_dispatch", view)
     monkeypatch.setattr(longpoll, "_quick_start", lambda found, scope: None)  # every start goes to the view
+    monkeypatch.setattr(longpoll, "_warm", _nothing_to_warm)
     sent = []
 
     async def send(message):

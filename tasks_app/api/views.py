@@ -270,29 +270,50 @@ class WorkerMessages(MachineView):
     def quick_start(cls, scope: dict):
         """What ``get`` answers for the idle worker's usual pull (issue 22: 1,000 idle
         workers start 40 a second), on the event loop without DRF's dispatch or a thread
-        (``core.longpoll.quick_response``): only ``?wait=S`` (S as ``MessagesQuery`` takes
-        it), one ``Authorization: Machine <token>`` whose token this process holds under a
-        fresh counter (``MachineTokenCache.cached``: K1 as for ``lookup``), and no
-        ``Accept`` or one the JSON renderer answers. None for anything else: the view
-        answers it, with its error codes."""
-        name, _, value = scope.get("query_string", b"").partition(b"=")
-        found = {}
-        for header, given in scope["headers"]:
-            if header in (b"authorization", b"accept"):
-                if header in found:
-                    return None
-                found[header] = given
-        if name != b"wait" or found.get(b"accept", b"*/*") not in (b"*/*", b"application/json"):
-            return None
-        try:
-            wait = _WAIT.run_validation(value.decode("latin-1"))
-            digest = machine_token_digest(found.get(b"authorization", b""))
-        except (ValidationError, TokenRevoked):
-            return None
-        hit = machine_tokens.cached(digest) if digest is not None else None
+        (``core.longpoll.quick_response``): only the shape ``_usual_pull`` takes, with a
+        token this process holds under a fresh counter (``MachineTokenCache.cached``: K1
+        as for ``lookup``). None for anything else: the view answers it, with its error
+        codes."""
+        usual = _usual_pull(scope)
+        hit = None if usual is None else machine_tokens.cached(usual[1])
         if hit is None:
             return None
-        return quick_response(cls, messages.messages_wait(machine=hit[1], wait_s=wait), messages_dict)
+        return quick_response(cls, messages.messages_wait(machine=hit[1], wait_s=usual[0]), messages_dict)
+
+    @staticmethod
+    def quick_key(scope: dict) -> str | None:
+        """The token digest of a usual pull ``quick_start`` would not answer now (its
+        token not cached, or the counter not fresh), for ``quick_warm``; None otherwise,
+        and wherever tokens are not cached."""
+        usual = None if not machine_tokens.enabled() else _usual_pull(scope)
+        return None if usual is None or machine_tokens.cached(usual[1]) is not None else usual[1]
+
+    @staticmethod
+    def quick_warm(digests: list[str]) -> None:
+        """One read of the tokens of a batch of pull starts (``MachineTokenCache.warm``:
+        a wave of pull starts after a restart, issue 22)."""
+        machine_tokens.warm(digests)
+
+
+def _usual_pull(scope: dict) -> tuple | None:
+    """(wait in seconds, token digest) of the idle worker's usual pull: only ``?wait=S``
+    (S as ``MessagesQuery`` takes it), one ``Authorization: Machine <token>``, and no
+    ``Accept`` or one the JSON renderer answers; None for any other request."""
+    name, _, value = scope.get("query_string", b"").partition(b"=")
+    found = {}
+    for header, given in scope["headers"]:
+        if header in (b"authorization", b"accept"):
+            if header in found:
+                return None
+            found[header] = given
+    if name != b"wait" or found.get(b"accept", b"*/*") not in (b"*/*", b"application/json"):
+        return None
+    try:
+        wait = _WAIT.run_validation(value.decode("latin-1"))
+        digest = machine_token_digest(found.get(b"authorization", b""))
+    except (ValidationError, TokenRevoked):
+        return None
+    return None if digest is None else (wait, digest)
 
 
 _WAIT = s.MessagesQuery().fields["wait"]  # the view's own check of ``wait``, for ``quick_start``
