@@ -12,6 +12,7 @@
   handshakes (K3). ``_lazy_autobahn_logging`` makes both lazy (formatted only when a
   debug line is emitted), so nothing a log reader sees changes.
 - start: the garbage collector is set for a long-running server (``_settle_heap``).
+- load: daphne's TCP sockets listen with ``RUNSTEAD_LISTEN_BACKLOG`` (``_listen_backlog``).
 - stop: waiting long-polls return at once (``core.waiting.stop_all``), so the server
   exits without waiting up to ``LONG_POLL_MAX_S`` (25 s) for them; and should a thread still hold
   the process EXIT_GRACE_S after the reactor stopped (e.g. one waiting in
@@ -98,6 +99,28 @@ def _settle_heap() -> None:
     gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
 
 
+def _listen_backlog() -> None:
+    """daphne listens on the Twisted endpoint strings it builds from ``-b``/``-p`` after
+    it loaded the application, with Twisted's default backlog of 50: a wave of 1,000
+    workers reconnecting at once (after a restart) overflowed it, and every connection
+    dropped retried its SYN a second or more later (issue 22: 1,010 ``ListenOverflows``
+    per wave, the wave's late deliveries). Those strings get ``backlog=`` the setting;
+    an ``-e`` endpoint string is left as its author wrote it."""
+    import daphne.cli
+
+    build = daphne.cli.build_endpoint_description_strings
+    if getattr(build, "with_backlog", False):
+        return
+
+    def with_backlog(*args, **kwargs):
+        backlog = settings.RUNSTEAD_LISTEN_BACKLOG
+        return [f"{d}:backlog={backlog}" if d.startswith("tcp:") and ":backlog=" not in d else d
+                for d in build(*args, **kwargs)]
+
+    with_backlog.with_backlog = True
+    daphne.cli.build_endpoint_description_strings = with_backlog
+
+
 def install() -> None:
     """Register the hooks on the running daphne's reactor; outside daphne, do nothing."""
     reactor = sys.modules.get("twisted.internet.reactor")
@@ -105,6 +128,7 @@ def install() -> None:
         log.warning("not under daphne: no in-server sweep; run `manage.py sweep`")
         return
     _lazy_autobahn_logging()
+    _listen_backlog()
     reactor.callWhenRunning(_settle_heap)
     if settings.RUNSTEAD_EMBEDDED_SWEEP:
         interval_s = settings.RUNSTEAD_SWEEP_INTERVAL_S

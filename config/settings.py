@@ -242,6 +242,10 @@ RUNSTEAD_LONGPOLL_START_SLOTS = max(1, int(env_str("RUNSTEAD_LONGPOLL_START_SLOT
 # D1: the pull starts of an event loop are checked together (one transaction) at most this
 # often (seconds); a start after a quiet spell is checked at once (core/waiting.py).
 RUNSTEAD_LONGPOLL_START_BATCH_S = env_seconds("RUNSTEAD_LONGPOLL_START_BATCH_S", 0.25)
+# D1: the listen backlog of daphne's TCP sockets (config/server_hooks.py): 1,000 workers
+# reconnecting at once after a restart are queued by the kernel, not dropped (Twisted's
+# default, 50, drops the rest, and each retries its SYN a second or more later).
+RUNSTEAD_LISTEN_BACKLOG = max(1, int(env_str("RUNSTEAD_LISTEN_BACKLOG", "4096")))
 # K1: a process trusts the shared machine-token counter it read this long (seconds) before
 # it reads it again (tasks_app.auth.MachineTokenCache): a token revoked on another process
 # is refused here within this, under the issue's 1 s; on the revoking process at once.

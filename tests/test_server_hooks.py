@@ -1,5 +1,9 @@
 """daphne start/stop hooks (config/server_hooks.py): a waiting long-poll must not hold a
 stopping server for its 25 s (W2, O1 "Ctrl-C stops everything cleanly")."""
+import os
+import selectors
+import signal
+import socket
 import threading
 import time
 
@@ -56,3 +60,39 @@ def test_d1_the_server_freezes_its_start_up_heap_and_collects_fully_less_often()
     finally:
         gc.unfreeze()
         gc.set_threshold(*threshold)
+
+
+WAVE = 300  # connections at once: six times Twisted's default backlog
+
+
+def test_d1_daphne_queues_a_wave_of_connections_it_cannot_accept_yet(transactional_db):
+    """Issue 22 (1,000 workers reconnecting at once, every delivery under 1 s): daphne
+    listens with ``RUNSTEAD_LISTEN_BACKLOG``, so the kernel queues a wave of connections
+    while the server is busy instead of dropping them (each dropped one retries its SYN a
+    second or more later). The server is stopped (SIGSTOP) while ``WAVE`` connections
+    are made, so only the kernel's queue can complete them; with Twisted's default
+    backlog of 50, 51 would complete and the rest hang."""
+    server = DaphneServer({"RUNSTEAD_EMBEDDED_SWEEP": "0", "RUNSTEAD_EMBEDDED_NOTIFY": "0"})
+    selector, sockets, pending = selectors.DefaultSelector(), [], set()
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        for _ in range(WAVE):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", server.port))
+            sockets.append(sock)
+            pending.add(sock)
+            selector.register(sock, selectors.EVENT_WRITE)
+        deadline = time.monotonic() + 10  # bounds a failure only: the queue completes them in milliseconds
+        while pending and time.monotonic() < deadline:
+            for key, _ in selector.select(timeout=0.2):
+                assert key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0
+                selector.unregister(key.fileobj)
+                pending.discard(key.fileobj)
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        for sock in sockets:
+            sock.close()
+        server.stop()
+    hung = len(pending)
+    assert hung == 0, f"{hung} of {WAVE} connections were not queued while daphne could not accept"
