@@ -5,7 +5,7 @@ terminal clients send ``Authorization: Token <key>`` (DRF token) instead. A brow
 put an Authorization header on a WebSocket, so a token connection skips the origin check
 without opening a cross-site hole. Anonymous connections are refused (the handshake gets
 HTTP 403). The consumer never reads or decides anything: it forwards ``board.event``
-messages sent by ``core.broadcast.broadcast`` as JSON text, through one
+(and ``board.events``) messages sent by ``core.broadcast`` as JSON text, through one
 ``OwnerFeed`` per owner and process (one channel in the owner's group, fanned out here).
 
 Handshakes are rate-limited (K3, a per-process brake, ``core.throttling.KeyedRate``):
@@ -95,12 +95,19 @@ class OwnerFeed:
                 self.close_all()
                 return
             if message.get("type") == "board.event":
-                text = json.dumps(message["event"])
-                for consumer in list(self.sockets):
-                    try:
-                        await consumer.send(text_data=text)
-                    except Exception:  # a socket that went away meanwhile
-                        self.sockets.discard(consumer)
+                await self.forward(message["event"])
+            elif message.get("type") == "board.events":  # several at once (``broadcast_all``)
+                for event in message["events"]:
+                    await self.forward(event)
+
+    async def forward(self, event: dict) -> None:
+        """``event`` to every socket of the feed, as one JSON text frame."""
+        text = json.dumps(event)
+        for consumer in list(self.sockets):
+            try:
+                await consumer.send(text_data=text)
+            except Exception:  # a socket that went away meanwhile
+                self.sockets.discard(consumer)
 
     def close_all(self):
         """The layer failed: forget this feed and close its sockets with the retry code."""

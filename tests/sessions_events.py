@@ -30,7 +30,7 @@ class BoardEvents:
     def of(self, owner) -> list[dict]:
         """Events that reached ``owner``'s group, in order."""
         group = owner_group(owner.pk)
-        return [m["event"] for g, m in SENT if g == group]
+        return [e for g, m in SENT if g == group for e in (m["events"] if m["type"] == "board.events" else [m["event"]])]
 
     def statuses(self, owner, session_id) -> list[str]:
         """The ``session.status`` values published for one session, in order."""

@@ -60,6 +60,43 @@ async def test_b2_broadcast_after_commit_arrives_with_server_time(owner):
     await communicator.disconnect()
 
 
+async def test_b7_machines_coming_back_together_reach_each_board_as_one_message_and_a_frame_each(
+        owner, other_owner, make_machine):
+    """Issue 22 (a wave of pull starts after a restart): the machines one batch of starts
+    brings back (``machines_heard``) are announced after commit as ONE group message per
+    owner (``board.events``), which the board's feed sends on as one frame per machine,
+    in order; another owner gets only its own."""
+    from django.utils import timezone
+
+    from tasks_app.services.pairing import machines_heard
+
+    mine = [await sync_to_async(make_machine)(owner, name=f"m{i}") for i in range(3)]
+    theirs = await sync_to_async(make_machine)(other_owner)
+    board, other = await browser(owner), await browser(other_owner)
+    sent = []
+    layer = get_channel_layer()
+    group_send = layer.group_send
+
+    async def recording(group, message):
+        sent.append((group, message["type"]))
+        await group_send(group, message)
+
+    layer.group_send = recording
+    try:
+        await sync_to_async(lambda: machines_heard([*mine, theirs], now=timezone.now()))()
+        frames = [json.loads(await board.receive_from()) for _ in mine]
+        theirs_frame = json.loads(await other.receive_from())
+    finally:
+        layer.group_send = group_send
+    assert sorted(sent) == sorted([(owner_group(owner.pk), "board.events"), (owner_group(other_owner.pk), "board.event")])
+    assert [f["machine"]["id"] for f in frames] == sorted(str(m.id) for m in mine)
+    assert {f["type"] for f in frames} == {"machine"} and all(f["server_time"] and not f["machine"]["offline"] for f in frames)
+    assert theirs_frame["machine"]["id"] == str(theirs.id)
+    assert await board.receive_nothing(timeout=0.1)
+    await board.disconnect()
+    await other.disconnect()
+
+
 async def test_b2_broadcast_rolled_back_is_never_sent(owner):
     communicator = await browser(owner)
 

@@ -82,7 +82,7 @@ def test_b7_heard_through_a_stale_cached_machine_writes_by_the_row_and_announces
     from tasks_app.services import pairing
 
     announced = []
-    monkeypatch.setattr(pairing, "machine_publish", lambda m, now: announced.append(now))
+    monkeypatch.setattr(pairing, "broadcast_all", lambda events: announced.extend(e["machine"]["last_heard_at"] for _, e in events))
     start = timezone.now()
     Machine.objects.filter(pk=machine.pk).update(last_heard_at=start)
     cached = Machine.objects.get(pk=machine.pk)  # as this process cached it
@@ -93,7 +93,7 @@ def test_b7_heard_through_a_stale_cached_machine_writes_by_the_row_and_announces
     assert announced == []
     much_later = later + timedelta(seconds=300)  # offline by the row too: a real return
     pairing.machines_heard([cached], now=much_later)
-    assert Machine.objects.get(pk=machine.pk).last_heard_at == much_later and announced == [much_later]
+    assert Machine.objects.get(pk=machine.pk).last_heard_at == much_later and announced == [much_later.isoformat()]
     pairing.machines_heard([cached], now=much_later + timedelta(seconds=1))  # within 5 s: no write
     assert Machine.objects.get(pk=machine.pk).last_heard_at == much_later
 

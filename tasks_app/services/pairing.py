@@ -7,7 +7,7 @@ from django.db import transaction
 from django.db.models import F, Q
 
 from core.errors import ApplicationError
-from core.broadcast import broadcast
+from core.broadcast import broadcast, broadcast_all
 from tasks_app.auth import machine_tokens_changed, token_digest
 from tasks_app.models import Machine, PairingAttempt, PairingCode
 from tasks_app.shapes import machine_event, machine_is_offline
@@ -110,7 +110,7 @@ def machines_heard(machines: list[Machine], *, now: datetime) -> None:
         Machine.objects.filter(pk__in=[m.pk for m in due]).filter(
             never | Q(last_heard_at__lte=now - timedelta(seconds=LAST_HEARD_WRITE_EVERY_S))
         ).update(last_heard_at=now, version=F("version") + 1)
-        for machine in Machine.objects.filter(pk__in=back) if back else ():
-            machine_publish(machine, now=now)
+        if back:
+            broadcast_all([(m.owner_id, machine_event(m, now=now)) for m in Machine.objects.filter(pk__in=back).order_by("pk")])
     for machine in due:
         machine.last_heard_at = now
