@@ -145,22 +145,25 @@ def _quick_start(found, scope) -> WaitResponse | None:
     return None if quick_start is None else quick_start(scope, *found.args, **found.kwargs)
 
 
-async def _warm(found, scope) -> None:
-    """Before a start: the view class's ``quick_key(scope)`` (None: nothing to read, or
-    its ``quick_start`` answers already) joins the event loop's batch of such keys, which
+async def _warm(found, scope) -> bool:
+    """For a start ``quick_start`` did not answer: the view class's ``quick_key(scope)``
+    (None: nothing to read) joins the event loop's batch of such keys, which
     ONE ``quick_warm(keys)`` reads in a pool thread (``core.waiting.batch``; the keys that
     come while a read is under way go to the next, at once after it), so that
     ``quick_start`` answers it: a wave of 1,000 pull starts makes a few reads, not 1,000
-    view dispatches. A failure is left to the view, which answers it with its errors."""
+    view dispatches. Whether it read (then ask ``quick_start`` again); a failure is left
+    to the view, which answers it with its errors."""
     view_class = getattr(found.func, "view_class", None)
     quick_key = getattr(view_class, "quick_key", None)
     key = None if quick_key is None else quick_key(scope)
     if key is None:
-        return
+        return False
     try:
         await asyncio.shield(batch((_warm, view_class), functools.partial(run_db, view_class.quick_warm), key, every_s=0))
     except Exception as exc:
         log.debug("%s: the batched read before quick starts failed (%s); the view answers", view_class.__name__, exc)
+        return False
+    return True
 
 
 async def _send(send, response) -> None:
@@ -282,20 +285,23 @@ class _Admission:
 
 
 async def long_poll(found, scope, receive, send) -> None:
-    """One waiting request (``found``: its ``ResolverMatch``). Its start (the view and
-    the first take) waits for one of the loop's start slots (``_Admission``). While it
-    waits, a space goes out every ``RUNSTEAD_LONGPOLL_KEEPALIVE_S`` seconds, so the
-    client sees a half-open connection by the silence (D1)."""
-    await _warm(found, scope)
+    """One waiting request (``found``: its ``ResolverMatch``). Its quick start (no I/O)
+    comes first, after one batched read if it needs one (``_warm``); whatever it does not
+    answer goes to the view. The view and the first take wait for one of the loop's
+    start slots (``_Admission``). While it waits, a space goes out every
+    ``RUNSTEAD_LONGPOLL_KEEPALIVE_S`` seconds, so the client sees a half-open connection
+    by the silence (D1)."""
+    response = _quick_start(found, scope)
+    if response is None and await _warm(found, scope):
+        response = _quick_start(found, scope)
     async with _Admission() as admission:
-        await _long_poll(found, scope, receive, send, admission)
+        await _long_poll(found, scope, receive, send, admission, response)
 
 
-async def _long_poll(found, scope, receive, send, admission: _Admission) -> None:
+async def _long_poll(found, scope, receive, send, admission: _Admission, response: WaitResponse | None) -> None:
     disconnect = asyncio.ensure_future(_disconnected(receive))
     waiting = streaming = None
     try:
-        response = _quick_start(found, scope)
         if response is None:
             response = await run_db(_dispatch, found, scope)
         if isinstance(response, WaitResponse):

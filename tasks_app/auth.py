@@ -15,7 +15,8 @@ from rest_framework import authentication, permissions
 from core import epoch
 from core.errors import ApplicationError
 from tasks_app.models import FINAL_STATES, Machine, Task
-from tasks_app.services.locking import is_postgres
+
+POSTGRESQL = "django.db.backends.postgresql"
 
 log = logging.getLogger("runstead.auth")
 
@@ -122,8 +123,9 @@ class MachineTokenCache:
 
     @staticmethod
     def enabled() -> bool:
-        """Whether this deployment caches at all: PostgreSQL and a shared counter (Redis)."""
-        return bool(settings.REDIS_URL) and is_postgres()
+        """Whether this deployment caches at all: PostgreSQL and a shared counter (Redis).
+        From the settings, not the connection (the event loop asks it at every pull start)."""
+        return bool(settings.REDIS_URL) and settings.DATABASES["default"]["ENGINE"] == POSTGRESQL
 
     def _fresh(self, now: float) -> bool:
         """The counter was read less than ``RUNSTEAD_TOKEN_EPOCH_FRESH_S`` before ``now``
@@ -175,15 +177,16 @@ class MachineTokenCache:
                     self._entries[digest] = hit
         return found
 
-    def cached(self, digest: str):
-        """(owner, machine) for ``digest`` from this process alone, without any I/O (the
-        pull's quick start on the event loop, ``WorkerMessages.quick_start``): only while
-        the counter was read less than ``RUNSTEAD_TOKEN_EPOCH_FRESH_S`` ago, as ``lookup``
-        would use it; None otherwise, or for a digest not cached (then ``lookup``)."""
+    def cached(self, digest: str) -> Machine | None:
+        """The machine of ``digest`` from this process alone, without any I/O (the pull's
+        quick start on the event loop, ``WorkerMessages.quick_start``), shared as
+        ``lookup``'s: only while the counter was read less than
+        ``RUNSTEAD_TOKEN_EPOCH_FRESH_S`` ago, as ``lookup`` would use it; None otherwise,
+        or for a digest not cached (then ``lookup``)."""
         now = time.monotonic()
         with self._lock:
             hit = self._entries.get(digest) if self._fresh(now) else None
-        return None if hit is None else (copy.copy(hit[0]), hit[1])
+        return None if hit is None else hit[1]
 
     def forget(self) -> None:
         """Drop every entry of this process (a revocation here; tests between cases)."""

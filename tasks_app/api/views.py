@@ -275,18 +275,18 @@ class WorkerMessages(MachineView):
         as for ``lookup``). None for anything else: the view answers it, with its error
         codes."""
         usual = _usual_pull(scope)
-        hit = None if usual is None else machine_tokens.cached(usual[1])
-        if hit is None:
+        machine = None if usual is None else machine_tokens.cached(usual[1])
+        if machine is None:
             return None
-        return quick_response(cls, messages.messages_wait(machine=hit[1], wait_s=usual[0]), messages_dict)
+        return quick_response(cls, messages.messages_wait(machine=machine, wait_s=usual[0]), messages_dict)
 
     @staticmethod
     def quick_key(scope: dict) -> str | None:
-        """The token digest of a usual pull ``quick_start`` would not answer now (its
-        token not cached, or the counter not fresh), for ``quick_warm``; None otherwise,
-        and wherever tokens are not cached."""
-        usual = None if not machine_tokens.enabled() else _usual_pull(scope)
-        return None if usual is None or machine_tokens.cached(usual[1]) is not None else usual[1]
+        """The token digest of a usual pull that ``quick_start`` did not answer (its token
+        not cached, or the counter not fresh), for ``quick_warm``; None for any other
+        request, and wherever tokens are not cached."""
+        usual = _usual_pull(scope) if machine_tokens.enabled() else None
+        return None if usual is None else usual[1]
 
     @staticmethod
     def quick_warm(digests: list[str]) -> None:
