@@ -240,3 +240,38 @@ def test_d1_k1_k3_every_other_pull_start_is_left_to_the_view(case, machine, sett
     assert WorkerMessages.quick_start(scope) is None
     answered = _dispatch(found, scope)
     assert (answered.status_code, (getattr(answered, "data", None) or {}).get("error")) == (status, error)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_d1_k1_a_wave_of_pull_starts_reads_its_tokens_in_one_statement(owner, make_machine, caplog, settings):
+    """Issue 22 (1,000 workers reconnecting at once, every delivery under 1 s): the
+    starts the quick start cannot answer yet (nothing cached after a restart) join one
+    batch, read by ONE ``FOR KEY SHARE`` statement in a pool thread
+    (``MachineTokenCache.warm``); then the quick start answers every paired one. A
+    revoked token in the wave is read and not cached: the view refuses it (K1)."""
+    import asyncio
+    import logging
+
+    from core.longpoll import _resolve, _warm
+    from tasks_app.api.views import WorkerMessages
+    from tasks_app.auth import machine_tokens
+
+    settings.RUNSTEAD_TOKEN_EPOCH_FRESH_S = 30  # the counter read by the batch is still fresh when checked below
+    machines = [make_machine(owner, name=f"m{i}") for i in range(30)]
+    revoked = make_machine(owner, name="gone")
+    machine_unpair(machine=revoked, actor="owner:test", now=timezone.now())
+    machine_tokens.forget()
+    found = _resolve("/api/worker/messages/")
+    scopes = [_scope(b"wait=25", _machine_header(m.test_token)) for m in [*machines, revoked]]
+    assert all(WorkerMessages.quick_start(scope) is None for scope in scopes)
+
+    async def wave():
+        return await asyncio.gather(*(_warm(found, scope) for scope in scopes))
+
+    with caplog.at_level(logging.DEBUG, logger="runstead.auth"):
+        assert asyncio.run(wave()) == [True] * len(scopes)
+    reads = [int(n) for n in re.findall(r"machine token cache: (\d+) missed", caplog.text)]
+    assert reads == [len(scopes)]  # one statement for the whole wave
+    started = [WorkerMessages.quick_start(scope) for scope in scopes]
+    assert [s.wait.subject.pk for s in started[:-1]] == [m.pk for m in machines]
+    assert started[-1] is None  # the view answers it: 401 token_revoked
