@@ -2,6 +2,7 @@
 (pure functions, no service). The live board sequences are in test_hooks_live.py."""
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -389,3 +390,43 @@ def test_q3_decision_output_for_each_end_and_agent():
     assert "message" in json.loads(out({"state": "denied", "message": ""}))["hookSpecificOutput"]["decision"]
     for state in ("pending", "expired", "withdrawn", "answered_in_terminal", None):
         assert out({"state": state}) is None
+
+
+FIXTURES_ROOT = Path(__file__).parent / "fixtures" / "hooks"
+_JSON_READ = [b'{"a": 1}', b'  \n{"a": [1, 2.5, -0, 1e400, true, false, null]}\r\n\t', b'"\\ud83d\\ude00 \\u00e9"',
+              '{"caf\u00e9": "\u2603"}'.encode(), b'[NaN, Infinity, -Infinity]', b'123456789012345678901234567890',
+              b'{"a": {"a": {"a": []}}, "a": 2}', '{"s": "x"}']
+_JSON_BAD_OR_ODD = [b"", b"  ", b"{", b"[1,]", b"1 2", b'{"a": 1} x', b'"\x01"', b"\xff\xfe{}", b"\xef\xbb\xbf{}",
+                 b'{"a": "\xc3"}', b"nul", "\ufeff{}"]
+
+
+@pytest.mark.parametrize("data", _JSON_READ + sorted((FIXTURES_ROOT).rglob("*.json")), ids=str)
+def test_i7_the_hooks_json_reader_reads_what_json_reads(data):
+    """I7: ``sessions_app.hooks.json_loads`` (the C scanner of ``_json`` without importing
+    ``json``) gives what ``json.loads`` gives, for every recorded hook payload too."""
+    import json
+
+    from sessions_app.hooks import json_loads
+
+    data = data.read_bytes() if hasattr(data, "read_bytes") else data
+    assert repr(json_loads(data)) == repr(json.loads(data))  # repr: NaN is not equal to itself
+
+
+@pytest.mark.parametrize("data", _JSON_BAD_OR_ODD, ids=repr)
+def test_i7_the_hooks_json_reader_answers_bad_or_odd_input_as_json_does(data):
+    """Bad JSON, bad UTF-8, byte order marks: what ``json.loads`` does, its error included
+    (then the hook logs one line and queues nothing, I1); it takes a UTF-8 BOM in bytes
+    (it detects the encoding), and so does the reader."""
+    import json
+
+    from sessions_app.hooks import json_loads
+
+    try:
+        expected = ("value", repr(json.loads(data)))
+    except ValueError as error:
+        expected = ("error", type(error), str(error))
+    try:
+        got = ("value", repr(json_loads(data)))
+    except ValueError as error:
+        got = ("error", type(error), str(error))
+    assert got == expected

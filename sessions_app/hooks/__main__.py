@@ -15,7 +15,6 @@ Inside a RunStead task (Q5), Claude Code's ``PermissionRequest`` asks the owner 
 the task's credential and waits (``task_approval``), printing the decision, from the
 entry the worker added for the run (``--task``) only.
 """
-import json
 import os
 import sys
 import time
@@ -32,7 +31,7 @@ def read_payload(argv: list[str]) -> bytes:
 
 
 def run(argv: list[str]) -> None:
-    from sessions_app.hooks import DEFAULT_MARKER_CLASS_S, TASK_FLAG, in_task, mapping, store
+    from sessions_app.hooks import DEFAULT_MARKER_CLASS_S, TASK_FLAG, in_task, json_loads, mapping, store
 
     state_dir = store.default_state_dir()
     agent = argv[0] if argv else ""
@@ -48,7 +47,7 @@ def run(argv: list[str]) -> None:
         if not data.strip():
             raise mapping.BadInput("empty payload")
         try:
-            payload = json.loads(data)
+            payload = json_loads(data)
         except ValueError as error:
             raise mapping.BadInput(f"invalid JSON: {error}") from None
         if agent == "claude" and isinstance(payload, dict) and payload.get("hook_event_name") == "PermissionRequest" \

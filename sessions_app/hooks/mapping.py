@@ -16,7 +16,6 @@ whose ``ended`` was queued, so a Codex ``notify`` after its ``Stop`` hook adds n
 not seen answered, Q4) and ``asks`` (the turn's count of permission requests per tool
 input digest, for Q1's key; ``sessions_app.hooks.approval``).
 """
-import re  # imported by ``json`` anyway
 from collections import namedtuple
 
 from sessions_app.hooks import AGENTS, DEFAULT_MARKER_CLASS_S, uuid5
@@ -24,7 +23,6 @@ from sessions_app.hooks import AGENTS, DEFAULT_MARKER_CLASS_S, uuid5
 TITLE_MAX = 80  # I3: the title from the first prompt
 MESSAGE_MAX = 500  # attention message shown on the board
 ENDED_KEEP = 20
-SAFE_ID = re.compile(r"^[^/\s]{1,100}$")
 # Claude Code background task statuses that mean "no longer running" (finished ones
 # usually drop out of the list; a listed finished one counts as gone).
 FINISHED_STATUSES = {"completed", "failed", "killed", "stopped", "cancelled", "canceled", "done", "error"}
@@ -46,6 +44,15 @@ class Event(namedtuple("Event", "agent agent_session_id name")):
         return f"{self.agent}:{self.agent_session_id}"
 
 
+def safe_id(value: str, longest: int) -> bool:
+    """Whether the API takes ``value`` as an id as it is: 1 to ``longest`` characters, no
+    slash and no whitespace (``re`` imported on first use: a tool hook with nothing due
+    never needs it, I7)."""
+    import re
+
+    return re.match(rf"^[^/\s]{{1,{longest}}}$", value) is not None
+
+
 def session_uuid(agent: str, agent_session_id: str) -> str:
     """I2: ``uuid5(RUNSTEAD_NAMESPACE, "<agent>:<agent session id>")``."""
     return uuid5(f"{agent}:{agent_session_id}")
@@ -54,6 +61,8 @@ def session_uuid(agent: str, agent_session_id: str) -> str:
 def device_id(hostname: str, agent: str, agent_session_id: str) -> str:
     """I2, M5: ``<hostname>:<agent>:<agent session id>``, one per app instance (whitespace
     and slashes, which the API refuses in a device id, become ``-``)."""
+    import re
+
     return re.sub(r"[/\s]", "-", f"{hostname}:{agent}:{agent_session_id}")[:200]
 
 
@@ -62,14 +71,14 @@ def turn_token(value) -> str | None:
     ``turn_id``: kept when the API accepts it, else a stable uuid5 of it."""
     if not isinstance(value, str) or not value:
         return None
-    return value if SAFE_ID.match(value) else uuid5(value)
+    return value if safe_id(value, 100) else uuid5(value)
 
 
 def job_token(value) -> str | None:
     if not isinstance(value, (str, int)) or value == "":
         return None
     value = str(value)
-    return value if re.match(r"^[^/\s]{1,200}$", value) else uuid5(value)
+    return value if safe_id(value, 200) else uuid5(value)
 
 
 def _text(payload: dict, name: str) -> str:
@@ -232,7 +241,7 @@ class Writes:
         pending were answered in the terminal: one ``POST .../terminal/`` each (a repeat
         for one already decided changes nothing on the service)."""
         for approval_id in self.state.pop("approvals", None) or []:
-            if isinstance(approval_id, str) and SAFE_ID.match(approval_id):
+            if isinstance(approval_id, str) and safe_id(approval_id, 100):
                 self.add("POST", f"/api/approvals/{approval_id}/terminal/", {})
 
     def clear_attention(self) -> None:

@@ -22,13 +22,15 @@ for ``SESSION_RETENTION_S`` (7 days) are pruned by the sender (at its start and 
 No Django here (I1), and no ``pathlib`` either: it imports ``urllib.parse`` and ``fnmatch``, a
 few milliseconds of every hook (I7). A state directory is a ``str`` or any path-like.
 """
-import json
 import os
-import sqlite3
 import time
 from collections import namedtuple
 
-from sessions_app.hooks import DEFAULT_MARKER_CLASS_S
+# ``_sqlite3`` is what ``sqlite3`` re-exports (``connect``, ``Error``); the package adds
+# only its date adapters (and the 2 ms import of ``datetime``), which nothing here uses (I7).
+import _sqlite3 as sqlite3
+
+from sessions_app.hooks import DEFAULT_MARKER_CLASS_S, json_dumps, json_loads
 
 CONFIG_NAME = "config.json"
 MARKER_CLASS_NAME = "marker_class.json"
@@ -80,7 +82,7 @@ def ensure_state_dir(path: StateDir) -> StateDir:
 
 def _read_json(path: str):
     with open(path, "rb") as handle:
-        return json.loads(handle.read())
+        return json_loads(handle.read())
 
 
 def read_config(state_dir: StateDir) -> dict:
@@ -103,7 +105,7 @@ def write_config(state_dir: StateDir, *, server: str, token: str, extra: dict | 
     tmp = Path(state_dir) / (CONFIG_NAME + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        json.dump({"server": server, "token": token, **(extra or {})}, handle, indent=2)
+        handle.write(json_dumps({"server": server, "token": token, **(extra or {})}, indent=2))
         handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())
@@ -130,7 +132,7 @@ def write_marker_class(state_dir: StateDir, class_s: float) -> None:
         tmp = path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
-            json.dump({"class_s": class_s}, handle)
+            handle.write(json_dumps({"class_s": class_s}))
         os.replace(tmp, path)
     except OSError:
         pass
@@ -151,7 +153,7 @@ def peek_session_state(state_dir: StateDir, key: str) -> dict:
             db.close()
     except sqlite3.Error:
         return {}
-    return json.loads(row[0]) if row else {}
+    return json_loads(row[0]) if row else {}
 
 
 def log_line(state_dir: StateDir, name: str, message: str) -> None:
@@ -237,13 +239,13 @@ class Outbox:
     def session_state(self, key: str) -> dict:
         """The local state of one agent session (``{}`` when new); call inside ``transaction()``."""
         row = self.db.execute("SELECT data FROM agent_sessions WHERE key = ?", (key,)).fetchone()
-        return json.loads(row[0]) if row else {}
+        return json_loads(row[0]) if row else {}
 
     def save_session_state(self, key: str, data: dict) -> None:
         self.db.execute(
             "INSERT INTO agent_sessions (key, data, updated_at) VALUES (?, ?, ?) "
             "ON CONFLICT (key) DO UPDATE SET data = excluded.data, updated_at = excluded.updated_at",
-            (key, json.dumps(data, sort_keys=True), time.time()),
+            (key, json_dumps(data, sort_keys=True), time.time()),
         )
 
     def append(self, writes: list[dict], *, server: str | None = None, token: str | None = None) -> list[int]:
@@ -254,7 +256,7 @@ class Outbox:
         for write in writes:
             cursor = self.db.execute(
                 "INSERT INTO outbox (method, path, body, server, token, created_at, refresh) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (write["method"], write["path"], json.dumps(write.get("body")), server, token, now,
+                (write["method"], write["path"], json_dumps(write.get("body")), server, token, now,
                  int(refresh_only(write))),
             )
             seqs.append(cursor.lastrowid)
@@ -314,7 +316,7 @@ class Outbox:
         ).fetchone()
         if row is None:
             return None
-        return Row(row[0], row[1], row[2], json.loads(row[3]) if row[3] else None, row[4], row[5], row[6])
+        return Row(row[0], row[1], row[2], json_loads(row[3]) if row[3] else None, row[4], row[5], row[6])
 
     def delete(self, seq: int) -> None:
         with self.transaction():
@@ -335,7 +337,7 @@ class Outbox:
         """Every queued write, in order (tests and diagnostics)."""
         result = []
         for row in self.db.execute("SELECT seq, method, path, body, server, token, attempts FROM outbox ORDER BY seq"):
-            result.append(Row(row[0], row[1], row[2], json.loads(row[3]) if row[3] else None, row[4], row[5], row[6]))
+            result.append(Row(row[0], row[1], row[2], json_loads(row[3]) if row[3] else None, row[4], row[5], row[6]))
         return result
 
 
