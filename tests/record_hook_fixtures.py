@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from sessions_app.hooks import install
+from tasks_app.protocol import HOOK_SCRIPT
 from tests import model_apis
 from tests.agent_clis import DEFAULT_BINS, offline, seed_opencode_plugin_deps
 from tests.gemini_terminal import DIALOG, READY, gemini_terminal, submit, wait_closed
@@ -66,8 +67,9 @@ def install_recorder(name: str, home: Path, out: Path) -> None:
     for path in config_dir.rglob("*"):
         if path.is_file() and path.suffix in (".json", ".toml", ".js") and "node_modules" not in path.parts:
             text = path.read_text()
-            swapped = text.replace(f'"-m", "{install.MARK}", "{name}"', f'"{RECORDER}", "{out}", "{name}"')
-            swapped = swapped.replace(f"-m {install.MARK} {name}", f"{RECORDER} {out} {name}")
+            script = str(install.PROJECT_ROOT.joinpath(*HOOK_SCRIPT))
+            swapped = text.replace(f'"{script}", "{name}"', f'"{RECORDER}", "{out}", "{name}"')
+            swapped = swapped.replace(f"{script} {name}", f"{RECORDER} {out} {name}")
             if swapped != text:
                 path.write_text(swapped)
     if name == "opencode":

@@ -262,7 +262,8 @@ def test_q5_the_run_settings_go_right_after_the_executable_and_hold_no_secret():
     (hook,) = entry["hooks"]
     assert entry["matcher"] == "*" and hook["type"] == "command"
     assert hook["timeout"] == 2 + approvals.HOOK_TIMEOUT_MARGIN_S  # above approval_wait_s (Q3)
-    assert hook["command"].endswith(f"{sys.executable} -S -m sessions_app.hooks claude --task")  # I7: no site
+    script = os.path.join(approvals.PROJECT_ROOT, "sessions_app", "hooks", "__main__.py")
+    assert hook["command"].endswith(f"{sys.executable} -S -P {script} claude --task")  # I7: no site, no runpy
     assert "RUNSTEAD_TASK_CREDENTIAL" not in argv[2]  # the credential goes in the environment only
     # A profile's own argv: after its {binary} element.
     own = parse_profile("p", {"preset": "claude", "approvals": "ask", "argv": ["/usr/bin/env", "{binary}", "-p", "{prompt}"]})

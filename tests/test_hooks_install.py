@@ -10,7 +10,10 @@ from django.core.management import CommandError, call_command
 
 from sessions_app.hooks import approval as hook_approval
 from sessions_app.hooks import store
-from sessions_app.hooks.install import InstallError, install
+from sessions_app.hooks.install import PROJECT_ROOT, InstallError, install
+from tasks_app.protocol import HOOK_SCRIPT
+
+SCRIPT = str(PROJECT_ROOT.joinpath(*HOOK_SCRIPT))  # what the installed command runs (not -m: I7)
 
 USER_CLAUDE = {
     "model": "opus",
@@ -45,10 +48,10 @@ def test_i5_claude_merges_keeps_user_entries_backs_up_and_is_idempotent(dirs):
     # the user's PreToolUse group stays first; RunStead's (I7, matcher "*") follows it
     assert data["hooks"]["PreToolUse"][0] == USER_CLAUDE["hooks"]["PreToolUse"][0]
     assert data["hooks"]["PreToolUse"][1]["matcher"] == "*"
-    assert "sessions_app.hooks claude" in data["hooks"]["PreToolUse"][1]["hooks"][0]["command"]
+    assert f"{SCRIPT} claude" in data["hooks"]["PreToolUse"][1]["hooks"][0]["command"]
     assert data["hooks"]["Stop"][0] == USER_CLAUDE["hooks"]["Stop"][0]
     ours = data["hooks"]["Stop"][1]["hooks"][0]
-    assert ours["type"] == "command" and "sessions_app.hooks claude" in ours["command"] and ours["timeout"] == 10
+    assert ours["type"] == "command" and f"{SCRIPT} claude" in ours["command"] and ours["timeout"] == 10
     assert set(data["hooks"]) == {"PreToolUse", "PostToolUse", "Stop", "SessionStart", "UserPromptSubmit",
                                   "Notification", "SessionEnd", "PermissionRequest"}
     assert data["hooks"]["Notification"][0]["matcher"] == "permission_prompt"
@@ -118,7 +121,7 @@ def test_i5_codex_notify_and_hooks_merged_second_run_byte_equal_uninstall_restor
     install("codex", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
     parsed = tomllib.loads((config_dir / "config.toml").read_text())
     assert parsed["model"] == "o4-mini" and parsed["mcp_servers"] == {"docs": {"command": "docs-mcp"}}
-    assert parsed["notify"][-3:] == ["-m", "sessions_app.hooks", "codex"]
+    assert parsed["notify"][-4:] == ["-S", "-P", SCRIPT, "codex"]
     hooks = json.loads((config_dir / "hooks.json").read_text())["hooks"]
     assert hooks["Stop"][0] == user_hooks["hooks"]["Stop"][0] and set(hooks) == {
         "SessionStart", "UserPromptSubmit", "Stop", "PreToolUse", "PostToolUse", "PermissionRequest"}
@@ -148,7 +151,7 @@ def test_i5_gemini_hooks_use_milliseconds_and_keep_user_settings(dirs):
     data = json.loads((config_dir / "settings.json").read_text())
     assert data["theme"] == "GitHub" and data["hooks"]["enabled"] is True
     entry = data["hooks"]["BeforeAgent"][0]["hooks"][0]
-    assert entry["timeout"] == 10000 and entry["name"] == "runstead" and "sessions_app.hooks gemini" in entry["command"]
+    assert entry["timeout"] == 10000 and entry["name"] == "runstead" and f"{SCRIPT} gemini" in entry["command"]
     install("gemini", server="http://s", config_dir=config_dir, state_dir=state_dir, uninstall=True)
     assert json.loads((config_dir / "settings.json").read_text()) == {"theme": "GitHub", "hooks": {"enabled": True}}
 
@@ -158,7 +161,7 @@ def test_i5_opencode_plugin_file_carries_the_hook_command(dirs):
     install("opencode", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
     plugin = config_dir / "plugins" / "runstead.js"
     text = plugin.read_text()
-    assert '"-m", "sessions_app.hooks", "opencode"]' in text and "export const RunStead" in text
+    assert f'"-P", "{SCRIPT}", "opencode"]' in text and "export const RunStead" in text
     assert f"RUNSTEAD_HOOK_DIR={state_dir}" in text
     first = plugin.read_bytes()
     install("opencode", server="http://s", config_dir=config_dir, state_dir=state_dir)
@@ -224,7 +227,8 @@ def test_q3_install_hooks_adds_permission_request_with_a_timeout_above_the_wait(
 
 def test_i5_i7_installed_command_skips_site_and_finds_its_bytecode_written(dirs):
     """I7: the command ``install_hooks`` writes runs the interpreter with ``-S`` (a hook
-    needs only the standard library) and the install writes the bytecode of the modules
+    needs only the standard library) and ``-P``, the hook's script by its path (no
+    ``runpy``), and the install writes the bytecode of the modules
     a hook imports, so a hook never compiles them, not even where
     ``PYTHONDONTWRITEBYTECODE`` is set."""
     import importlib.util
@@ -239,4 +243,4 @@ def test_i5_i7_installed_command_skips_site_and_finds_its_bytecode_written(dirs)
     install("claude", server="http://127.0.0.1:8000", token="t", config_dir=config_dir, state_dir=state_dir)
     assert cached.exists()
     command = json.loads((config_dir / "settings.json").read_text())["hooks"]["Stop"][0]["hooks"][0]["command"]
-    assert f"{sys.executable} -S -m sessions_app.hooks claude" in command
+    assert f"{sys.executable} -S -P {SCRIPT} claude" in command

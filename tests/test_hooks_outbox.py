@@ -295,9 +295,14 @@ def test_i1_sender_prunes_session_states_older_than_7_days_at_start_and_daily(st
         _age_sessions(outbox, [f"claude:old{i}" for i in range(50)], week + 60)
         _age_sessions(outbox, ["claude:recent"], week - 60)
         outbox.enqueue(writes(1))
+    orphan = store.snapshot_path(state_dir, "claude:crashed") + ".123.tmp"  # a publish cut short long ago
+    open(orphan, "w").close()
+    os.utime(orphan, (0, 0))
     Sender(state_dir, idle_exit_s=0.1).run()  # at start
     with store.Outbox(state_dir) as outbox:
         assert [k for (k,) in outbox.db.execute("SELECT key FROM agent_sessions")] == ["claude:recent"]
+        assert sorted(os.listdir(state_dir / store.SNAPSHOT_DIR)) == [
+            os.path.basename(store.snapshot_path(state_dir, "claude:recent"))]  # the pruned ones' went too
         assert "pruned 50 agent session state(s)" in (state_dir / "sender.log").read_text()
         sender = Sender(state_dir, prune_every_s=86400)
         sender.prune(outbox)
@@ -309,6 +314,110 @@ def test_i1_sender_prunes_session_states_older_than_7_days_at_start_and_daily(st
         with mock.patch("sessions_app.hooks.sender.time.monotonic", return_value=real_time.monotonic() + 86401):
             sender.prune(outbox)  # a day later
         assert [k for (k,) in outbox.db.execute("SELECT key FROM agent_sessions")] == ["claude:recent"]
+
+
+def _snapshot(state_dir, key):
+    path = store.snapshot_path(state_dir, key)
+    if not os.path.exists(path):
+        return None
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def _committed(state_dir, key):
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{state_dir / store.DB_NAME}?mode=ro", uri=True)  # a reader: never waits
+    try:
+        row = db.execute("SELECT data FROM agent_sessions WHERE key = ?", (key,)).fetchone()
+    finally:
+        db.close()
+    return json.loads(row[0]) if row else None
+
+
+def test_i7_a_sessions_snapshot_is_its_committed_state_after_every_hook(state_dir):
+    """I7: after each hook of a session's life (start, a prompt, a tool hook that
+    continues a long turn, a permission notification, the stop), its snapshot file is
+    the state the outbox committed, byte for byte; a rolled-back transaction leaves none."""
+    sid = "snap-1"
+    store.write_marker_class(store.ensure_state_dir(state_dir), 2.0)  # a tool hook 1 s into the turn continues it
+    steps = [("session_start_startup", {}), ("user_prompt_submit", {}), ("pre_tool_use", {}),
+             ("notification_permission", {}), ("stop", {})]
+    turns = []
+    for name, extra in steps:
+        if name == "pre_tool_use":
+            with store.Outbox(state_dir) as outbox, outbox.transaction():
+                state = outbox.session_state(f"claude:{sid}")
+                outbox.save_session_state(f"claude:{sid}", {**state, "turn_at": state["turn_at"] - 1.5})
+        run_hook("claude", {**fixture("claude", name), "session_id": sid, **extra}, state_dir)
+        committed = _committed(state_dir, f"claude:{sid}")
+        assert committed and _snapshot(state_dir, f"claude:{sid}") == committed, name
+        turns.append(committed.get("turn"))
+    assert turns[2] and turns[2] != turns[1]  # the tool hook did write: it continued the turn
+    with pytest.raises(RuntimeError), store.Outbox(state_dir) as outbox, outbox.transaction():
+        outbox.save_session_state(f"claude:{sid}", {"lost": True})
+        raise RuntimeError("a hook that fails before its commit")
+    assert _snapshot(state_dir, f"claude:{sid}") is None and _committed(state_dir, f"claude:{sid}") == committed
+    assert store.peek_session_state(state_dir, f"claude:{sid}") == committed  # read from the outbox
+
+
+def test_i7_a_hook_killed_between_its_commit_and_its_snapshot_leaves_none(state_dir):
+    """I7, crash at any line: a process killed (SIGKILL) after the commit, before the
+    snapshot is written, leaves no snapshot (removed before the commit), so the next
+    tool hook reads the committed state from the outbox, and the next write's snapshot
+    is right again; its lock went with the process."""
+    key = "claude:killed"
+    with store.Outbox(state_dir) as outbox, outbox.transaction():
+        outbox.save_session_state(key, {"created": True, "turn": "old", "turn_at": 1.0})
+    assert _snapshot(state_dir, key) == {"created": True, "turn": "old", "turn_at": 1.0}
+    script = ("import os, signal, sys\n"
+              "from sessions_app.hooks import store\n"
+              "store.Outbox._end_snapshots = lambda self, committed: os.kill(os.getpid(), signal.SIGKILL)\n"
+              "with store.Outbox(sys.argv[1]) as outbox, outbox.transaction():\n"
+              "    outbox.save_session_state(sys.argv[2], {'created': True, 'turn': 'new', 'turn_at': 2.0})\n")
+    done = subprocess.run([sys.executable, "-c", script, str(state_dir), key], env=hook_env(state_dir), timeout=30)
+    assert done.returncode == -9
+    assert _committed(state_dir, key)["turn"] == "new" and _snapshot(state_dir, key) is None
+    assert store.peek_session_state(state_dir, key)["turn"] == "new"
+    with store.Outbox(state_dir) as outbox, outbox.transaction():  # the lock is free again
+        outbox.save_session_state(key, {"created": True, "turn": "next", "turn_at": 3.0})
+    assert _snapshot(state_dir, key) == _committed(state_dir, key) == {"created": True, "turn": "next", "turn_at": 3.0}
+
+
+def test_i7_a_later_commit_waits_for_the_earlier_ones_snapshot(state_dir):
+    """I7: two writers of one session overlap (real threads, their own connections): the
+    second commits only after the first has written its snapshot, so the older state
+    can never be written over the newer one; the last snapshot is the last commit."""
+    key = "claude:race"
+    first_committed, release = threading.Event(), threading.Event()
+    original = store.Outbox._end_snapshots
+
+    def slow_end(self, committed):
+        first_committed.set()
+        release.wait(10)  # the first writer has committed and not yet written its snapshot
+        original(self, committed)
+
+    def first():
+        with store.Outbox(state_dir) as outbox:
+            outbox._end_snapshots = slow_end.__get__(outbox)
+            with outbox.transaction():
+                outbox.save_session_state(key, {"n": 1})
+
+    def second():
+        with store.Outbox(state_dir) as outbox, outbox.transaction():
+            outbox.save_session_state(key, {"n": 2})
+
+    one = threading.Thread(target=first)
+    one.start()
+    assert first_committed.wait(10)
+    two = threading.Thread(target=second)
+    two.start()
+    two.join(0.3)
+    assert two.is_alive() and _committed(state_dir, key) == {"n": 1}  # the second waits for the lock
+    release.set()
+    one.join(10)
+    two.join(10)
+    assert _committed(state_dir, key) == _snapshot(state_dir, key) == {"n": 2}
 
 
 def test_i1_outbox_made_before_the_caps_is_upgraded(state_dir):
@@ -394,28 +503,57 @@ def test_i7_sender_records_the_class_of_the_running_marker_the_service_answered(
 # process), ``pathlib`` (``urllib.parse``, ``fnmatch``), ``site`` (the hook runs with -S).
 NOT_IN_A_HOOK = ("django", "httpx", "http.client", "ssl", "sessions_app.hooks.approval",
                  "sessions_app.hooks.task_approval", "sessions_app.hooks.sender", "tasks_app.protocol",
-                 "argparse", "pathlib", "site", "dataclasses", "inspect")
+                 "argparse", "pathlib", "site", "dataclasses", "inspect", "runpy")
+# ... and what a tool hook with nothing due does not load either: it reads the session's
+# snapshot file, not the outbox (``_sqlite3`` imports ``functools`` and ``collections``).
+NOT_IN_A_TOOL_HOOK = ("uuid", "urllib.parse", "sessions_app.hooks.launch", "json", "re", "enum", "datetime",
+                      "sqlite3", "_sqlite3", "functools", "collections", "importlib.util", "contextlib")
+
+
+def probe_hook(state_dir, payload, absent):
+    """Runs the hook (``entry.run``) in a fresh interpreter with the installed command's
+    flags; returns which of ``absent`` (and the mapping) it loaded."""
+    from tasks_app.protocol import HOOK_PYTHON_FLAGS
+
+    probe = ("import sys\nfrom sessions_app.hooks.entry import run\nrun(['claude'])\n"
+             f"print(repr([m for m in {absent!r} + ('sessions_app.hooks.mapping',) if m in sys.modules]))")
+    done = subprocess.run([sys.executable, *HOOK_PYTHON_FLAGS, "-c", probe], input=json.dumps(payload).encode(),
+                          capture_output=True, timeout=30, env=hook_env(state_dir), cwd="/")
+    assert done.returncode == 0, done.stderr
+    return ast.literal_eval(done.stdout.decode())
+
+
+TOOL_HOOK = {"session_id": "light-1", "hook_event_name": "PreToolUse", "tool_name": "Bash", "cwd": "/x",
+             "tool_input": {"command": "ls"}}
 
 
 @pytest.mark.parametrize("payload, also_absent", [
-    ({"session_id": "light-1", "hook_event_name": "PreToolUse", "tool_name": "Bash", "cwd": "/x",
-      "tool_input": {"command": "ls"}}, ("uuid", "urllib.parse", "sessions_app.hooks.launch",
-                                         "json", "re", "enum", "datetime", "sqlite3")),
+    (TOOL_HOOK, NOT_IN_A_TOOL_HOOK),
     ({"session_id": "light-2", "hook_event_name": "UserPromptSubmit", "prompt": "fix it", "cwd": "/x",
       "prompt_id": "p-1"}, ()),
 ], ids=["tool-hook", "prompt-hook"])
-def test_i7_i1_a_hook_loads_only_the_mapping_and_the_store(tmp_path, payload, also_absent):
+def test_i7_i1_a_hook_loads_only_the_mapping_and_the_store(state_dir, payload, also_absent):
     """I1, I7: a hook's own share of its start is a few milliseconds because it loads only
     the mapping and the store (and, when it queued writes, ``uuid`` and the sender's
-    launcher); a tool hook with nothing due not even those, nor ``json``, ``re`` or the
-    ``sqlite3`` package (``sessions_app.hooks.json_loads``, ``_sqlite3``) (``bench/hook_latency.py``
-    measures the difference). Run with the hook command's own interpreter flags."""
-    from tasks_app.protocol import HOOK_PYTHON_FLAGS
+    launcher); a tool hook with nothing due, in a session whose turn is open, not even
+    those, nor ``json``, ``re``, SQLite or ``collections`` (``json_loads``, the session's
+    snapshot) (``bench/hook_latency.py`` measures the difference). Run with the hook
+    command's own interpreter flags."""
+    run_hook("claude", {**fixture("claude", "user_prompt_submit"), "session_id": "light-1"}, state_dir)
+    assert store.peek_session_state(state_dir, "claude:light-1")["turn"]  # a turn open, not half through
+    assert probe_hook(state_dir, payload, NOT_IN_A_HOOK + also_absent) == ["sessions_app.hooks.mapping"]
 
-    absent = NOT_IN_A_HOOK + also_absent
-    probe = ("import sys\nfrom sessions_app.hooks.__main__ import run\nrun(['claude'])\n"
-             f"print(repr([m for m in {absent!r} + ('sessions_app.hooks.mapping',) if m in sys.modules]))")
-    done = subprocess.run([sys.executable, *HOOK_PYTHON_FLAGS, "-c", probe], input=json.dumps(payload).encode(),
-                          capture_output=True, timeout=30, env=hook_env(tmp_path / "hooks"), cwd="/")
-    assert done.returncode == 0, done.stderr
-    assert ast.literal_eval(done.stdout.decode()) == ["sessions_app.hooks.mapping"]  # the mapping, nothing heavy
+
+def test_i7_a_tool_hook_reads_the_outbox_when_its_session_has_no_snapshot(state_dir):
+    """I7: a session whose snapshot is missing (removed by a write that did not get to
+    write the next, or kept by an outbox older than snapshots) is read from the outbox:
+    the same decision, nothing queued."""
+    run_hook("claude", {**fixture("claude", "user_prompt_submit"), "session_id": "light-1"}, state_dir)
+    stop_sender(state_dir)
+    os.unlink(store.snapshot_path(state_dir, "claude:light-1"))
+    with store.Outbox(state_dir) as outbox:
+        before = outbox.pending()
+    assert "_sqlite3" in probe_hook(state_dir, TOOL_HOOK, ("_sqlite3",))
+    with store.Outbox(state_dir) as outbox:
+        assert outbox.pending() == before
+    assert not os.path.exists(store.snapshot_path(state_dir, "claude:light-1"))  # a read writes nothing

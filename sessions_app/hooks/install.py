@@ -34,9 +34,10 @@ from pathlib import Path
 
 from sessions_app.hooks import AGENTS, store
 from sessions_app.hooks.approval import DEFAULT_WAIT_S
-from tasks_app.protocol import HOOK_PYTHON_FLAGS
+from tasks_app.protocol import HOOK_SCRIPT, hook_python
 
-MARK = "sessions_app.hooks"
+# RunStead's entries: a command naming the hook's script (or the module, as written before)
+MARKS = ("/".join(HOOK_SCRIPT), "sessions_app.hooks")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 OPENCODE_PLUGIN = PROJECT_ROOT / "integrations" / "opencode" / "runstead.js"
 CLAUDE_TIMEOUT_S = 10
@@ -93,7 +94,12 @@ def hook_argv(agent: str, state_dir: Path | None = None) -> list[str]:
     argv = ["/usr/bin/env", f"PYTHONPATH={PROJECT_ROOT}"]
     if state_dir is not None and Path(state_dir) != Path.home() / ".runstead" / "hooks":
         argv.append(f"RUNSTEAD_HOOK_DIR={state_dir}")
-    return argv + [sys.executable, *HOOK_PYTHON_FLAGS, "-m", MARK, agent]
+    return argv + hook_python(sys.executable, str(PROJECT_ROOT)) + [agent]
+
+
+def _ours(text: str) -> bool:
+    """Whether a command (or one argument of it) is RunStead's hook."""
+    return any(mark in text for mark in MARKS)
 
 
 def compile_hook_modules() -> None:
@@ -121,7 +127,7 @@ def default_config_dir(agent: str) -> Path:
 
 
 def _is_ours(entry) -> bool:
-    return isinstance(entry, dict) and MARK in str(entry.get("command", ""))
+    return isinstance(entry, dict) and _ours(str(entry.get("command", "")))
 
 
 def _read_json(path: Path) -> tuple[bytes | None, dict]:
@@ -242,10 +248,10 @@ def _codex_toml(path: Path, argv: list[str], uninstall: bool) -> tuple:
     lines = text.splitlines(keepends=True)
     ours = [
         i for i, text_line in enumerate(lines)
-        if (text_line.startswith("notify") and MARK in text_line) or text_line.rstrip("\n") == CODEX_COMMENT
+        if (text_line.startswith("notify") and _ours(text_line)) or text_line.rstrip("\n") == CODEX_COMMENT
     ]
     current = parsed.get("notify")
-    if current is not None and not (isinstance(current, list) and any(MARK in str(a) for a in current)):
+    if current is not None and not (isinstance(current, list) and any(_ours(str(a)) for a in current)):
         if uninstall:
             return path, old, old, ""
         raise InstallError(

@@ -6,7 +6,6 @@ milliseconds of every such hook).
 One sender per state directory: it holds ``flock(LOCK_EX)`` on ``sender.lock``, which
 holds its pid.
 """
-import fcntl
 import os
 import sys
 
@@ -16,15 +15,9 @@ PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(_
 
 
 def try_lock(state_dir: store.StateDir) -> int | None:
-    """An open lock file descriptor holding ``flock(LOCK_EX)``, or None when another
+    """An open ``sender.lock`` descriptor holding ``flock(LOCK_EX)``, or None when another
     process holds it."""
-    fd = os.open(os.path.join(state_dir, store.LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+    return store.try_lock(os.path.join(state_dir, store.LOCK_NAME))
 
 
 def sender_running(state_dir: store.StateDir) -> bool:

@@ -16,9 +16,8 @@ whose ``ended`` was queued, so a Codex ``notify`` after its ``Stop`` hook adds n
 not seen answered, Q4) and ``asks`` (the turn's count of permission requests per tool
 input digest, for Q1's key; ``sessions_app.hooks.approval``).
 """
-from collections import namedtuple
 
-from sessions_app.hooks import AGENTS, DEFAULT_MARKER_CLASS_S, uuid5
+from sessions_app.hooks import AGENTS, DEFAULT_MARKER_CLASS_S, Record, uuid5
 
 TITLE_MAX = 80  # I3: the title from the first prompt
 MESSAGE_MAX = 500  # attention message shown on the board
@@ -33,11 +32,11 @@ class BadInput(Exception):
     """A payload the hook cannot use: logged as one line, nothing queued (I1)."""
 
 
-class Event(namedtuple("Event", "agent agent_session_id name")):
-    """One hook call: the CLI, its session id, the hook event's name. A named tuple, not a
+class Event(Record):
+    """One hook call: the CLI, its session id, the hook event's name. A ``Record``, not a
     dataclass: ``dataclasses`` imports ``inspect``, 9 ms of every tool hook (I7)."""
 
-    __slots__ = ()
+    __slots__ = ("agent", "agent_session_id", "name")
 
     @property
     def key(self) -> str:

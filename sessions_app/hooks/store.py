@@ -18,24 +18,30 @@ for ``SESSION_RETENTION_S`` (7 days) are pruned by the sender (at its start and 
 - ``sender.lock`` (one sender at a time, holds its pid), ``hook.log``, ``sender.log``;
 - ``marker_class.json``: ``{"class_s"}``, the class (M2, seconds) of the last ``running``
   marker the service answered, written by the sender and read by tool hooks (I7).
+- ``sessions/<hex of the session key>.json``: each agent session's state as last
+  committed, the snapshot a tool hook reads (I7) without loading SQLite (``_sqlite3``
+  imports ``functools`` and ``collections``: 3 ms of a 4 ms hook). A transaction that
+  saves a session's state takes ``sessions.lock`` (``flock``), removes the snapshot before
+  it commits and writes the new one (atomic rename) after, then lets go: a snapshot is
+  the committed state, or there is none and the reader asks the outbox. A crash at any
+  line leaves at worst no snapshot. A power loss can bring back the one removed just
+  before (its removal not yet on disk): an older committed state, replaced at the
+  session's next write (its ``SessionStart`` when resumed).
 
 No Django here (I1), and no ``pathlib`` either: it imports ``urllib.parse`` and ``fnmatch``, a
 few milliseconds of every hook (I7). A state directory is a ``str`` or any path-like.
 """
 import os
 import time
-from collections import namedtuple
 
-# ``_sqlite3`` is what ``sqlite3`` re-exports (``connect``, ``Error``); the package adds
-# only its date adapters (and the 2 ms import of ``datetime``), which nothing here uses (I7).
-import _sqlite3 as sqlite3
-
-from sessions_app.hooks import DEFAULT_MARKER_CLASS_S, json_dumps, json_loads
+from sessions_app.hooks import DEFAULT_MARKER_CLASS_S, Record, json_dumps, json_loads
 
 CONFIG_NAME = "config.json"
 MARKER_CLASS_NAME = "marker_class.json"
 DB_NAME = "outbox.sqlite3"
 LOCK_NAME = "sender.lock"
+SNAPSHOT_DIR = "sessions"
+SNAPSHOT_LOCK = "sessions.lock"
 HOOK_LOG = "hook.log"
 SENDER_LOG = "sender.log"
 BUSY_TIMEOUT_MS = 2000
@@ -138,13 +144,37 @@ def write_marker_class(state_dir: StateDir, class_s: float) -> None:
         pass
 
 
+def _sqlite():
+    """``_sqlite3``, what ``sqlite3`` re-exports (``connect``, ``Error``), imported on first
+    use: the package adds only its date adapters (and the 2 ms of ``datetime``), which
+    nothing here uses, and a tool hook that reads a snapshot needs neither (I7)."""
+    import _sqlite3
+
+    return _sqlite3
+
+
+def snapshot_path(state_dir: StateDir, key: str) -> str | None:
+    """The snapshot file of one agent session (``sessions/<hex of key>.json``), or None
+    for a key too long to name a file (that session has none: its hooks read the outbox)."""
+    name = key.encode().hex()
+    return os.path.join(state_dir, SNAPSHOT_DIR, name + ".json") if len(name) <= 200 else None
+
+
 def peek_session_state(state_dir: StateDir, key: str) -> dict:
-    """One agent session's local state read without a lock or a write (a read-only
-    connection; ``{}`` when there is no outbox or no such session): what a tool hook
-    with nothing due needs (I7)."""
+    """One agent session's local state read without a lock or a write: its snapshot
+    when there is one, else from a read-only connection to the outbox (``{}`` when there
+    is no outbox or no such session): what a tool hook with nothing due needs (I7)."""
+    path = snapshot_path(state_dir, key)
+    if path is not None:
+        try:
+            with open(path, "rb") as handle:
+                return json_loads(handle.read())
+        except (OSError, ValueError):
+            pass  # no snapshot (never written, or a write under way): the outbox has the state
     path = os.path.join(state_dir, DB_NAME)
     if not os.path.exists(path):
         return {}
+    sqlite3 = _sqlite()
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
         try:
@@ -154,6 +184,27 @@ def peek_session_state(state_dir: StateDir, key: str) -> dict:
     except sqlite3.Error:
         return {}
     return json_loads(row[0]) if row else {}
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def try_lock(path: str) -> int | None:
+    """An open descriptor of the lock file ``path`` holding ``flock(LOCK_EX)``, or None
+    when another process holds it."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def log_line(state_dir: StateDir, name: str, message: str) -> None:
@@ -190,9 +241,11 @@ def refresh_only(write: dict) -> bool:
             and set(body) <= REFRESH_KEYS)
 
 
-# One queued write: seq (int), method, path, body (dict or None), server and token (str or
-# None: the config's at send time), attempts (int). Not a dataclass: see ``mapping.Event``.
-Row = namedtuple("Row", "seq method path body server token attempts")
+class Row(Record):
+    """One queued write: seq (int), method, path, body (dict or None), server and token
+    (str or None: the config's at send time), attempts (int)."""
+
+    __slots__ = ("seq", "method", "path", "body", "server", "token", "attempts")
 
 
 class Outbox:
@@ -203,6 +256,9 @@ class Outbox:
     def __init__(self, state_dir: StateDir, *, max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES):
         self.state_dir = ensure_state_dir(state_dir)
         self.max_rows, self.max_bytes = max_rows, max_bytes
+        self._snapshot_lock: int | None = None
+        self._snapshots: dict[str, str] = {}  # path -> state JSON, written once committed
+        sqlite3 = _sqlite()
         path = os.path.join(state_dir, DB_NAME)
         if not os.path.exists(path):
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
@@ -234,7 +290,10 @@ class Outbox:
         }
 
     def transaction(self):
-        return _Immediate(self.db)
+        """``with outbox.transaction():`` one ``BEGIN IMMEDIATE`` transaction, committed
+        at the end of the block (rolled back on an exception), and then the snapshots of
+        the session states it saved written."""
+        return _Immediate(self)
 
     def session_state(self, key: str) -> dict:
         """The local state of one agent session (``{}`` when new); call inside ``transaction()``."""
@@ -242,11 +301,54 @@ class Outbox:
         return json_loads(row[0]) if row else {}
 
     def save_session_state(self, key: str, data: dict) -> None:
+        """Saves one agent session's state; call inside ``transaction()``. Its snapshot is
+        removed now and written after the commit (TimeoutError when another process held
+        ``sessions.lock`` for ``BUSY_TIMEOUT_MS``)."""
+        text = json_dumps(data, sort_keys=True)
+        path = snapshot_path(self.state_dir, key)
+        if path is not None:
+            self._claim_snapshots()
+            _unlink(path)
+            self._snapshots[path] = text
         self.db.execute(
             "INSERT INTO agent_sessions (key, data, updated_at) VALUES (?, ?, ?) "
             "ON CONFLICT (key) DO UPDATE SET data = excluded.data, updated_at = excluded.updated_at",
-            (key, json_dumps(data, sort_keys=True), time.time()),
+            (key, text, time.time()),
         )
+
+    def _claim_snapshots(self) -> None:
+        """Holds ``sessions.lock`` until the transaction's snapshots are written: a
+        transaction that committed before this one cannot write its older snapshot after
+        this one's."""
+        if self._snapshot_lock is not None:
+            return
+        os.makedirs(os.path.join(self.state_dir, SNAPSHOT_DIR), mode=0o700, exist_ok=True)
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        while (fd := try_lock(os.path.join(self.state_dir, SNAPSHOT_LOCK))) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{SNAPSHOT_LOCK} held by another process for {BUSY_TIMEOUT_MS} ms")
+            time.sleep(0.001)
+        self._snapshot_lock = fd
+
+    def _end_snapshots(self, committed: bool) -> None:
+        """After the commit (``committed``) or the rollback: writes the snapshots (each
+        to a temporary file, then renamed over), then lets go of ``sessions.lock``. A
+        snapshot that cannot be written stays absent (the outbox has the state)."""
+        try:
+            for path, text in self._snapshots.items() if committed else ():
+                tmp = f"{path}.{os.getpid()}.tmp"
+                try:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    with os.fdopen(fd, "w") as handle:
+                        handle.write(text)
+                    os.replace(tmp, path)
+                except OSError:
+                    _unlink(tmp)
+        finally:
+            self._snapshots.clear()
+            if self._snapshot_lock is not None:
+                os.close(self._snapshot_lock)
+                self._snapshot_lock = None
 
     def append(self, writes: list[dict], *, server: str | None = None, token: str | None = None) -> list[int]:
         """Queues ``writes`` (``{"method", "path", "body"}``) in order; call inside
@@ -298,11 +400,27 @@ class Outbox:
 
     def prune_sessions(self, *, older_than_s: float = SESSION_RETENTION_S, now: float | None = None) -> int:
         """Delete the agent session states not touched for ``older_than_s`` seconds
-        (their turns' markers expired long ago, M2); returns how many. Its own
+        (their turns' markers expired long ago, M2), with their snapshots and any
+        snapshot file as old (left by a crash); returns how many states. Its own
         transaction."""
         cutoff = (now if now is not None else time.time()) - older_than_s
         with self.transaction():
-            return self.db.execute("DELETE FROM agent_sessions WHERE updated_at < ?", (cutoff,)).rowcount
+            keys = [key for (key,) in self.db.execute("SELECT key FROM agent_sessions WHERE updated_at < ?", (cutoff,))]
+            self.db.execute("DELETE FROM agent_sessions WHERE updated_at < ?", (cutoff,))
+            if keys:
+                self._claim_snapshots()
+            for key in keys:
+                path = snapshot_path(self.state_dir, key)
+                if path is not None:
+                    _unlink(path)
+        try:
+            with os.scandir(os.path.join(self.state_dir, SNAPSHOT_DIR)) as entries:
+                for entry in entries:
+                    if entry.stat().st_mtime < cutoff:
+                        _unlink(entry.path)
+        except OSError:
+            pass
+        return len(keys)
 
     def enqueue(self, writes: list[dict], *, server: str | None = None, token: str | None = None) -> list[int]:
         """``append`` in its own transaction."""
@@ -348,13 +466,18 @@ def _path_shape(path: str) -> str:
 
 
 class _Immediate:
-    def __init__(self, db):
-        self.db = db
+    def __init__(self, outbox: Outbox):
+        self.outbox = outbox
 
     def __enter__(self):
-        self.db.execute("BEGIN IMMEDIATE")
+        self.outbox.db.execute("BEGIN IMMEDIATE")
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        committed = False
+        try:
+            self.outbox.db.execute("ROLLBACK" if exc_type else "COMMIT")
+            committed = not exc_type
+        finally:
+            self.outbox._end_snapshots(committed)
         return False

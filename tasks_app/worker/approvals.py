@@ -21,11 +21,10 @@ import os
 import shlex
 import sys
 
-from tasks_app.protocol import HOOK_PYTHON_FLAGS
+from tasks_app.protocol import hook_python
 
 APPROVALS = ("off", "ask")
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-HOOK_MODULE = "sessions_app.hooks"
 HOOK_TIMEOUT_MARGIN_S = 30  # the hook's timeout is this much above the service's approval_wait_s (Q3)
 HOOK_DIR = "approvals"  # in the operation directory: the hook's per-turn request counts
 
@@ -42,8 +41,8 @@ def hook_command() -> str:
     interpreter, this checkout on ``PYTHONPATH``, ``--task``: inside a task only this
     entry asks; an entry ``install_hooks`` wrote in the owner's configuration (for
     interactive sessions) prints nothing there."""
-    return shlex.join(["/usr/bin/env", f"PYTHONPATH={PROJECT_ROOT}", sys.executable, *HOOK_PYTHON_FLAGS, "-m",
-                       HOOK_MODULE, "claude", "--task"])
+    return shlex.join(["/usr/bin/env", f"PYTHONPATH={PROJECT_ROOT}", *hook_python(sys.executable, PROJECT_ROOT),
+                       "claude", "--task"])
 
 
 def claude_settings(*, wait_s: float) -> str:

@@ -1,0 +1,107 @@
+"""The hook: ``python -m sessions_app.hooks AGENT [--task] [PAYLOAD]`` (SPEC I1), which
+``install_hooks`` writes as ``python -S -P <checkout>/sessions_app/hooks/__main__.py``.
+
+Reads the hook payload (stdin JSON; for Codex ``notify`` the last argument), queues the
+writes it implies in the durable outbox together with the session's new local state (one
+transaction), starts the sender when none runs, and returns. A tool hook with no long
+turn to continue (I7) only reads the session's local state (read-only, no lock) and
+returns: no outbox write, no network, nothing started. It prints nothing, always
+exits 0, and imports no Django. The one exception is ``PermissionRequest`` (Claude Code,
+Codex; Q3): after queueing what it implies like any hook, it asks the service for the owner's
+answer and waits for it (``sessions_app.hooks.approval``), printing the decision JSON
+when the owner allowed or denied, and nothing otherwise. Bad input (empty, invalid JSON, unknown event, a payload
+over ``MAX_PAYLOAD_BYTES``) queues nothing and leaves one line in ``hook.log``.
+
+Inside a RunStead task (Q5), Claude Code's ``PermissionRequest`` asks the owner through
+the task's credential and waits (``task_approval``), printing the decision, from the
+entry the worker added for the run (``--task``) only.
+"""
+import os
+import sys
+import time
+
+MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
+
+
+def read_payload(argv: list[str]) -> bytes:
+    if argv:  # Codex notify: one JSON string as the last argument
+        data = argv[-1].encode()
+    else:
+        data = sys.stdin.buffer.read(MAX_PAYLOAD_BYTES + 1)
+    return data
+
+
+def run(argv: list[str]) -> None:
+    from sessions_app.hooks import DEFAULT_MARKER_CLASS_S, TASK_FLAG, in_task, json_loads, mapping, store
+
+    state_dir = store.default_state_dir()
+    agent = argv[0] if argv else ""
+    task_entry = argv[1:2] == [TASK_FLAG]  # Q5: the entry a worker added for one run
+    if task_entry:
+        argv = argv[:1] + argv[2:]
+    try:
+        if agent not in mapping.AGENTS:
+            raise mapping.BadInput(f"unknown agent {agent!r} (one of {', '.join(mapping.AGENTS)})")
+        data = read_payload(argv[1:])
+        if len(data) > MAX_PAYLOAD_BYTES:
+            raise mapping.BadInput(f"payload over {MAX_PAYLOAD_BYTES} bytes")
+        if not data.strip():
+            raise mapping.BadInput("empty payload")
+        try:
+            payload = json_loads(data)
+        except ValueError as error:
+            raise mapping.BadInput(f"invalid JSON: {error}") from None
+        if agent == "claude" and isinstance(payload, dict) and payload.get("hook_event_name") == "PermissionRequest" \
+                and in_task(os.environ):  # Q5: a headless task asks through its own entry only
+            from sessions_app.hooks import task_approval
+
+            return answer_permission(task_approval.ask(payload, os.environ) if task_entry else None)
+        event = mapping.identify(agent, payload)
+        now = time.time()
+        class_s = DEFAULT_MARKER_CLASS_S
+        if mapping.is_activity(event, payload):
+            class_s = store.marker_class_s(state_dir)
+            peeked = store.peek_session_state(state_dir, event.key)
+            if mapping.nothing_due(event, payload, peeked, now=now, class_s=class_s):
+                return  # I7: the common case of a tool hook, decided from local state alone
+        hostname = os.uname().nodename
+        asking = event.name == "PermissionRequest"
+        with store.Outbox(state_dir) as outbox:
+            with outbox.transaction():
+                state = outbox.session_state(event.key)
+                writes = mapping.handle(event, payload, state, hostname=hostname, now=now, class_s=class_s)
+                if asking:
+                    from sessions_app.hooks import approval
+
+                    ask = approval.prepare(agent=agent, agent_session_id=event.agent_session_id,
+                                           session_id=mapping.session_uuid(agent, event.agent_session_id),
+                                           payload=payload, state=state)
+                if writes:
+                    outbox.append(writes)
+                if writes or asking:
+                    outbox.save_session_state(event.key, state)
+        if writes:
+            from sessions_app.hooks import launch
+
+            launch.ensure_sender(state_dir)
+        if asking:
+            output = approval.ask_and_wait(state_dir, session_key=event.key, body=ask, payload=payload, agent=agent)
+            if output:
+                os.write(1, output.encode() + b"\n")
+    except mapping.BadInput as error:
+        store.log_line(state_dir, store.HOOK_LOG, f"{agent or '-'}: ignored: {error}")
+    except Exception as error:  # noqa: BLE001 - a hook never hurts its host (STYLE 12)
+        store.log_line(state_dir, store.HOOK_LOG, f"{agent or '-'}: error: {error!r}")
+
+
+def answer_permission(output: str | None) -> None:
+    """Print a ``PermissionRequest`` decision (Q3), or nothing for None."""
+    if output:
+        os.write(1, output.encode() + b"\n")
+
+
+def main() -> None:
+    try:
+        run(sys.argv[1:])
+    finally:
+        os._exit(0)  # nothing the interpreter does at exit can change the status
