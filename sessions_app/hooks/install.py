@@ -18,7 +18,8 @@ Per agent (``config_dir`` default in brackets):
   ``integrations/opencode/runstead.js`` with the hook command filled in.
 
 Every other entry is kept; RunStead's entries are the ones whose command runs
-``sessions_app.hooks``. A file that changes gets a timestamped backup first
+``sessions_app/hooks/__main__.py`` (or, as written before, ``-m sessions_app.hooks``).
+A file that changes gets a timestamped backup first
 (``<name>.runstead-<UTC>.bak``); an unchanged one is not rewritten, so a second run is
 byte-equal. A malformed existing file is left untouched and raises InstallError. The
 owner token goes only into the hook state directory's 0600 ``config.json``.
