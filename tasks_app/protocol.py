@@ -7,6 +7,7 @@ either, and the notify loop retry through the same ``Backoff``.
 """
 import hashlib
 import json
+import os
 import random
 from collections.abc import Callable
 
@@ -25,8 +26,6 @@ HOOK_SCRIPT = ("sessions_app", "hooks", "__main__.py")  # under the checkout
 def hook_python(executable: str, project_root: str) -> list[str]:
     """The interpreter part of a hook command, ``[executable, "-S", "-P",
     "<project_root>/sessions_app/hooks/__main__.py"]``; the agent's name follows (I1)."""
-    import os
-
     return [executable, *HOOK_PYTHON_FLAGS, os.path.join(project_root, *HOOK_SCRIPT)]
 
 # POST /api/tasks/ without ``max_runtime_s``: the task may run this long, in seconds, and

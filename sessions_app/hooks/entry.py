@@ -4,8 +4,8 @@
 Reads the hook payload (stdin JSON; for Codex ``notify`` the last argument), queues the
 writes it implies in the durable outbox together with the session's new local state (one
 transaction), starts the sender when none runs, and returns. A tool hook with no long
-turn to continue (I7) only reads the session's local state (read-only, no lock) and
-returns: no outbox write, no network, nothing started. It prints nothing, always
+turn to continue (I7) only reads the session's local state (its snapshot file, else
+the outbox read-only; no lock) and returns: no outbox write, no network, nothing started. It prints nothing, always
 exits 0, and imports no Django. The one exception is ``PermissionRequest`` (Claude Code,
 Codex; Q3): after queueing what it implies like any hook, it asks the service for the owner's
 answer and waits for it (``sessions_app.hooks.approval``), printing the decision JSON
