@@ -261,6 +261,10 @@ RUNSTEAD_PROGRESS_RATE = env_str("RUNSTEAD_PROGRESS_RATE", "600/min")
 RUNSTEAD_APPROVAL_RATE = env_str("RUNSTEAD_APPROVAL_RATE", "60/min")
 # Q1/Q3: a pending approval expires this long after it was asked (decided_by "timeout").
 RUNSTEAD_APPROVAL_WAIT_S = env_seconds("RUNSTEAD_APPROVAL_WAIT_S", 600)
+# C5: a live conversation with no message for this long ends by itself (its input closed);
+# C7: the largest message into a conversation, in bytes of UTF-8.
+RUNSTEAD_CONVERSATION_IDLE_S = env_seconds("RUNSTEAD_CONVERSATION_IDLE_S", 1800)
+RUNSTEAD_MESSAGE_MAX_BYTES = int(os.environ.get("RUNSTEAD_MESSAGE_MAX_BYTES", "32768"))
 # K3: board WebSocket handshakes per owner and per client address, per process (a brake
 # against a reconnect loop or a flood; a board reconnects once per network change).
 RUNSTEAD_WS_OWNER_RATE = env_str("RUNSTEAD_WS_OWNER_RATE", "30/min")

@@ -20,12 +20,19 @@ from sessions_app.models import Attention, EndedTurn, Job, JobMode, Marker, Mark
 from notifications.services import notify_session_attention, notify_session_idle
 from sessions_app.rules import counting_jobs_q, running_markers_q
 from sessions_app.shapes import marker_event, session_deleted_event, session_status_event
-from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Task
+from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Task, TaskState
 from tasks_app.services.cancel import task_cancel
 
 # Task states that keep a session busy (S1; ``unknown`` does not), and in which a
 # machine's turn takes the task's expiry class (M2).
 BUSY_TASK_STATES = tuple(sorted(NEVER_LEASED_STATES | LEASED_STATES))
+
+
+def busy_tasks_q() -> Q:
+    """S1's task part (as a Task filter): a task in a busy state, except a live
+    conversation that runs (C6: between its turns its session is idle; each turn's
+    marker makes it busy)."""
+    return Q(state__in=BUSY_TASK_STATES) & ~Q(conversation="live", state=TaskState.RUNNING)
 SWEEP_BATCH = 200
 
 
@@ -37,7 +44,7 @@ def session_is_busy(*, session_id: uuid.UUID, now: datetime) -> bool:
     accepted/delivered/starting/running, or a held job that still counts."""
     if Marker.objects.filter(running_markers_q(now), session_id=session_id).exists():
         return True
-    if Task.objects.filter(session_id=session_id, state__in=BUSY_TASK_STATES).exists():
+    if Task.objects.filter(busy_tasks_q(), session_id=session_id).exists():
         return True
     return Job.objects.filter(counting_jobs_q(now), session_id=session_id).exists()
 
@@ -212,7 +219,7 @@ def lapsed_sessions_q(now: datetime) -> Q:
     RUNNING by M3, no task in a busy state, no held job that still counts."""
     return Q(status=SessionStatus.BUSY) & ~Q(
         Exists(Marker.objects.filter(running_markers_q(now), session=OuterRef("pk")))
-        | Exists(Task.objects.filter(session=OuterRef("pk"), state__in=BUSY_TASK_STATES))
+        | Exists(Task.objects.filter(busy_tasks_q(), session=OuterRef("pk")))
         | Exists(Job.objects.filter(counting_jobs_q(now), session=OuterRef("pk")))
     )
 

@@ -144,6 +144,15 @@ class Task(models.Model):
     # G7: "worktree" runs on a branch of its own in a git worktree (no folder lock, A8);
     # the task's value, else its profile's as the worker reported it, else "none".
     isolation = models.CharField(max_length=10, choices=[("none", "none"), ("worktree", "worktree")], default="none")
+    # C1: "conversation" keeps the agent open between turns; ``conversation`` says how
+    # its messages reach the agent: "live" (the CLI's streaming input), "resume" (each
+    # message a follow-up, G6), "" for a plain task. ``conversation_ended_at``: the owner
+    # asked to end it (C5), or nothing more is accepted for it.
+    mode = models.CharField(max_length=12, choices=[("task", "task"), ("conversation", "conversation")],
+                            default="task")
+    conversation = models.CharField(max_length=6, blank=True, default="")
+    conversation_ended_at = models.DateTimeField(null=True, blank=True)
+    message_seq = models.PositiveIntegerField(default=0)  # C2: the last seq handed out
 
     state = models.CharField(max_length=20, choices=TaskState.choices, default=TaskState.ACCEPTED)
     state_reason = models.CharField(max_length=200, blank=True)
@@ -280,6 +289,9 @@ class MessageKind(models.TextChoices):
     CANCEL = "cancel"
     QUERY = "query"
     INTEGRATE = "integrate"  # G7: merge or discard a worktree task's branch
+    MESSAGE = "message"  # C2: a message for a live conversation's agent
+    INTERRUPT = "interrupt"  # C4: stop the conversation's current turn
+    END = "end"  # C5: close the agent's input, let it finish
 
 
 class IntegrationAction(models.TextChoices):
@@ -337,6 +349,39 @@ class OutboxMessage(models.Model):
             # messages_take (the worker's long-poll): unacked messages of one machine.
             models.Index(fields=["machine", "visible_at"], condition=Q(acked_at__isnull=True), name="outbox_pending"),
         ]
+
+
+class ConversationMessageState(models.TextChoices):
+    """C3: ``sent`` (accepted by the service), ``delivered`` (written to the agent),
+    ``answered`` (its turn ended), ``undelivered`` (the task ended first)."""
+
+    SENT = "sent"
+    DELIVERED = "delivered"
+    ANSWERED = "answered"
+    UNDELIVERED = "undelivered"
+
+
+class ConversationMessage(models.Model):
+    """One message of the owner into a conversation task (C2, C3): numbered per task in
+    acceptance order (``seq`` from 1; the task's prompt is the conversation's message 0).
+    Its state only moves forward (``conversation.message_receipt_apply``). In a ``resume``
+    conversation each message is carried by a follow-up task (``carrier``, G6)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="messages")
+    seq = models.PositiveIntegerField()
+    text = models.TextField()
+    state = models.CharField(max_length=12, choices=ConversationMessageState.choices,
+                             default=ConversationMessageState.SENT)
+    carrier = models.ForeignKey(Task, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    answered_at = models.DateTimeField(null=True, blank=True)
+    version = models.PositiveBigIntegerField(default=1)
+
+    class Meta:
+        ordering = ["task", "seq"]
+        constraints = [models.UniqueConstraint(fields=["task", "seq"], name="conversation_message_task_seq")]
 
 
 class Lease(models.Model):

@@ -71,6 +71,8 @@ class ProfileShape(TypedDict):
     name: str
     preset: str | None
     isolation: NotRequired[Annotated[Literal["none", "worktree"], Doc("G7; absent in reports of older workers")]]
+    conversation: NotRequired[Annotated[Literal["live", "resume", "none"],
+                                        Doc("C1: how the profile holds a conversation; absent in older reports")]]
 
 
 class ProfilesShape(TypedDict):
@@ -385,6 +387,11 @@ class TaskShape(TaskAgentPart, TaskApprovalsPart):
     output_tail: str
     holds_lock: Annotated[bool, Doc("whether it holds its folder lock (A8)")]
     integration: Annotated[IntegrationShape | None, Doc("G7: merge or discard of a worktree task's branch")]
+    mode: Annotated[Literal["task", "conversation"], Doc("C1")]
+    conversation: Annotated[Literal["live", "resume"] | None,
+                            Doc("C1: live (the agent stays open) or resume (a follow-up per message); null: a task")]
+    conversation_ended_at: Annotated[Time | None, Doc("C5: when the owner ended the conversation")]
+    messages_sent: Annotated[int, Doc("C2: the conversation's messages so far (the last seq)")]
     version: int
 
 
@@ -421,6 +428,10 @@ def task_dict(task, *, full: bool = False) -> TaskShape:
         "output_tail": task.output_tail,
         "holds_lock": task.holds_lock,
         "integration": integration_dict(task),
+        "mode": task.mode,
+        "conversation": task.conversation or None,
+        "conversation_ended_at": iso(task.conversation_ended_at),
+        "messages_sent": task.message_seq,
         **agent_dict(task, full=full),
         **approvals_of_task(task),
         "version": task.version,
@@ -476,6 +487,49 @@ class TaskBoardEvent(BoardEvent):
 def task_event(task) -> TaskBoardEvent:
     """The ``task`` board event (B2); ``server_time`` is added by the broadcast."""
     return {"type": "task", "task": task_dict(task), "version": task.version}
+
+
+class ConversationMessageShape(TypedDict):
+    """A message into a conversation task (C2, C3)."""
+
+    id: Uuid
+    task: Uuid
+    seq: Annotated[int, Doc("C2: per task from 1, in acceptance order (the task's prompt is message 0)")]
+    text: str
+    state: Annotated[Literal["sent", "delivered", "answered", "undelivered"], Doc("C3")]
+    carrier: Annotated[Uuid | None, Doc("a resume conversation: the follow-up task that carries it (G6)")]
+    created_at: Time
+    delivered_at: Time | None
+    answered_at: Time | None
+    version: int
+
+
+def conversation_message_dict(message) -> ConversationMessageShape:
+    """One conversation message (C2, C3) as the API and ``message`` events carry it."""
+    return {"id": str(message.id), "task": str(message.task_id), "seq": message.seq, "text": message.text,
+            "state": message.state, "carrier": str(message.carrier_id) if message.carrier_id else None,
+            "created_at": iso(message.created_at), "delivered_at": iso(message.delivered_at),
+            "answered_at": iso(message.answered_at), "version": message.version}
+
+
+class ConversationMessagesShape(TypedDict):
+    """``GET /api/tasks/{id}/messages/``: the conversation's messages in ``seq`` order
+    (the latest 500)."""
+
+    results: list[ConversationMessageShape]
+
+
+class MessageBoardEvent(BoardEvent):
+    """The ``message`` board event (C3, B2): on a message's acceptance and every change."""
+
+    type: Literal["message"]
+    message: ConversationMessageShape
+    version: int
+
+
+def message_event(message) -> MessageBoardEvent:
+    """The ``message`` board event; ``server_time`` is added by the broadcast."""
+    return {"type": "message", "message": conversation_message_dict(message), "version": message.version}
 
 
 class TaskProgressBoardEvent(BoardEvent):

@@ -16,6 +16,7 @@ class ProfileSerializer(StrictSerializer):
     name = serializers.CharField(max_length=100)
     preset = serializers.CharField(max_length=50, allow_null=True)
     isolation = serializers.ChoiceField(["none", "worktree"], required=False)  # G7
+    conversation = serializers.ChoiceField(["live", "resume", "none"], required=False)  # C1
 
 
 class ProfilesSerializer(StrictSerializer):

@@ -15,7 +15,7 @@ from tasks_app.services.folders import folder_problem
 PROMPT_MAX_BYTES = 64 * 1024
 SEARCH_MAX_CHARS = 200  # B11: the longest prompt search (?q=)
 INT32_MAX = 2**31 - 1  # what the database's integer columns hold
-RECEIPT_KINDS = ("starting", "running", "final", "unknown", "report", "integrated")
+RECEIPT_KINDS = ("starting", "running", "final", "unknown", "report", "integrated", "message")
 # J1: why the process ended, as the worker reports it.
 STOP_REASONS = ("exit", "cancel", "deadline", "renewal_refused", "max_runtime", "worker_shutdown", "worker_restart", "refused")
 
@@ -38,6 +38,7 @@ class TaskCreateSerializer(StrictSerializer):
     exclusive = serializers.BooleanField(default=True)
     continue_task = serializers.UUIDField(required=False)  # G6
     isolation = serializers.ChoiceField(["worktree", "none"], required=False)  # G7; absent: the profile's
+    mode = serializers.ChoiceField(["task", "conversation"], required=False)  # C1; absent: "task"
 
     def validate_prompt(self, value):
         if "\x00" in value:
@@ -54,6 +55,24 @@ class IntegrateSerializer(StrictSerializer):
     """``POST /api/tasks/{id}/integrate/`` (G7)."""
 
     action = serializers.ChoiceField(IntegrationAction.choices)
+
+
+class MessageCreateSerializer(StrictSerializer):
+    """``POST /api/tasks/{id}/messages/`` (C2, C7): ``{text}``, 1 to
+    ``RUNSTEAD_MESSAGE_MAX_BYTES`` bytes of UTF-8, not only white space, no NUL."""
+
+    text = serializers.CharField(trim_whitespace=False, allow_blank=True)
+
+    def validate_text(self, value):
+        from django.conf import settings
+
+        if not value.strip():
+            raise serializers.ValidationError("must not be empty")
+        if "\x00" in value:
+            raise serializers.ValidationError("must not contain NUL")
+        if len(value.encode()) > settings.RUNSTEAD_MESSAGE_MAX_BYTES:
+            raise serializers.ValidationError(f"must be at most {settings.RUNSTEAD_MESSAGE_MAX_BYTES} bytes")
+        return value
 
 
 class GrantCreateSerializer(StrictSerializer):
@@ -130,6 +149,8 @@ class ReceiptSerializer(StrictSerializer):
             _validate_running_facts(facts)
         if kind == "integrated":
             _validate_integrated_facts(facts)
+        if kind == "message":
+            _validate_message_facts(facts)
         if kind == "report":
             record = facts.get("record", "missing")
             if record == "missing" or not (record is None or isinstance(record, dict)):
@@ -168,6 +189,20 @@ def _validate_running_facts(facts: dict) -> None:
         raise serializers.ValidationError({"facts": ["pgid must be a positive integer"]})
     if facts.get("process_start_time") is not None and not _is_number(facts["process_start_time"]):
         raise serializers.ValidationError({"facts": ["process_start_time must be a number"]})
+
+
+def _validate_message_facts(facts: dict) -> None:
+    """C3 ``message`` facts: ``{message_id, state}``, state delivered, answered or undelivered."""
+    if set(facts) != {"message_id", "state"}:
+        raise serializers.ValidationError({"facts": ["message facts are message_id and state"]})
+    try:
+        if not isinstance(facts["message_id"], str):
+            raise ValueError
+        facts["message_id"] = str(uuid.UUID(facts["message_id"]))
+    except ValueError:
+        raise serializers.ValidationError({"facts": ["message_id must be a UUID"]})
+    if facts["state"] not in ("delivered", "answered", "undelivered"):
+        raise serializers.ValidationError({"facts": ["state must be delivered, answered or undelivered"]})
 
 
 def _validate_integrated_facts(facts: dict) -> None:

@@ -19,10 +19,23 @@ from tasks_app.api import serializers as s
 from tasks_app.api.throttling import OwnerAcceptRate
 from tasks_app.auth import IsMachine, TokenRevoked, machine_token_digest, machine_tokens, request_machine
 from tasks_app.models import Budget, Grant, Machine, Task
-from tasks_app.services import acceptance, cancel, idempotency, integration, leases, messages, pairing, receipts, revocation
+from tasks_app.services import (
+    acceptance,
+    cancel,
+    conversation,
+    idempotency,
+    integration,
+    leases,
+    messages,
+    pairing,
+    receipts,
+    revocation,
+)
 from tasks_app.shapes import (
     AckShape,
     BudgetShape,
+    ConversationMessageShape,
+    ConversationMessagesShape,
     GrantShape,
     LeaseShape,
     MachineShape,
@@ -35,6 +48,7 @@ from tasks_app.shapes import (
     WorkerPairShape,
     actor_owner,
     budget_dict,
+    conversation_message_dict,
     grant_dict,
     lease_dict,
     machine_dict,
@@ -50,6 +64,11 @@ def _no_input(request) -> None:
     """An action without input still refuses any query parameter or body field (K3)."""
     valid_query(NoQuery, request)
     valid_body(EmptyBody, request)
+
+
+_IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key", str, OpenApiParameter.HEADER, required=True,
+    description="1-255 printable ASCII; a replay returns the stored answer with Idempotent-Replayed: true")
 
 
 def _json(status_code: int, body: str) -> HttpResponse:
@@ -126,9 +145,7 @@ class TaskIntegrate(APIView):
 
     @extend_schema(
         request=s.IntegrateSerializer, responses={202: shape(TaskShape), **errors(409, 422)},
-        parameters=[OpenApiParameter(
-            "Idempotency-Key", str, OpenApiParameter.HEADER, required=True,
-            description="1-255 printable ASCII; a replay returns the stored answer with Idempotent-Replayed: true")],
+        parameters=[_IDEMPOTENCY_KEY],
     )
     def post(self, request, task_id):
         valid_query(NoQuery, request)
@@ -137,6 +154,47 @@ class TaskIntegrate(APIView):
         stored = integration.task_integrate(owner=request.user, task_id=task_id, key=key, raw_body=request.data,
                                             action=data["action"], now=clock.now())
         return stored.http()
+
+
+class TaskMessages(APIView):
+    """C2: GET the conversation's messages in seq order; POST one (Idempotency-Key, A1-A4)."""
+
+    @extend_schema(operation_id="task_messages_list", request=None,
+                   responses={200: shape(ConversationMessagesShape), **errors()})
+    def get(self, request, task_id):
+        valid_query(NoQuery, request)
+        task = get_object_or_404(Task, pk=task_id, owner=request.user)
+        return Response({"results": [conversation_message_dict(m) for m in conversation.conversation_messages(task)]})
+
+    @extend_schema(request=s.MessageCreateSerializer, responses={201: shape(ConversationMessageShape),
+                                                                 **errors(409, 422)},
+                   parameters=[_IDEMPOTENCY_KEY])
+    def post(self, request, task_id):
+        valid_query(NoQuery, request)
+        key = idempotency.parse_idempotency_key(request.headers.get("Idempotency-Key"))
+        data = valid_body(s.MessageCreateSerializer, request)
+        stored = conversation.message_accept(owner=request.user, task_id=task_id, key=key, raw_body=request.data,
+                                             text=data["text"], now=clock.now())
+        return stored.http()
+
+
+class TaskInterrupt(APIView):
+    """C4: stop the live conversation's current turn; the agent stays."""
+
+    @extend_schema(request=EmptyBody, responses={202: shape(TaskShape), **errors(409)})
+    def post(self, request, task_id):
+        _no_input(request)
+        task = conversation.task_interrupt(owner=request.user, task_id=task_id, now=clock.now())
+        return Response(task, status=status.HTTP_202_ACCEPTED)
+
+
+class TaskEnd(APIView):
+    """C5: end the conversation (a live agent's input is closed; it finishes by itself)."""
+
+    @extend_schema(request=EmptyBody, responses={200: shape(TaskShape), **errors(409)})
+    def post(self, request, task_id):
+        _no_input(request)
+        return Response(conversation.task_end(owner=request.user, task_id=task_id, now=clock.now()))
 
 
 class OwnerTokenRotate(APIView):

@@ -15,6 +15,7 @@ from tasks_app.models import (
     Task,
     TaskState,
 )
+from tasks_app.services.conversation import conversation_opened
 from tasks_app.services.folders import folder_lock_holder, folder_locked_error, normalize_folder, path_within
 from tasks_app.services.idempotency import StoredResponse, body_digest, run_once
 from tasks_app.services.locking import for_key_share
@@ -40,7 +41,7 @@ def task_accept(*, owner, key: str, raw_body: dict, data: dict, now: datetime) -
 
 
 def _accepted(*, owner, data, now) -> tuple[int, dict, Task]:
-    task = _create_task(owner=owner, data=data, now=now)
+    task = create_task(owner=owner, data=data, now=now)
     return 201, task_dict(task), task
 
 
@@ -98,6 +99,16 @@ def _follow_up_isolation(followed: Task, requested: str | None) -> tuple[str, Ta
     return "worktree", root
 
 
+def profile_conversation(machine: Machine, agent: str) -> str:
+    """C1: how profile ``agent`` of the machine holds a conversation, as its worker last
+    reported it (B10): ``"live"`` (streaming input), ``"resume"`` (a follow-up per
+    message, G6) or ``"none"`` (also for a profile it never reported)."""
+    for profile in machine.profiles or []:
+        if isinstance(profile, dict) and profile.get("name") == agent:
+            return profile.get("conversation") if profile.get("conversation") in ("live", "resume") else "none"
+    return "none"
+
+
 def profile_isolation(machine: Machine, agent: str) -> str:
     """G7: the isolation of profile ``agent`` as the machine's worker last reported it
     (B10), ``"none"`` when it reported none; a task's own ``isolation`` wins over it."""
@@ -107,7 +118,10 @@ def profile_isolation(machine: Machine, agent: str) -> str:
     return "none"
 
 
-def _create_task(*, owner, data, now) -> Task:
+def create_task(*, owner, data, now) -> Task:
+    """Write one accepted (or queued, G8) task from validated ``data`` inside the
+    caller's transaction (A5, A6, A8, P1, P2): acceptance, and a resume conversation's
+    message (C1). Raises ApplicationError for each A6 refusal; writes nothing then."""
     folder = normalize_folder(data["folder"])
     machine_id = data["machine"]
     # P1/P2: machine, then grant (FOR KEY SHARE), then the budget row (FOR UPDATE), then
@@ -128,6 +142,12 @@ def _create_task(*, owner, data, now) -> Task:
     grant = max(covering, key=lambda g: len(g.path))
     if not machine.paired:
         raise ApplicationError("machine_unpaired", "the machine is not paired", status_code=409)
+    conversation = ""
+    if data.get("mode") == "conversation":  # C1
+        conversation = profile_conversation(machine, data["agent"])
+        if conversation == "none":
+            raise ApplicationError("conversation_unsupported", f"profile {data['agent']!r} of this machine can hold "
+                                   "no conversation (its CLI has no streaming input and cannot resume)")
 
     # G7: a worktree task works on its own branch, not in the folder: no folder lock (A8
     # holds for the branch, which is the task's alone); a follow-up of one, on its branch.
@@ -167,6 +187,8 @@ def _create_task(*, owner, data, now) -> Task:
         max_runtime_s=data["max_runtime_s"],
         exclusive=data["exclusive"],
         isolation=isolation,
+        mode="conversation" if conversation else "task",
+        conversation=conversation,
         state=TaskState.QUEUED if queued else TaskState.ACCEPTED,
         holds_lock=holds_lock,
         reserved_s=reserve,
@@ -180,5 +202,7 @@ def _create_task(*, owner, data, now) -> Task:
     # A new task has no integration (G7): its answer needs no query to learn that.
     Task.integration.related.set_cached_value(task, None)
     Operation.objects.create(task=task, created_at=now)
+    if conversation:
+        conversation_opened(task, now=now)  # before the start message, which names it
     task_created(task, actor=actor_owner(owner), now=now)
     return task

@@ -13,9 +13,11 @@ MAX_PROFILES = 100
 
 def machine_profiles_report(*, machine: Machine, profiles: list[dict], now: datetime) -> Machine:
     """Store ``profiles`` (``[{"name": str, "preset": str | None, "isolation": "none" |
-    "worktree"}]``, sorted by name; G7: acceptance reads ``isolation``) on the machine. A change bumps ``version`` and publishes the machine after commit (B2);
+    "worktree", "conversation": "live" | "resume" | "none"}]``, sorted by name; G7, C1:
+    acceptance reads ``isolation`` and ``conversation``) on the machine. A change bumps ``version`` and publishes the machine after commit (B2);
     the same list again changes nothing. Returns the machine as stored."""
-    cleaned = sorted(({"name": p["name"], "preset": p.get("preset"), "isolation": p.get("isolation") or "none"}
+    cleaned = sorted(({"name": p["name"], "preset": p.get("preset"), "isolation": p.get("isolation") or "none",
+                       "conversation": p.get("conversation") or "none"}
                       for p in profiles), key=lambda p: p["name"])
     with transaction.atomic():
         row = Machine.objects.select_for_update().get(pk=machine.pk)

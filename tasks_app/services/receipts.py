@@ -11,6 +11,7 @@ from rest_framework.renderers import JSONRenderer
 from core.errors import ErrorShape
 from tasks_app.agent_facts import clean_agent_facts
 from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Lease, Machine, Receipt, Task, TaskState
+from tasks_app.services.conversation import message_receipt_apply
 from tasks_app.services.integration import integration_apply
 from tasks_app.services.judging import RELEASE, judge
 from tasks_app.services.locking import lock_budget, retry_on_deadlock
@@ -72,6 +73,8 @@ def _apply(task: Task, *, machine: Machine, receipt: dict, now: datetime) -> dic
     kind, facts, actor = receipt["kind"], receipt["facts"], actor_machine(machine)
     if kind == "integrated":  # G7: the outcome of a final task's merge or discard
         return integration_apply(task, facts, actor=actor, now=now)
+    if kind == "message":  # C3: delivered / answered / undelivered, also after the task ended
+        return message_receipt_apply(task, facts, actor=actor, now=now)
     if task.state in FINAL_STATES:
         # Evidence of a final task stays as it was settled (reordered or late receipts).
         task_record(task, reason=f"{kind} receipt after final state", actor=actor, now=now)

@@ -259,6 +259,10 @@ def message_send(task: Task, *, kind: str, now: datetime, **extra) -> OutboxMess
             deep_research=task.deep_research,
             isolation=task.isolation,  # G7: what acceptance decided (and locked by)
         )
+        if task.conversation == "live":  # C1, C5: the agent stays open for messages
+            prompt_message = task.messages.filter(seq=0).values_list("id", flat=True).first()
+            payload.update(mode="conversation", idle_s=settings.RUNSTEAD_CONVERSATION_IDLE_S,
+                           prompt_message_id=str(prompt_message) if prompt_message else None)
         if task.continued_from_id:  # G6: the agent session this follow-up continues
             payload["agent_session_id"] = task.continued_from.agent_session_id
             if task.branch_of_id:  # G7, G8: in the worktree of the task it follows

@@ -1,0 +1,240 @@
+"""Talking to a running agent: conversation tasks (SPEC C1-C7).
+
+A task accepted with ``"mode": "conversation"`` keeps its agent open between turns
+(``conversation: "live"``: the CLI's streaming input, C1) or carries each message as a
+follow-up of the conversation (``"resume"``, G6). Here:
+
+- ``message_accept``: ``POST /api/tasks/{id}/messages/`` under the Idempotency-Key rules
+  (A1-A4, ``run_once`` with scope ``message:<task id>``): the message is numbered in
+  acceptance order (``seq``, under the task's row lock, C2) and in the same transaction a
+  ``message`` outbox message goes to the worker (live) or a follow-up task is accepted for
+  it (resume, as ``POST /api/tasks/`` with ``continue_task``);
+- ``task_interrupt`` and ``task_end``: the ``interrupt`` (C4) and ``end`` (C5) messages;
+- ``message_receipt_apply``: the worker's ``message`` receipts (C3): a message's state only
+  moves forward, ``sent`` -> ``delivered`` -> ``answered``, or ``sent`` -> ``undelivered``;
+- ``messages_follow_task``: called by every task transition (``transitions``): a live
+  conversation that ends leaves its unwritten messages ``undelivered``; a resume
+  conversation's message follows the follow-up that carries it.
+
+Every change bumps the message's ``version`` and sends a ``message`` board event after
+commit (B2).
+"""
+import uuid
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+
+from core.broadcast import broadcast
+from core.errors import ApplicationError
+from tasks_app.models import (
+    FINAL_STATES,
+    ConversationMessage,
+    ConversationMessageState,
+    MessageKind,
+    Task,
+    TaskState,
+)
+from tasks_app.services.idempotency import StoredResponse, body_digest, run_once
+from tasks_app.services.transitions import message_send, task_publish, task_record
+from tasks_app.shapes import actor_owner, conversation_message_dict, message_event, task_dict
+
+S = ConversationMessageState
+# C3: the order of a message's states; ``undelivered`` only from ``sent``.
+STATE_RANK = {S.SENT: 0, S.DELIVERED: 1, S.ANSWERED: 2}
+# A resume conversation whose first task ended thus is over: nothing to resume.
+RESUME_DEAD_STATES = frozenset({TaskState.CANCELLED, TaskState.NOT_STARTED, TaskState.ABANDONED})
+LIVE_OPEN_STATES = frozenset({TaskState.ACCEPTED, TaskState.DELIVERED, TaskState.STARTING, TaskState.RUNNING})
+
+
+def message_scope(task_id) -> str:
+    """The idempotency scope of one task's messages: a key names one message of one task."""
+    return f"message:{task_id}"
+
+
+def message_accept(*, owner, task_id, key: str, raw_body: dict, text: str, now: datetime) -> StoredResponse:
+    """C2: accept message ``text`` into conversation task ``task_id`` once per key; 201
+    with the message (``conversation_message_dict``). Refusals store nothing (A5):
+    404 ``not_found`` (not the owner's), 409 ``not_conversation``, ``already_final``,
+    ``task_unknown`` (the outcome is not known: decide it first, U3),
+    ``cancel_requested``, ``conversation_ended`` (C5), and in a resume conversation what
+    acceptance refuses (``budget_exhausted``, ``folder_not_granted``, ...); 422
+    ``idempotency_key_reused``. Size and emptiness are checked by the view (C7)."""
+    return run_once(owner=owner, key=key, digest=body_digest(raw_body), now=now, scope=message_scope(task_id),
+                    work=lambda: _accepted(owner=owner, task_id=task_id, text=text, now=now))
+
+
+def _open_task(owner, task_id, *, lock: bool) -> Task:
+    tasks = Task.objects.filter(pk=task_id, owner=owner)
+    task = (tasks.select_for_update() if lock else tasks).first()
+    if task is None:
+        raise ApplicationError("not_found", "no such task", status_code=404)
+    if task.mode != "conversation":
+        raise ApplicationError("not_conversation", "the task was not started as a conversation "
+                               '(submit it with "mode": "conversation"); send a follow-up instead', status_code=409)
+    if task.conversation_ended_at is not None:
+        raise ApplicationError("conversation_ended", "the conversation was ended", status_code=409)
+    return task
+
+
+def _live_refusal(task: Task) -> ApplicationError | None:
+    if task.state in FINAL_STATES:
+        return ApplicationError("already_final", f"the task is already {task.state}", status_code=409)
+    if task.state == TaskState.UNKNOWN:
+        return ApplicationError("task_unknown", "the task's outcome is unknown: decide it first", status_code=409)
+    if task.cancel_requested_at is not None:
+        return ApplicationError("cancel_requested", "the task is being cancelled", status_code=409)
+    return None
+
+
+def _accepted(*, owner, task_id, text: str, now: datetime) -> tuple[int, dict, Task]:
+    carrier = None
+    task = _open_task(owner, task_id, lock=False)
+    if task.conversation == "resume":
+        if task.state in RESUME_DEAD_STATES:
+            raise ApplicationError("already_final", f"the conversation's task is {task.state}: there is no agent "
+                                   "session to continue", status_code=409)
+        carrier = _follow_up(owner, task, text, now)  # P2: machine, grant, budget, then the task below
+    task = _open_task(owner, task_id, lock=True)
+    if task.conversation == "live" and (refusal := _live_refusal(task)) is not None:
+        raise refusal
+    seq = task.message_seq + 1
+    Task.objects.filter(pk=task.pk).update(message_seq=seq)
+    message = ConversationMessage.objects.create(task=task, seq=seq, text=text, carrier=carrier, created_at=now)
+    if task.conversation == "live":
+        message_send(task, kind=MessageKind.MESSAGE, now=now, message_id=str(message.id), seq=seq, text=text)
+    task_record(task, reason=f"message {seq} sent", actor=actor_owner(owner), now=now)
+    _publish(message)
+    return 201, conversation_message_dict(message), task
+
+
+def _follow_up(owner, task: Task, text: str, now: datetime) -> Task:
+    """A resume conversation's message as a follow-up task (G6, G8): queued behind the
+    conversation's last unfinished task, or accepted at once."""
+    from tasks_app.services.acceptance import create_task  # acceptance imports this module
+
+    data = {"machine": task.machine_id, "folder": task.folder, "agent": task.agent, "prompt": text,
+            "session": task.session_id, "deep_research": task.deep_research, "max_runtime_s": task.max_runtime_s,
+            "exclusive": task.exclusive, "continue_task": task.pk}
+    return create_task(owner=owner, data=data, now=now)
+
+
+def task_interrupt(*, owner, task_id, now: datetime) -> dict:
+    """C4: stop the live conversation's current turn and keep the agent: an ``interrupt``
+    message ``{operation_id, interrupt_id}`` for the worker (which sends the CLI's own
+    interrupt; between turns it does nothing). Returns the task. Refusals: 404
+    ``not_found``; 409 ``not_conversation``, ``interrupt_unsupported`` (a resume
+    conversation: each turn is its own process, cancel it), ``already_final``,
+    ``task_unknown``, ``cancel_requested``, ``conversation_ended``."""
+    with transaction.atomic():
+        task = _open_task(owner, task_id, lock=True)
+        if task.conversation != "live":
+            raise ApplicationError("interrupt_unsupported", "this agent's CLI has no live input to interrupt: "
+                                   "cancel the follow-up that runs instead", status_code=409)
+        if (refusal := _live_refusal(task)) is not None:
+            raise refusal
+        message_send(task, kind=MessageKind.INTERRUPT, now=now, interrupt_id=str(uuid.uuid4()))
+        task_record(task, reason="interrupt requested", actor=actor_owner(owner), now=now)
+        return task_dict(task)
+
+
+def task_end(*, owner, task_id, now: datetime) -> dict:
+    """C5: end the conversation: no more messages are accepted; a live one gets an ``end``
+    message (the worker closes the agent's input once what was sent is written, and the
+    agent finishes by itself). Ending twice is the same answer. Returns the task.
+    Refusals: 404 ``not_found``; 409 ``not_conversation``, ``already_final`` (live)."""
+    with transaction.atomic():
+        task = Task.objects.select_for_update().filter(pk=task_id, owner=owner).first()
+        if task is None:
+            raise ApplicationError("not_found", "no such task", status_code=404)
+        if task.mode != "conversation":
+            raise ApplicationError("not_conversation", "the task was not started as a conversation", status_code=409)
+        if task.conversation_ended_at is None:
+            if task.conversation == "live" and task.state in FINAL_STATES:
+                raise ApplicationError("already_final", f"the task is already {task.state}", status_code=409)
+            Task.objects.filter(pk=task.pk).update(conversation_ended_at=now)
+            if task.conversation == "live" and task.state != TaskState.UNKNOWN:
+                message_send(task, kind=MessageKind.END, now=now, reason="owner")
+            task_record(task, reason="conversation ended by its owner", actor=actor_owner(owner), now=now)
+            task_publish(task, now=now)
+        return task_dict(Task.objects.get(pk=task.pk))
+
+
+def message_receipt_apply(task: Task, facts: dict, *, actor: str, now: datetime) -> dict:
+    """C3: apply a ``message`` receipt's facts ``{message_id, state}`` (state
+    ``delivered``, ``answered`` or ``undelivered``): a compare-and-set that only moves
+    forward. Returns the R3 answer: applied, or not_applied ``unknown_message`` /
+    ``stale`` (the message is already there or further)."""
+    message = ConversationMessage.objects.filter(pk=facts["message_id"], task=task).first()
+    if message is None:
+        task_record(task, reason="message receipt for an unknown message", actor=actor, now=now)
+        return {"outcome": "not_applied", "reason": "unknown_message"}
+    if not _advance(message, facts["state"], now=now):
+        return {"outcome": "not_applied", "reason": "stale"}
+    task_record(task, reason=f"message {message.seq} {facts['state']}", actor=actor, now=now)
+    return {"outcome": "applied"}
+
+
+def _advance(message: ConversationMessage, to: str, *, now: datetime) -> bool:
+    """Move ``message`` to state ``to`` when that is forward of where it stands (C3)."""
+    if to == S.UNDELIVERED:
+        earlier = [S.SENT]
+    else:
+        earlier = [state for state, rank in STATE_RANK.items() if rank < STATE_RANK[to]]
+    stamps = {"delivered_at": now} if to == S.DELIVERED else {"answered_at": now} if to == S.ANSWERED else {}
+    if to == S.ANSWERED:
+        stamps["delivered_at"] = message.delivered_at or now
+    if not ConversationMessage.objects.filter(pk=message.pk, state__in=earlier).update(
+            state=to, version=F("version") + 1, **stamps):
+        return False
+    message.refresh_from_db()
+    _publish(message)
+    return True
+
+
+def messages_follow_task(task: Task, *, now: datetime) -> None:
+    """Called in every task transition (``transitions.task_transition``). A live
+    conversation that became final leaves its messages never written ``undelivered``
+    (C3); a resume conversation's message follows its carrier: ``delivered`` when the
+    follow-up runs, then ``answered`` (it ended with its agent's answer) or
+    ``undelivered`` (it never started, or was cancelled)."""
+    if task.conversation == "live":
+        if task.state in FINAL_STATES:
+            for message in ConversationMessage.objects.filter(task=task, state=S.SENT):
+                _advance(message, S.UNDELIVERED, now=now)
+        return
+    message = ConversationMessage.objects.filter(carrier=task).first()
+    if message is not None:
+        if task.state in (TaskState.STARTING, TaskState.RUNNING):
+            _advance(message, S.DELIVERED, now=now)
+        elif task.state in RESUME_DEAD_STATES:
+            _advance(message, S.UNDELIVERED, now=now)
+        elif task.state in FINAL_STATES:
+            _advance(message, S.ANSWERED, now=now)
+
+
+def conversation_opened(task: Task, *, now: datetime) -> None:
+    """C2: a new conversation task's prompt is its message 0 (so the chat shows its
+    state like any other); in a resume conversation the task itself carries it."""
+    message = ConversationMessage.objects.create(task=task, seq=0, text=task.prompt, created_at=now,
+                                                 carrier=task if task.conversation == "resume" else None)
+    _publish(message)
+
+
+def conversation_messages(task: Task) -> list[ConversationMessage]:
+    """The task's messages in ``seq`` order (at most ``MESSAGES_LISTED``, the latest)."""
+    latest = ConversationMessage.objects.filter(task=task).order_by("-seq")[:MESSAGES_LISTED]
+    return sorted(latest, key=lambda m: m.seq)
+
+
+MESSAGES_LISTED = 500
+
+
+def message_max_bytes() -> int:
+    """C7: ``RUNSTEAD_MESSAGE_MAX_BYTES`` (32768)."""
+    return settings.RUNSTEAD_MESSAGE_MAX_BYTES
+
+
+def _publish(message: ConversationMessage) -> None:
+    broadcast(message.task.owner_id, message_event(message))
