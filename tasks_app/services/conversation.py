@@ -141,8 +141,8 @@ def task_interrupt(*, owner, task_id, now: datetime) -> dict:
 
 def task_end(*, owner, task_id, now: datetime) -> dict:
     """C5: end the conversation: no more messages are accepted; a live one gets an ``end``
-    message (the worker closes the agent's input once what was sent is written, and the
-    agent finishes by itself). Ending twice is the same answer. Returns the task.
+    message ``{reason, last_seq}`` (the worker closes the agent's input once messages 0 ..
+    ``last_seq`` are written, and the agent finishes by itself). Ending twice is the same answer. Returns the task.
     Refusals: 404 ``not_found``; 409 ``not_conversation``, ``already_final`` (live)."""
     with transaction.atomic():
         task = Task.objects.select_for_update().filter(pk=task_id, owner=owner).first()
@@ -155,7 +155,7 @@ def task_end(*, owner, task_id, now: datetime) -> dict:
                 raise ApplicationError("already_final", f"the task is already {task.state}", status_code=409)
             Task.objects.filter(pk=task.pk).update(conversation_ended_at=now)
             if task.conversation == "live" and task.state != TaskState.UNKNOWN:
-                message_send(task, kind=MessageKind.END, now=now, reason="owner")
+                message_send(task, kind=MessageKind.END, now=now, reason="owner", last_seq=task.message_seq)
             task_record(task, reason="conversation ended by its owner", actor=actor_owner(owner), now=now)
             task_publish(task, now=now)
         return task_dict(Task.objects.get(pk=task.pk))

@@ -12,6 +12,7 @@ TOML file::
     binary = "/opt/homebrew/bin/claude"    # optional; default: looked up on PATH at start
     isolation = "worktree"                 # G7: each task on its own branch (a task's "isolation" wins)
     approvals = "ask"                      # Q5: what would prompt asks the owner (default "off": denied)
+    conversation = "live"                  # C1: the preset's most ("live" for claude); "resume", "none"
 
     [profiles.script]
     argv = ["/usr/bin/python3", "job.py", "{prompt}"]   # "{prompt}" -> the prompt as ONE argument
@@ -40,7 +41,9 @@ class ConfigError(Exception):
     pass
 
 
-PROFILE_KEYS = {"preset", "argv", "env", "binary", "extra_args", "prompt_via", "parser", "isolation", "approvals"}
+PROFILE_KEYS = {"preset", "argv", "env", "binary", "extra_args", "prompt_via", "parser", "isolation", "approvals",
+                "conversation"}
+CONVERSATIONS = ("live", "resume", "none")  # C1
 ISOLATIONS = ("none", "worktree")  # G7
 
 
@@ -56,6 +59,8 @@ class Profile:
     ``tested_version`` come from the preset (``presets.Preset``). ``approvals``
     (Q5): ``"ask"`` runs each task with the owner answering what would prompt
     (``tasks_app.worker.approvals``), ``"off"`` leaves it to the CLI (headless: denied).
+    ``conversation`` (C1): ``"live"`` (``live_argv``, the preset's streaming-input argv),
+    ``"resume"`` (each message a follow-up) or ``"none"`` (refused).
     """
 
     name: str
@@ -72,6 +77,8 @@ class Profile:
     record: str | None = None
     tested_version: str | None = None
     approvals: str = "off"
+    conversation: str = "none"
+    live_argv: tuple[str, ...] | None = None
 
     @property
     def executable(self) -> str:
@@ -89,13 +96,15 @@ class Profile:
         return shutil.which(exe, path=path)
 
     def command(self, *, prompt: str, folder: str, agent_session_id: str | None = None,
-                binary: str | None = None, op_dir: str | None = None, after_binary: tuple[str, ...] = ()) -> list[str]:
+                binary: str | None = None, op_dir: str | None = None, after_binary: tuple[str, ...] = (),
+                live: bool = False) -> list[str]:
         """The argv to execute (W4, K4): no shell ever sees it; the prompt is one element
         (or, with ``prompt_via = "stdin"``, on stdin). ``binary`` (a resolved path) replaces
         the ``{binary}`` element, followed by ``after_binary`` (Q5's ``--settings``);
-        ``{record}`` becomes ``record_path(op_dir)``. Raises
+        ``{record}`` becomes ``record_path(op_dir)``. ``live``: a live conversation's argv
+        (C1; the prompt is its first message on stdin, not an argument). Raises
         ``presets.ResumeUnsupported`` for a follow-up on a profile that cannot resume (G6)."""
-        return expand(self.argv, binary=binary or self.executable, prompt=prompt, folder=folder,
+        return expand(self.live_argv if live else self.argv, binary=binary or self.executable, prompt=prompt, folder=folder,
                       prompt_via=self.prompt_via, extra_args=self.extra_args, resume=self.resume,
                       agent_session_id=agent_session_id, inline=self.from_preset,
                       record=self.record_path(op_dir) or "{record}", after_binary=after_binary)
@@ -110,7 +119,7 @@ class Profile:
         return {"name": self.name, "preset": self.preset, "parser": self.parser, "prompt_via": self.prompt_via,
                 "argv": list(self.argv), "binary": self.executable, "extra_args": list(self.extra_args),
                 "resume": list(self.resume) if self.resume is not None else None, "env": sorted(self.env),
-                "isolation": self.isolation, "approvals": self.approvals}
+                "isolation": self.isolation, "approvals": self.approvals, "conversation": self.conversation}
 
 
 @dataclass(frozen=True)
@@ -203,6 +212,16 @@ def parse_profile(name: str, spec: dict) -> Profile:
     if approvals == "ask" and argv is not None and "{binary}" not in argv:
         raise ConfigError(f"profiles.{name}: approvals = \"ask\" needs the element \"{{binary}}\" in argv "
                           "(the per-run settings go right after it)")
+    if preset is None:
+        able = "none"
+    else:
+        able = preset.conversation if argv is None else "resume" if preset.resume else "none"
+    conversation = spec.get("conversation", able)
+    if conversation not in CONVERSATIONS:
+        raise ConfigError(f"profiles.{name}.conversation must be \"live\", \"resume\" or \"none\"")
+    if CONVERSATIONS.index(conversation) < CONVERSATIONS.index(able):
+        raise ConfigError(f"profiles.{name}: conversation = \"{conversation}\" is more than this CLI can do "
+                          f"(at most \"{able}\")")
     if argv is not None and "{binary}" not in argv and binary is not None:
         raise ConfigError(f"profiles.{name}: with binary set, argv must contain the element \"{{binary}}\"")
     return Profile(
@@ -220,6 +239,8 @@ def parse_profile(name: str, spec: dict) -> Profile:
         record=preset.record if preset else None,
         tested_version=preset.tested_version if preset else None,
         approvals=approvals,
+        conversation=conversation,
+        live_argv=preset.live_argv if preset is not None and argv is None else None,
     )
 
 

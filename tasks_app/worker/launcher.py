@@ -1,6 +1,6 @@
 """The launcher: a tiny process between the worker and the agent (SPEC X3).
 
-Usage: ``python -I launcher.py OP_DIR -- ARGV...``
+Usage: ``python -I launcher.py OP_DIR [--inbox] -- ARGV...``
 
 The worker spawns this in a new session (so it leads the task's process group); it
 starts the agent in the same group, writes ``launcher.json`` (its pid and the agent's),
@@ -11,6 +11,16 @@ agent that ended while the worker was down.
 
 It survives SIGTERM/SIGINT/SIGHUP sent to the group (they are meant for the agent) so it
 can record the outcome; SIGKILL ends it too, and then the worker reports what it knows.
+With ``--inbox`` (a live conversation, SPEC C3) the agent's stdin is a pipe the launcher
+holds, so it outlives a worker crash: the launcher writes the files
+``op_dir/inbox/<n:010d>.json`` in order n = 0, 1, ... (``{"line": TEXT}``: TEXT and a
+newline to the agent's stdin; ``{"close": true}``: close it), each exactly once, and
+appends ``n`` to ``op_dir/written.log`` (fsynced) after each. The worker records a file's
+number before it writes the file, and rewrites a recorded file it finds missing: the
+launcher skips nothing and never takes a number twice, so a line reaches the agent at most
+once whatever the worker's crashes. Files are looked for every ``RUNSTEAD_INBOX_POLL_S``
+seconds (0.02).
+
 Standard library only: this file runs as a script, outside Django and the package.
 """
 import json
@@ -18,7 +28,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+
+INBOX_POLL_S = float(os.environ.get("RUNSTEAD_INBOX_POLL_S") or 0.02)
 
 
 def _write_atomic(path, data):
@@ -38,16 +51,49 @@ def _write_atomic(path, data):
         pass
 
 
+def _feed(op_dir, child):
+    """The inbox, in order, to ``child.stdin`` (module docstring); ends with the agent."""
+    inbox = os.path.join(op_dir, "inbox")
+    written = os.open(os.path.join(op_dir, "written.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    n = 0
+    try:
+        while child.poll() is None:
+            try:
+                with open(os.path.join(inbox, f"{n:010d}.json")) as f:
+                    item = json.load(f)
+            except (FileNotFoundError, ValueError):
+                time.sleep(INBOX_POLL_S)
+                continue
+            try:
+                if item.get("close"):
+                    child.stdin.close()
+                else:
+                    child.stdin.write((item["line"] + "\n").encode())
+                    child.stdin.flush()
+            except (OSError, ValueError):
+                return  # the agent closed its input or is gone
+            os.write(written, f"{n}\n".encode())
+            os.fsync(written)
+            n += 1
+            if item.get("close"):
+                return
+    finally:
+        os.close(written)
+
+
 def main(argv):
+    inbox = len(argv) > 1 and argv[1] == "--inbox"
+    if inbox:
+        argv = argv[:1] + argv[2:]
     if len(argv) < 3 or argv[1] != "--":
-        sys.stderr.write("usage: launcher.py OP_DIR -- ARGV...\n")
+        sys.stderr.write("usage: launcher.py OP_DIR [--inbox] -- ARGV...\n")
         return 2
     op_dir, command = argv[0], argv[2:]
     # Handlers (not SIG_IGN): the agent gets default dispositions back at exec.
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: None)
     try:
-        child = subprocess.Popen(command, close_fds=True)
+        child = subprocess.Popen(command, close_fds=True, stdin=subprocess.PIPE if inbox else None)
     except OSError as exc:
         _write_atomic(
             os.path.join(op_dir, "exit.json"),
@@ -57,6 +103,8 @@ def main(argv):
         sys.stderr.write(f"runstead launcher: cannot start agent: {exc}\n")
         return 127
     _write_atomic(os.path.join(op_dir, "launcher.json"), {"launcher_pid": os.getpid(), "agent_pid": child.pid})
+    if inbox:
+        threading.Thread(target=_feed, args=(op_dir, child), daemon=True).start()
     code = child.wait()
     exit_wall, exit_mono = time.time(), time.monotonic()
     facts = {

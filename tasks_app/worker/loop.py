@@ -113,8 +113,9 @@ class Worker:
         return answer.kind == "ok" and isinstance(answer.body, dict) and answer.body.get("outcome") == "applied"
 
     def recover(self) -> None:
-        """X3, X4: settle what a previous worker left (``recovery.recover``)."""
-        recover(self.ctx)
+        """X3, X4: settle what a previous worker left (``recovery.recover``); a live
+        conversation still running is adopted (C3, ``Runner.adopt``)."""
+        recover(self.ctx, adopt=self.runner.adopt)
 
     def prune_if_due(self) -> None:
         """W1's bound: at start and every ``prune_every_s``, prune the records of final,

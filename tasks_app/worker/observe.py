@@ -61,6 +61,11 @@ class AgentObserver:
             self.git_start = git_evidence.git_start(self.folder)
         _write_json(os.path.join(self.op_dir, "git_start.json"), {"git": self.git_start})
 
+    def resume_git_start(self) -> None:
+        """An adopted run (``Runner.adopt``): the git start its first worker recorded."""
+        saved = _read_json(os.path.join(self.op_dir, "git_start.json")) or {}
+        self.git_start = saved.get("git")
+
     def record_git_end(self) -> None:
         """At the end: G5 evidence; for a worktree task, first what the agent left
         uncommitted becomes a commit on its branch, then G7's branch, base, files and diff."""

@@ -10,6 +10,8 @@ The poller long-polls the service and handles each message in order:
   null`` (U1); the report is queued before the ack;
 - ``integrate`` (G7): committed with its integration record, acknowledged, carried out
   by the integrator (``integrate.py``) once, whatever the number of deliveries;
+- ``message``, ``interrupt``, ``end`` (C2-C5): committed as a conversation item, acknowledged,
+  and the run woken: its watch thread writes it to the agent (``conversation.py``);
 - anything else: acknowledged and ignored.
 
 A pull answered after draining began (W6) is neither committed nor acknowledged: the
@@ -23,7 +25,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from . import faults
+from . import conversation, faults
 from tasks_app.protocol import Backoff
 
 from .client import MAX_POLL_WAIT_S, Service
@@ -117,6 +119,13 @@ class Poller:
             ctx.store.record_message(message_id=message_id, kind=kind, operation_id=operation_id,
                                      payload=payload, wall=ctx.clock.wall())
             self.ack(service, message_id)
+        elif kind in conversation.KINDS:
+            conversation.record(ctx.store, kind=kind, operation_id=operation_id, payload=payload,
+                                wall=ctx.clock.wall(), message_id=message_id)
+            self.ack(service, message_id)
+            run = ctx.run_for(operation_id)
+            if run is not None:
+                run.wake.set()
         elif kind == "integrate":
             integration_id = str(payload.get("integration_id"))
             new = ctx.store.record_integration(message_id=message_id, integration_id=integration_id,

@@ -47,10 +47,16 @@ class Preset:
     env: dict = field(default_factory=dict)
     doc: str = ""
     asks: bool = False  # Q5: the CLI takes a per-run PermissionRequest hook (approvals = "ask")
+    live_argv: tuple[str, ...] | None = None
 
     @property
     def prompt_via(self) -> str:
         return self.prompt_vias[0]
+
+    @property
+    def conversation(self) -> str:
+        """C1: ``live``, ``resume`` or ``none``."""
+        return "live" if self.live_argv else "resume" if self.resume else "none"
 
 
 # Each entry was checked against the real CLI at ``tested_version``, offline against a
@@ -69,6 +75,10 @@ PRESETS: dict[str, Preset] = {
         resume=("--resume", "{session_id}"),
         doc="Claude Code headless, stream-json",
         asks=True,  # `--settings '<json>'` adds a PermissionRequest hook for one run (Q5)
+        # C1: `--input-format stream-json`: one {"type": "user", ...} line per message on
+        # stdin, a `result` line per turn, a control_request interrupts the turn, EOF ends.
+        live_argv=("{binary}", "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose",
+                   "{resume}", "{extra_args}"),
     ),
     # Codex CLI: `codex exec --json PROMPT`; `codex exec resume ID PROMPT` continues a
     # thread (exec's own flags go before the subcommand). It reads stdin whenever stdin

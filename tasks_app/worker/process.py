@@ -225,8 +225,11 @@ def agent_env(base: dict, *, profile_env: dict, operation_id: str, task_id: str,
     return env
 
 
-def spawn(*, argv: list[str], cwd: str, env: dict, op_dir: str, stdin_text: str | None) -> tuple[subprocess.Popen, ProcRef]:
+def spawn(*, argv: list[str], cwd: str, env: dict, op_dir: str, stdin_text: str | None,
+          inbox: bool = False) -> tuple[subprocess.Popen, ProcRef]:
     """Start the launcher (and through it the agent) in a new session and process group.
+    ``inbox``: the agent reads a live conversation from the launcher's inbox (C3,
+    ``launcher.py``) instead of ``stdin_text``.
 
     stdout and stderr go to ``op_dir/output.log``. No shell (K4). ``PWD`` is set to ``cwd``:
     some agents take their folder from it rather than from the process (opencode 1.18.33
@@ -242,7 +245,7 @@ def spawn(*, argv: list[str], cwd: str, env: dict, op_dir: str, stdin_text: str 
         stdin = open(prompt_path, "rb")
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", LAUNCHER_PATH, op_dir, "--", *argv],
+            [sys.executable, "-I", LAUNCHER_PATH, op_dir, *(["--inbox"] if inbox else []), "--", *argv],
             cwd=cwd, env=env, stdin=stdin, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, close_fds=True,
         )
@@ -321,3 +324,32 @@ class IdleSleepGuard:
                 except Exception:
                     pass
                 self.proc = None
+
+
+class OutputFollower:
+    """Reads the complete lines appended to ``op_dir/output.log`` since the last read."""
+
+    def __init__(self, op_dir: str):
+        self.path = os.path.join(op_dir, "output.log")
+        self.offset = 0
+        self.partial = b""
+
+    def read_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        *lines, self.partial = data.split(b"\n")
+        return [line.decode("utf-8", errors="replace") for line in lines]
+
+    def rest(self) -> list[str]:
+        """Whatever is left after the agent ended, including an unterminated last line."""
+        lines = self.read_lines()
+        if self.partial:
+            lines.append(self.partial.decode("utf-8", errors="replace"))
+            self.partial = b""
+        return lines

@@ -12,7 +12,9 @@ For each local record in ``starting`` or ``running``:
   (``stop_reason: exit``), or as exit status unknown when none was recorded.
 
 An ``ended`` marker closes the run's session turn. In no case is the operation started
-again (X4): the record moves to ``ended``.
+again (X4): the record moves to ``ended``. The one exception to stopping a leftover: a
+live conversation's agent still running under its lease is adopted (``adopt``, the
+runner's ``Runner.adopt``), watched to its end by this worker and never spawned again.
 """
 from __future__ import annotations
 
@@ -34,10 +36,13 @@ EXIT_RECORD_WAIT_S = 2.0  # after stopping a leftover, how long the launcher's e
 EXIT_RECORD_POLL_S = 0.05
 
 
-def recover(ctx: WorkerContext) -> None:
-    """Settle every ``starting``/``running`` record (see the module docstring)."""
+def recover(ctx: WorkerContext, adopt=None) -> None:
+    """Settle every ``starting``/``running`` record (see the module docstring);
+    ``adopt(record)`` returns True for a run it took over (C3)."""
     for record in ctx.store.in_states("starting", "running"):
         try:
+            if adopt is not None and adopt(record):
+                continue
             recover_one(ctx, record)
         except Exception:
             log.exception("operation %s: recovery failed", record["operation_id"])

@@ -36,6 +36,8 @@ from collections.abc import Callable
 from tasks_app.protocol import Backoff
 
 from . import approvals, faults, process, worktrees
+from .conversation import Conversation
+from .process import OutputFollower
 from .config import check_start
 from .observe import AgentObserver
 from .presets import ResumeUnsupported
@@ -72,35 +74,6 @@ class RunHooks:
         return {}
 
 
-class OutputFollower:
-    """Reads the complete lines appended to ``op_dir/output.log`` since the last read."""
-
-    def __init__(self, op_dir: str):
-        self.path = os.path.join(op_dir, "output.log")
-        self.offset = 0
-        self.partial = b""
-
-    def read_lines(self) -> list[str]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        self.offset += len(data)
-        data = self.partial + data
-        *lines, self.partial = data.split(b"\n")
-        return [line.decode("utf-8", errors="replace") for line in lines]
-
-    def rest(self) -> list[str]:
-        """Whatever is left after the agent ended, including an unterminated last line."""
-        lines = self.read_lines()
-        if self.partial:
-            lines.append(self.partial.decode("utf-8", errors="replace"))
-            self.partial = b""
-        return lines
-
-
 @dataclass
 class Run:
     """One operation this worker process is handling."""
@@ -125,6 +98,8 @@ class Run:
     progress_sent: dict | None = None  # G4: the last progress offered (offers go only on change)
     progress_offset: int = 0  # output bytes seen at the last offer (none yet: no progress)
     entries_offered: int = 0  # G4: the highest transcript entry number offered so far
+    conversation: Conversation | None = None  # C1-C6: a live conversation's input
+    adopted: bool = False  # C3: a live conversation a previous worker started (``Runner.adopt``)
     asks: bool = False  # Q5: the profile says approvals = "ask"
     approval: dict | None = None  # Q5: the lease answer's {credential, wait_s}; kept in memory only
     known: dict = field(default_factory=dict)
@@ -141,6 +116,23 @@ class Run:
                 if at is not None and self.refused_at is None:
                     self.refused_at = at
         self.wake.set()
+
+
+class AdoptedLauncher:
+    """The launcher of an adopted run (``Runner.adopt``): not this worker's child, so its
+    end is seen through its identity (pid and start time) and its status in ``exit.json``
+    (none recorded: it was killed, SIGKILL)."""
+
+    def __init__(self, leader: process.ProcRef, op_dir: str):
+        self.leader, self.exit_path = leader, os.path.join(op_dir, "exit.json")
+
+    def poll(self) -> int | None:
+        if process.alive(self.leader):
+            return None
+        facts = process.read_json(self.exit_path) or {}
+        if facts.get("exit_code") is not None:
+            return int(facts["exit_code"])
+        return -int(facts.get("signal") or signal.SIGKILL)
 
 
 class Runner:
@@ -207,6 +199,9 @@ class Runner:
 
     def execute(self, run: Run) -> None:
         ctx = self.ctx
+        if run.adopted:
+            with self.slots:
+                return self.watch_to_end(run)
         record = ctx.store.get(run.operation_id)
         if record is None or record["local_state"] != "received":
             return
@@ -234,10 +229,15 @@ class Runner:
             return self.refuse(run, f"agent executable {profile.executable!r} not found{where} "
                                     f"(profile {profile.name!r}; set binary = \"/abs/path\" in its config)",
                                code="agent_not_found")
+        live = run.payload.get("mode") == "conversation"
+        if live and profile.conversation != "live":
+            return self.refuse(run, f"profile {profile.name!r} has no live conversation (conversation = "
+                                    f"\"{profile.conversation}\")", code="conversation_unsupported")
+
         def command(after_binary=()):
             return profile.command(prompt=run.payload["prompt"], folder=folder, binary=binary,
                                    agent_session_id=run.payload.get("agent_session_id") or None, op_dir=run.op_dir,
-                                   after_binary=after_binary)
+                                   after_binary=after_binary, live=live)
 
         try:
             argv = command()
@@ -261,7 +261,7 @@ class Runner:
                 return
             if run.asks:
                 argv, env = self.asking(run, argv, env, command)
-            self.spawn_and_watch(run, argv, folder, profile.prompt_via == "stdin", env)
+            self.spawn_and_watch(run, argv, folder, profile.prompt_via == "stdin" and not live, env, live=live)
         finally:
             self.slots.release()
             self.slot_freed.set()
@@ -374,7 +374,8 @@ class Runner:
 
     # --- the agent (X1, X2, L4, L8, J1) --------------------------------------------------------
 
-    def spawn_and_watch(self, run: Run, argv: list[str], folder: str, via_stdin: bool, env: dict) -> None:
+    def spawn_and_watch(self, run: Run, argv: list[str], folder: str, via_stdin: bool, env: dict,
+                        live: bool = False) -> None:
         ctx, clock = self.ctx, self.ctx.clock
         payload = run.payload
         session_id = payload.get("session_id")
@@ -391,11 +392,15 @@ class Runner:
                 worktrees.create(run.worktree)  # G7: recorded above, so a restart knows it
             except worktrees.WorktreeError as exc:
                 problem = f"no worktree for this task: {exc}"
+        if live and problem is None:  # C1: the prompt is message 0 in the launcher's inbox
+            run.conversation = Conversation(ctx, run, idle_s=float(payload.get("idle_s") or 1800))
+            run.conversation.open(prompt_message_id=payload.get("prompt_message_id") or f"prompt:{run.operation_id}",
+                                  prompt=payload["prompt"])
         run.spawned = SentAt.now(clock)
         try:
             if problem is None:
                 proc, leader = process.spawn(argv=argv, cwd=folder, env=env, op_dir=run.op_dir,
-                                             stdin_text=payload["prompt"] if via_stdin else None)
+                                             stdin_text=payload["prompt"] if via_stdin else None, inbox=live)
         except OSError as exc:
             problem = f"spawn failed: {exc}"
             if run.worktree is not None and not run.worktree.get("reused"):  # nothing ran in it: it goes again
@@ -419,6 +424,10 @@ class Runner:
                                spawned_mono=run.spawned.monotonic, spawned_wall=run.spawned.wall, outbox=outbox)
         ctx.wake_sender()
         log.info("operation %s: agent started (launcher pid %s) in %s", run.operation_id, leader.pid, folder)
+        self.watch_to_end(run)
+
+    def watch_to_end(self, run: Run) -> None:
+        """The renewer, the watch, the final receipt (J1)."""
         self.idle_guard.acquire()
         try:
             self.renewer.start(run)
@@ -426,6 +435,53 @@ class Runner:
         finally:
             self.idle_guard.release()
         self.finish(run)
+
+    # --- a live conversation a previous worker started (C3, X3) -------------------------------
+
+    def adopt(self, record: dict) -> bool:
+        """X3 as it applies to a live conversation: the agent a previous worker of this
+        boot started is still the one recorded (pid and start time), its lease deadline has
+        not passed and this worker's clock is the system's (the recorded monotonic times
+        are comparable): it is watched again here instead of stopped, so the owner's
+        conversation survives a worker crash. Its renewer, inbox (messages recorded but not
+        written are written now, once) and final receipt carry on as if never interrupted;
+        nothing is spawned. False (recovery settles it as any other) otherwise."""
+        ctx, clock = self.ctx, self.ctx.clock
+        payload = json.loads(record["payload"])
+        if (payload.get("mode") != "conversation" or record["local_state"] != "running" or record["pid"] is None
+                or not record["lease_terms"] or record["sent_wall"] is None or record["boot_id"] != ctx.boot
+                or not clock.shares_system_time):
+            return False
+        leader = process.ProcRef(int(record["pid"]), float(record["process_start_time"]))
+        deadline = Deadline(LeaseTerms.from_reply(json.loads(record["lease_terms"])),
+                            SentAt(record["sent_mono"], record["sent_wall"]))
+        if not process.alive(leader) or deadline.phase(clock) != OK:
+            return False
+        operation_id = record["operation_id"]
+        op_dir = ctx.state.op_dir(operation_id)
+        known = {int(p): process.ProcRef(int(p), float(t)) for p, t in json.loads(record["descendants"] or "[]")}
+        run = Run(operation_id=operation_id, payload=payload, op_dir=op_dir, deadline=deadline,
+                  granted=SentAt(record["granted_mono"], record["granted_wall"]), proc=AdoptedLauncher(leader, op_dir),
+                  leader=leader, spawned=SentAt(record["spawned_mono"], record["spawned_wall"]),
+                  turn_id=record["turn_id"], adopted=True, known=known)
+        profile = ctx.config.profiles.get(payload.get("agent"))
+        if profile is not None:
+            worktree = json.loads(record["worktree"]) if record.get("worktree") else None
+            folder = worktree["cwd"] if worktree else os.path.realpath(payload["folder"])
+            run.observer = AgentObserver(parser=profile.parser, op_dir=op_dir, folder=folder, worktree=worktree,
+                                         prompt=payload["prompt"], record=profile.record_path(op_dir))
+            run.observer.resume_git_start()
+        run.conversation = Conversation(ctx, run, idle_s=float(payload.get("idle_s") or 1800))
+        run.conversation.adopted()
+        run.hooks = self.hooks_for(run)
+        with ctx.runs_lock:
+            if operation_id in ctx.runs:
+                return True
+            ctx.runs[operation_id] = run
+        log.warning("operation %s: live conversation (launcher pid %s) adopted after restart", operation_id,
+                    leader.pid)
+        threading.Thread(target=self._thread, args=(run,), name=f"run-{operation_id[:8]}", daemon=True).start()
+        return True
 
     def target(self, run: Run) -> process.Target:
         return process.Target(operation_id=run.operation_id, leader=run.leader, pgid=run.leader.pid,
@@ -444,6 +500,8 @@ class Runner:
                 for line in follower.read_lines():
                     run.hooks.on_output(line)
             self.observe(run)
+            if run.conversation is not None:
+                run.conversation.step()
             if run.proc.poll() is not None:
                 run.exited = SentAt.now(clock)
                 return

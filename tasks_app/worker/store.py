@@ -5,8 +5,9 @@ State directory (mode 0700, W5)::
     worker.lock      one worker per directory (flock)
     machine.json     {"machine_id", "generation", "name", "server"}
     token            the machine token (mode 0600); never put in an agent's environment
-    worker.sqlite3   operations, seen messages, integrations, the outbox of receipts and markers
-    ops/<op id>/     output.log (agent stdout+stderr), prompt (stdin), launcher.json, exit.json
+    worker.sqlite3   operations, seen messages, integrations, conversation items, the outbox
+    ops/<op id>/     output.log (agent stdout+stderr), prompt (stdin), launcher.json, exit.json,
+                     inbox/ and written.log (a live conversation's input, C3)
     worktrees/<op id>/  the git worktree of a worktree task (G7)
 
 Bounded (W1): the records of an operation that ended locally, whose start message's ack
@@ -32,7 +33,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DB_NAME = "worker.sqlite3"
 RECORD_RETENTION_S = 7 * 86400.0
 
@@ -117,6 +118,26 @@ CREATE TABLE integrations (
 # will never be delivered again, W3).
 SCHEMA_V3 = """
 ALTER TABLE messages ADD COLUMN acked_wall REAL
+"""
+
+# v4: what a live conversation's agent is to read (C3; ``conversation.py``). An item is
+# recorded when pulled (before its ack), gets its inbox number recorded before its file is
+# written (``placed``), is ``written`` when the launcher wrote it to the agent, a message
+# ``answered`` when its turn's ``result`` came; an interrupt with no turn to stop is
+# ``skipped``.
+SCHEMA_V4 = """
+CREATE TABLE conversation_items (
+    item_id       TEXT PRIMARY KEY,
+    operation_id  TEXT NOT NULL,
+    kind          TEXT NOT NULL CHECK (kind IN ('message', 'interrupt', 'end')),
+    seq           INTEGER,
+    line          TEXT,
+    state         TEXT NOT NULL DEFAULT 'received'
+                  CHECK (state IN ('received', 'placed', 'written', 'answered', 'skipped')),
+    placement     INTEGER,
+    created_wall  REAL NOT NULL,
+    UNIQUE (operation_id, placement)
+)
 """
 
 
@@ -259,7 +280,7 @@ class Store:
             version = list(c.execute("PRAGMA user_version").fetchone().values())[0]
             if version > SCHEMA_VERSION:
                 raise RuntimeError(f"worker database {self.path} has schema {version}, newer than {SCHEMA_VERSION}")
-            for number, schema in ((1, SCHEMA_V1), (2, SCHEMA_V2), (3, SCHEMA_V3)):
+            for number, schema in ((1, SCHEMA_V1), (2, SCHEMA_V2), (3, SCHEMA_V3), (4, SCHEMA_V4)):
                 if version < number:
                     for statement in schema.split(";"):
                         if statement.strip():
@@ -327,6 +348,7 @@ class Store:
             ).fetchall()]
             c.executemany("DELETE FROM operations WHERE operation_id = ?", [(op,) for op in pruned])
             c.executemany("DELETE FROM integrations WHERE operation_id = ?", [(op,) for op in pruned])
+            c.executemany("DELETE FROM conversation_items WHERE operation_id = ?", [(op,) for op in pruned])
             c.execute(
                 "DELETE FROM outbox WHERE status != 'pending' AND created_wall < ? AND (operation_id IS NULL OR"
                 " operation_id NOT IN (SELECT operation_id FROM operations))", (before_wall,))
@@ -398,6 +420,43 @@ class Store:
                 (json.dumps(final) if final is not None else None, wall, operation_id),
             )
             self._enqueue(c, outbox, wall)
+
+    # --- live conversations (C3) -------------------------------------------------------------
+
+    def record_item(self, *, item_id: str, operation_id: str, kind: str, seq: int | None, line: str | None,
+                    wall: float, message_id: str | None = None) -> bool:
+        """Commit a conversation item (and the pulled message that carried it) before its
+        ack (W2); False when it was already known (W3: never written twice)."""
+        with self.transaction() as c:
+            if message_id is not None:
+                c.execute("INSERT OR IGNORE INTO messages (message_id, kind, operation_id, received_wall)"
+                          " VALUES (?, ?, ?, ?)", (message_id, kind, operation_id, wall))
+            cur = c.execute("INSERT OR IGNORE INTO conversation_items (item_id, operation_id, kind, seq, line,"
+                            " created_wall) VALUES (?, ?, ?, ?, ?, ?)", (item_id, operation_id, kind, seq, line, wall))
+            return cur.rowcount == 1
+
+    def items(self, operation_id: str) -> list[dict]:
+        """The operation's conversation items in the order they were recorded."""
+        with self._lock:
+            return self.conn.execute("SELECT * FROM conversation_items WHERE operation_id = ? ORDER BY rowid",
+                                     (operation_id,)).fetchall()
+
+    def item_moved(self, item_id: str, *, to: str, came_from: str, placement: int | None = None,
+                   outbox: list[dict] = (), turn_id: str | None = None, wall: float = 0.0) -> bool:
+        """Compare-and-set an item's state ``came_from`` -> ``to`` (``placement``: its
+        inbox number, set with ``placed``), with what reports it and, when a turn starts,
+        the operation's ``turn_id``, in one commit. False (nothing done) if it was not in
+        ``came_from``."""
+        with self.transaction() as c:
+            cur = c.execute("UPDATE conversation_items SET state = ?, placement = COALESCE(?, placement)"
+                            " WHERE item_id = ? AND state = ?", (to, placement, item_id, came_from))
+            if cur.rowcount != 1:
+                return False
+            if turn_id is not None:
+                c.execute("UPDATE operations SET turn_id = ? WHERE operation_id ="
+                          " (SELECT operation_id FROM conversation_items WHERE item_id = ?)", (turn_id, item_id))
+            self._enqueue(c, list(outbox), wall)
+            return True
 
     # --- integrations (G7) ----------------------------------------------------------------
 

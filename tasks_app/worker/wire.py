@@ -80,14 +80,16 @@ def sweep_item(identity: Identity) -> dict:
 def profiles_item(config) -> dict:
     """An outbox row for ``PUT /api/worker/profiles/`` (B10): the profile names, presets
     and isolation (G7) of this worker's local configuration, for the board's task form
-    and for acceptance, which takes no folder lock for a worktree task."""
+    and for acceptance, which takes no folder lock for a worktree task; ``conversation``
+    (C1) says how acceptance answers ``"mode": "conversation"``."""
     return {
         "event_id": f"profiles:{uuid.uuid4()}",
         "kind": "profiles",
         "operation_id": None,
         "method": "PUT",
         "path": "/api/worker/profiles/",
-        "body": {"profiles": [{"name": name, "preset": p.preset, "isolation": p.isolation}
+        "body": {"profiles": [{"name": name, "preset": p.preset, "isolation": p.isolation,
+                               "conversation": p.conversation}
                               for name, p in sorted(config.profiles.items())]},
     }
 

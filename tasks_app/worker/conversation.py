@@ -1,0 +1,215 @@
+"""A live conversation's input, on the worker (SPEC C1-C6, W1-W3).
+
+The agent (Claude Code ``-p --input-format stream-json``, docs/claude-stream-input.md)
+reads its input from the launcher's inbox (``launcher.py``): numbered files the launcher
+writes to the agent's stdin in order, each once, noting each number in ``written.log``.
+Here, per run, called from the run's watch thread (the only writer, so no two threads
+ever place an item):
+
+- ``record`` (poller): a pulled ``message``, ``interrupt`` or ``end`` becomes a
+  conversation item in the local database before its ack (W2; known again: W3);
+- ``step``: each new ``written.log`` number moves its item to ``written``: for a message,
+  the ``message`` receipt ``delivered`` and the session's ``running`` marker of its turn
+  go in the same commit; the k-th ``result`` line of the agent's stream answers the k-th
+  written message (``answered`` receipt, ``ended`` marker: B5 and N fire at the turn's true
+  end, C6); then the next item is placed: its inbox number recorded, then its file
+  written (record before write, C3). A recorded number whose file is missing (a crash
+  between the two) is written again: the launcher takes each number once, so the agent
+  reads each message at most once, and, as long as the agent runs, exactly once.
+
+One message is one turn: the next message is placed only after the previous one's
+``result``, because Claude Code merges lines written during a turn into one turn (or
+into the running one). Messages go in the service's ``seq`` order with no gap; an
+interrupt goes at once while a turn is open (and is ``skipped`` otherwise); ``end``
+(``last_seq``: the messages to write first) closes the agent's stdin, and so does
+``idle_s`` seconds with no turn open and nothing to write (C5).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+
+from . import faults
+from .lease import slept_s
+from .process import OutputFollower
+from .store import write_file_atomic
+from .wire import marker_item, receipt_item
+
+log = logging.getLogger("runstead.worker")
+
+KINDS = ("message", "interrupt", "end")
+OPEN = ("placed", "written")  # a message in a turn that has not ended
+DONE = ("placed", "written", "answered")  # a message given its place
+
+
+def user_line(text: str) -> str:
+    """Claude Code's stream-json user message (one line, C1)."""
+    return json.dumps({"type": "user", "message": {"role": "user", "content": text}})
+
+
+def interrupt_line(request_id: str) -> str:
+    """Claude Code's interrupt control request (C4)."""
+    return json.dumps({"type": "control_request", "request_id": request_id, "request": {"subtype": "interrupt"}})
+
+
+def record(store, *, kind: str, operation_id: str, payload: dict, wall: float, message_id: str | None) -> bool:
+    """Commit a pulled conversation message as an item (W2): a ``message``
+    ``{message_id, seq, text}``, an ``interrupt`` ``{interrupt_id}`` or an ``end``
+    ``{last_seq}``. False when it was already known (W3)."""
+    if kind == "message":
+        item_id, seq, line = str(payload["message_id"]), int(payload["seq"]), user_line(payload["text"])
+    elif kind == "interrupt":
+        item_id, seq, line = str(payload["interrupt_id"]), None, interrupt_line(str(payload["interrupt_id"]))
+    else:
+        item_id, seq, line = f"end:{operation_id}", payload.get("last_seq"), None
+    return store.record_item(item_id=item_id, operation_id=operation_id, kind=kind, seq=seq, line=line, wall=wall,
+                             message_id=message_id)
+
+
+class Conversation:
+    """One live conversation's input (module docstring). ``run`` is the runner's ``Run``."""
+
+    def __init__(self, ctx, run, *, idle_s: float):
+        self.ctx, self.run = ctx, run
+        self.idle_s = idle_s
+        self.inbox = os.path.join(run.op_dir, "inbox")
+        os.makedirs(self.inbox, mode=0o700, exist_ok=True)
+        self.written_path = os.path.join(run.op_dir, "written.log")
+        self.results = 0  # ``result`` lines in the agent's stream so far
+        self.follower = OutputFollower(run.op_dir)
+        self.last_activity = ctx.clock.monotonic()
+
+    def open(self, *, prompt_message_id: str, prompt: str) -> None:
+        """Before the spawn: the prompt is message 0, the first line the agent reads."""
+        record(self.ctx.store, kind="message", operation_id=self.run.operation_id, wall=self.ctx.clock.wall(),
+               payload={"message_id": prompt_message_id, "seq": 0, "text": prompt}, message_id=None)
+        self.step()
+
+    def adopted(self) -> None:
+        """After a restart (``Runner.adopt``): the device sweep closed the markers this
+        device left running (M5), so a turn still open gets a new ``running`` marker."""
+        turn_open = any(i["kind"] == "message" and i["state"] == "written" for i in self._items())
+        markers = self._marker(str(uuid.uuid4()), "running") if turn_open else []
+        if markers:
+            self.run.turn_id = markers[0]["body"]["turn_id"]
+            self.ctx.enqueue(markers)
+
+    def step(self) -> None:
+        """Receipts for what was written and answered, then the next item placed."""
+        self._written()
+        self._answered()
+        self._place()
+
+    # --- what happened ------------------------------------------------------------------------
+
+    def _items(self) -> list[dict]:
+        return self.ctx.store.items(self.run.operation_id)
+
+    def _receipt(self, item: dict, state: str) -> dict:
+        return receipt_item(self.ctx.identity, operation_id=self.run.operation_id, kind="message",
+                            facts={"message_id": item["item_id"], "state": state},
+                            slept=slept_s(self.run.granted, self.ctx.clock), event_id=f"message:{item['item_id']}:{state}")
+
+    def _marker(self, turn_id: str, state: str) -> list[dict]:
+        session_id = self.run.payload.get("session_id")
+        if not session_id:
+            return []
+        return [marker_item(self.ctx.identity, session_id=str(session_id), turn_id=turn_id, state=state,
+                            deep_research=self.run.payload.get("deep_research", False))]
+
+    def _written(self) -> None:
+        try:
+            with open(self.written_path) as f:
+                written = {int(n) for n in f.read().split()}
+        except (OSError, ValueError):
+            written = set()
+        ctx, run = self.ctx, self.run
+        for item in self._items():
+            if item["state"] != "placed" or item["placement"] not in written:
+                continue
+            outbox, turn_id = [], None
+            if item["kind"] == "message":
+                outbox.append(self._receipt(item, "delivered"))
+                if run.payload.get("session_id") and (item["seq"] != 0 or run.turn_id is None):
+                    # a new turn (the first one's marker went with the ``running`` receipt)
+                    turn_id = str(uuid.uuid4())
+                    outbox += self._marker(turn_id, "running")
+            if ctx.store.item_moved(item["item_id"], came_from="placed", to="written", outbox=outbox, turn_id=turn_id,
+                                    wall=ctx.clock.wall()):
+                run.turn_id = turn_id or run.turn_id
+                self.last_activity = ctx.clock.monotonic()
+                ctx.wake_sender()
+
+    def _answered(self) -> None:
+        for line in self.follower.read_lines():
+            if '"result"' in line:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict) and event.get("type") == "result":
+                    self.results += 1
+        ctx, run = self.ctx, self.run
+        messages = sorted((i for i in self._items() if i["kind"] == "message" and i["state"] in ("written", "answered")),
+                          key=lambda i: i["placement"])
+        for item in messages[:self.results]:
+            if item["state"] != "written":
+                continue
+            outbox = [self._receipt(item, "answered")] + (self._marker(run.turn_id, "ended") if run.turn_id else [])
+            if ctx.store.item_moved(item["item_id"], came_from="written", to="answered", outbox=outbox,
+                                    wall=ctx.clock.wall()):
+                self.last_activity = ctx.clock.monotonic()
+                ctx.wake_sender()
+
+    # --- what comes next ----------------------------------------------------------------------
+
+    def _place(self) -> None:
+        items = self._items()
+        placed = [i for i in items if i["placement"] is not None]
+        for item in placed:
+            if item["state"] == "placed" and not os.path.exists(self._path(item["placement"])):
+                self._write(item)  # recorded, never written: a crash between the two (C3)
+        if any(i["kind"] == "end" and i["placement"] is not None for i in items):
+            return  # stdin is closed (or about to be): nothing more
+        turn_open = any(i["kind"] == "message" and i["state"] in OPEN for i in items)
+        for item in items:
+            if item["kind"] == "interrupt" and item["state"] == "received":
+                if turn_open:
+                    self._give_place(item, placed)
+                else:
+                    self.ctx.store.item_moved(item["item_id"], came_from="received", to="skipped")
+                    log.info("operation %s: interrupt with no turn running: nothing to stop", self.run.operation_id)
+        waiting = sorted((i for i in items if i["kind"] == "message" and i["state"] == "received"),
+                         key=lambda i: i["seq"])
+        done_seqs = [i["seq"] for i in items if i["kind"] == "message" and i["state"] in DONE]
+        if waiting and not turn_open and waiting[0]["seq"] == (max(done_seqs) + 1 if done_seqs else 0):
+            self._give_place(waiting[0], placed)
+            return
+        end = next((i for i in items if i["kind"] == "end"), None)
+        if end is not None:
+            last_seq = end["seq"] if end["seq"] is not None else -1
+            if all(i["seq"] > last_seq for i in waiting):
+                self._give_place(end, placed)
+        elif (not turn_open and not waiting
+              and self.ctx.clock.monotonic() - self.last_activity >= self.idle_s):
+            log.info("operation %s: no message for %.1f s: the conversation ends (C5)", self.run.operation_id,
+                     self.idle_s)
+            record(self.ctx.store, kind="end", operation_id=self.run.operation_id, payload={"last_seq": None},
+                   wall=self.ctx.clock.wall(), message_id=None)
+            self._give_place(self._items()[-1], placed)
+
+    def _give_place(self, item: dict, placed: list[dict]) -> None:
+        n = max((i["placement"] for i in placed), default=-1) + 1
+        if self.ctx.store.item_moved(item["item_id"], came_from="received", to="placed", placement=n):
+            placed.append({**item, "placement": n})
+            faults.fault("conversation_after_record_before_write")
+            self._write({**item, "placement": n})
+
+    def _path(self, n: int) -> str:
+        return os.path.join(self.inbox, f"{n:010d}.json")
+
+    def _write(self, item: dict) -> None:
+        body = {"close": True} if item["kind"] == "end" else {"line": item["line"]}
+        write_file_atomic(self._path(item["placement"]), json.dumps(body).encode())

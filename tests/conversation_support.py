@@ -1,0 +1,84 @@
+"""Helpers for the live-conversation tests (SPEC C): a real worker running the real Claude
+Code in streaming-input mode against the fake Messages API (tests/model_apis.py)."""
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+
+from tests.claude_cli import write_claude_profile
+from tests.model_apis import AnthropicAPI
+from tests.worker_harness import LiveSetup, wait_for
+
+
+def conversation_setup(url: str, owner, tmp_path, api: AnthropicAPI) -> LiveSetup:
+    """A paired worker whose ``claude`` profile is the real CLI (``conversation`` live by
+    its preset); returns once the service knows the profile can converse live."""
+    from tasks_app.models import Machine
+
+    setup = LiveSetup(url, owner, tmp_path)
+    subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
+    write_claude_profile(setup, api=api, home=tmp_path / "home",
+                         options='extra_args = ["--permission-mode", "bypassPermissions"]\n')
+    setup.start_worker()
+    wait_for(lambda: any(p.get("conversation") == "live"
+                         for p in Machine.objects.get(pk=setup.machine_id).profiles or []),
+             timeout=30, what="the worker reported its live profile")
+    return setup
+
+
+def open_conversation(setup: LiveSetup, prompt: str) -> str:
+    """Submit a conversation task to the real CLI; its id."""
+    return setup.submit("claude", prompt=prompt, mode="conversation")
+
+
+def send(setup: LiveSetup, task_id: str, text: str, key: str | None = None):
+    """``POST /api/tasks/{id}/messages/``; the httpx response."""
+    return setup.api.post(f"/api/tasks/{task_id}/messages/", json={"text": text},
+                          headers={"Idempotency-Key": key or str(uuid.uuid4())})
+
+
+def messages(setup: LiveSetup, task_id: str) -> list[dict]:
+    resp = setup.api.get(f"/api/tasks/{task_id}/messages/")
+    assert resp.status_code == 200, resp.text
+    return resp.json()["results"]
+
+
+def wait_states(setup: LiveSetup, task_id: str, want: dict[int, str], timeout: float = 60) -> list[dict]:
+    """Until each message ``seq`` in ``want`` is in its state; the messages."""
+    end = time.monotonic() + timeout
+    got = []
+    while time.monotonic() < end:
+        got = messages(setup, task_id)
+        states = {m["seq"]: m["state"] for m in got}
+        if all(states.get(seq) == state for seq, state in want.items()):
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"messages never reached {want}: {got}\n--- worker log ---\n{setup.log()}")
+
+
+def turns_started(api: AnthropicAPI) -> list[str]:
+    """The user texts that started a turn, in the order the model API saw them: a request
+    whose last user prompt has no tool result after it (``AnthropicAPI.conversation``)."""
+    out = []
+    for path, body in api.requests:
+        if path.startswith("/v1/messages") and "count_tokens" not in path:
+            prompt, tools_done = AnthropicAPI.conversation(body)
+            if tools_done == 0 and body.get("messages"):
+                out.append(prompt)
+    return out
+
+
+def user_texts_in_last_request(api: AnthropicAPI) -> list[str]:
+    """Every user text block of the last Messages request (the whole conversation as the
+    agent holds it), system reminders left out."""
+    bodies = [b for p, b in api.requests if p.startswith("/v1/messages") and "count_tokens" not in p]
+    texts = []
+    for message in bodies[-1].get("messages") or []:
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        texts += [b["text"] for b in blocks if b.get("type") == "text"
+                  and not b.get("text", "").startswith("<system-reminder>")]
+    return texts

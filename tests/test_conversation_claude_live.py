@@ -1,0 +1,133 @@
+"""Live conversations with the real Claude Code (SPEC C1-C6): a real daphne, a real worker
+subprocess, the pinned CLI in ``-p --input-format stream-json`` mode offline against the
+fake Messages API (docs/claude-stream-input.md for what it does with its stdin)."""
+import json
+import os
+import threading
+import uuid
+
+import pytest
+
+from tests.claude_cli import fake_model_api  # noqa: F401  (fixture)
+from tests.conversation_support import (
+    conversation_setup,
+    messages,
+    open_conversation,
+    send,
+    turns_started,
+    user_texts_in_last_request,
+    wait_states,
+)
+from tests.live import DaphneServer, live_daphne  # noqa: F401  (fixture)
+from tests.worker_harness import SHORT_TIMINGS, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+LONG_TOOL = '[[bash:python3 -c "import time; time.sleep(60)"; echo slept]] long tool'
+# Leases long enough for a worker or a daphne to restart inside one (the restart tests).
+RESTART_TIMINGS = {**SHORT_TIMINGS, "RUNSTEAD_LEASE_DURATION_S": "30", "RUNSTEAD_LEASE_RENEW_S": "0.5"}
+
+
+@pytest.fixture
+def live(live_daphne, make_owner, tmp_path, fake_model_api):  # noqa: F811
+    def start(**env):
+        setup = conversation_setup(live_daphne(**{**SHORT_TIMINGS, **env}), make_owner(), tmp_path, fake_model_api)
+        started.append(setup)
+        return setup
+
+    started = []
+    yield start
+    for setup in started:
+        setup.close()
+
+
+def op_dir(setup, task_id) -> str:
+    from tasks_app.models import Operation
+
+    return os.path.join(setup.state_dir, "ops", str(Operation.objects.get(task_id=task_id).id))
+
+
+def written_numbers(setup, task_id) -> list[int]:
+    """What the launcher wrote to the agent's stdin, by inbox number, in order."""
+    with open(os.path.join(op_dir(setup, task_id), "written.log")) as f:
+        return [int(n) for n in f.read().split()]
+
+
+def test_c2_c3_five_messages_each_delivered_once_in_order(live, fake_model_api):  # noqa: F811
+    setup = live()
+    task_id = open_conversation(setup, "[[slow:3]] first turn")
+    setup.wait_state(task_id, "running", timeout=60)
+    wait_states(setup, task_id, {0: "delivered"})
+    # Two messages sent while the first turn runs: they wait on the worker (sent) and go
+    # one turn each, after it.
+    one = send(setup, task_id, "message one")
+    two = send(setup, task_id, "message two")
+    assert (one.status_code, two.status_code) == (201, 201), (one.text, two.text)
+    assert [one.json()["seq"], two.json()["seq"]] == [1, 2]
+    # A replay of the first: the same answer, no new message (A2).
+    replay = setup.api.post(f"/api/tasks/{task_id}/messages/", json={"text": "message one"},
+                            headers={"Idempotency-Key": one.request.headers["Idempotency-Key"]})
+    assert replay.status_code == 201 and replay.json() == one.json()
+    # Two racing with one key: one message, both get the winner's answer (A4).
+    key, answers = str(uuid.uuid4()), []
+    barrier = threading.Barrier(2)
+
+    def race():
+        barrier.wait()
+        answers.append(send(setup, task_id, "message three", key=key))
+
+    threads = [threading.Thread(target=race) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert [a.status_code for a in answers] == [201, 201]
+    assert answers[0].json()["id"] == answers[1].json()["id"] and answers[0].json()["seq"] == 3
+    wait_states(setup, task_id, {0: "answered", 1: "answered", 2: "answered", 3: "answered"}, timeout=90)
+    four = send(setup, task_id, "message four")
+    assert four.status_code == 201 and four.json()["seq"] == 4
+    final = wait_states(setup, task_id, {4: "answered"}, timeout=60)
+    assert [m["text"] for m in final] == ["[[slow:3]] first turn", "message one", "message two", "message three",
+                                          "message four"]
+    assert all(m["delivered_at"] and m["answered_at"] for m in final)
+    # Each reached the agent once, in order, one turn each, in one agent process.
+    texts = [m["text"] for m in final]
+    assert turns_started(fake_model_api) == texts
+    assert user_texts_in_last_request(fake_model_api) == texts
+    assert written_numbers(setup, task_id) == [0, 1, 2, 3, 4]
+    assert setup.task(task_id)["state"] == "running"  # between turns the task runs on (C6)
+    ended = setup.api.post(f"/api/tasks/{task_id}/end/")
+    assert ended.status_code == 200, ended.text
+    task = setup.wait_final(task_id, timeout=60)
+    assert task["state"] == "succeeded", task
+    assert task["conversation"] == "live" and task["conversation_ended_at"]
+
+
+def test_c4_interrupt_stops_the_long_tool_and_the_next_message_is_answered_in_the_same_session(
+        live, fake_model_api):  # noqa: F811
+    setup = live()
+    task_id = open_conversation(setup, LONG_TOOL)
+    setup.wait_state(task_id, "running", timeout=60)
+    wait_for(lambda: any("time.sleep(60)" in " ".join(p.cmdline()) for p in __import__("psutil").process_iter()
+                         if _cmdline_ok(p)), timeout=60, what="the long tool runs")
+    resp = setup.api.post(f"/api/tasks/{task_id}/interrupt/")
+    assert resp.status_code == 202, resp.text
+    wait_states(setup, task_id, {0: "answered"}, timeout=30)
+    assert not any("time.sleep(60)" in " ".join(p.cmdline()) for p in __import__("psutil").process_iter()
+                   if _cmdline_ok(p)), "the interrupted tool still runs"
+    after = send(setup, task_id, "after the interrupt")
+    assert after.status_code == 201
+    wait_states(setup, task_id, {1: "answered"}, timeout=60)
+    results = [json.loads(line) for line in open(os.path.join(op_dir(setup, task_id), "output.log"))
+               if line.startswith("{") and '"type":"result"' in line]
+    assert [r["subtype"] for r in results] == ["error_during_execution", "success"]
+    assert results[0]["session_id"] == results[1]["session_id"]  # same session, same process
+    assert setup.task(task_id)["state"] == "running"
+
+
+def _cmdline_ok(p) -> bool:
+    try:
+        p.cmdline()
+        return True
+    except Exception:
+        return False
