@@ -6,6 +6,7 @@ import os
 import threading
 import uuid
 
+import psutil
 import pytest
 
 from tests.claude_cli import fake_model_api  # noqa: F401  (fixture)
@@ -45,6 +46,21 @@ def op_dir(setup, task_id) -> str:
     from tasks_app.models import Operation
 
     return os.path.join(setup.state_dir, "ops", str(Operation.objects.get(task_id=task_id).id))
+
+
+def long_tool_runs() -> bool:
+    for p in psutil.process_iter():
+        try:
+            if "time.sleep(60)" in " ".join(p.cmdline()):
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def agent_launcher(setup, task_id) -> dict:
+    with open(os.path.join(op_dir(setup, task_id), "launcher.json")) as f:
+        return json.load(f)
 
 
 def written_numbers(setup, task_id) -> list[int]:
@@ -108,13 +124,11 @@ def test_c4_interrupt_stops_the_long_tool_and_the_next_message_is_answered_in_th
     setup = live()
     task_id = open_conversation(setup, LONG_TOOL)
     setup.wait_state(task_id, "running", timeout=60)
-    wait_for(lambda: any("time.sleep(60)" in " ".join(p.cmdline()) for p in __import__("psutil").process_iter()
-                         if _cmdline_ok(p)), timeout=60, what="the long tool runs")
+    wait_for(long_tool_runs, timeout=60, what="the long tool runs")
     resp = setup.api.post(f"/api/tasks/{task_id}/interrupt/")
     assert resp.status_code == 202, resp.text
     wait_states(setup, task_id, {0: "answered"}, timeout=30)
-    assert not any("time.sleep(60)" in " ".join(p.cmdline()) for p in __import__("psutil").process_iter()
-                   if _cmdline_ok(p)), "the interrupted tool still runs"
+    assert not long_tool_runs(), "the interrupted tool still runs"
     after = send(setup, task_id, "after the interrupt")
     assert after.status_code == 201
     wait_states(setup, task_id, {1: "answered"}, timeout=60)
@@ -125,9 +139,59 @@ def test_c4_interrupt_stops_the_long_tool_and_the_next_message_is_answered_in_th
     assert setup.task(task_id)["state"] == "running"
 
 
-def _cmdline_ok(p) -> bool:
-    try:
-        p.cmdline()
-        return True
-    except Exception:
-        return False
+
+def test_c3_worker_killed_between_recording_and_writing_a_message_it_reaches_the_agent_once(
+        live, fake_model_api):  # noqa: F811
+    setup = live(**RESTART_TIMINGS)
+    setup.stop_workers()
+    first = setup.start_worker(fault="conversation_after_record_before_write")
+    task_id = open_conversation(setup, "hello")
+    wait_states(setup, task_id, {0: "answered"}, timeout=60)
+    launcher = agent_launcher(setup, task_id)
+    resp = send(setup, task_id, "written once")
+    assert resp.status_code == 201
+    assert first.wait(timeout=30) == 97  # died with the message recorded, its inbox file not written
+    record = setup.local_record(task_id)
+    assert record["local_state"] == "running"
+    assert not os.path.exists(os.path.join(op_dir(setup, task_id), "inbox", "0000000001.json"))
+    assert messages(setup, task_id)[1]["state"] == "sent"
+    setup.start_worker()  # adopts the agent, which runs on, and writes the message once
+    final = wait_states(setup, task_id, {1: "answered"}, timeout=60)
+    assert [m["text"] for m in final] == ["hello", "written once"]
+    assert turns_started(fake_model_api) == ["hello", "written once"]
+    assert written_numbers(setup, task_id) == [0, 1]
+    assert agent_launcher(setup, task_id) == launcher  # the same agent process: nothing spawned again
+    assert psutil.pid_exists(launcher["agent_pid"])
+    again = send(setup, task_id, "and after the restart")
+    assert again.status_code == 201
+    wait_states(setup, task_id, {2: "answered"}, timeout=60)
+    assert turns_started(fake_model_api) == ["hello", "written once", "and after the restart"]
+    assert setup.api.post(f"/api/tasks/{task_id}/end/").status_code == 200
+    assert setup.wait_final(task_id, timeout=60)["state"] == "succeeded"
+
+
+def test_c3_service_restarted_mid_conversation_messages_flow_on(live, live_daphne, fake_model_api, tmp_path):  # noqa: F811
+    setup = live(**RESTART_TIMINGS)
+    task_id = open_conversation(setup, "before the restart")
+    wait_states(setup, task_id, {0: "answered"}, timeout=60)
+    server = live_daphne.servers[-1]
+    server.stop()
+    back = DaphneServer({"RUNSTEAD_EMBEDDED_SWEEP": "0", **RESTART_TIMINGS}, port=server.port, log_dir=tmp_path)
+    live_daphne.servers.append(back)
+    resp = send(setup, task_id, "after the restart")
+    assert resp.status_code == 201, resp.text
+    final = wait_states(setup, task_id, {1: "answered"}, timeout=60)
+    assert [m["text"] for m in final] == ["before the restart", "after the restart"]
+    assert turns_started(fake_model_api) == ["before the restart", "after the restart"]
+    assert setup.task(task_id)["state"] == "running"
+
+
+def test_c5_idle_conversation_ends_by_itself_and_the_task_succeeds(live, fake_model_api):  # noqa: F811
+    setup = live(RUNSTEAD_CONVERSATION_IDLE_S="1.5")
+    task_id = open_conversation(setup, "only one")
+    wait_states(setup, task_id, {0: "answered"}, timeout=60)
+    task = setup.wait_final(task_id, timeout=30)
+    assert task["state"] == "succeeded", task
+    assert turns_started(fake_model_api) == ["only one"]
+    late = send(setup, task_id, "too late")
+    assert late.status_code == 409 and late.json()["error"] == "already_final"

@@ -26,7 +26,7 @@ POINTS = frozenset(
         # G7: a merge's move of the base branch recorded, not made; made, not reported.
         "integrate_after_plan_before_merge",
         "integrate_after_merge_before_receipt",
-        # C3: a conversation item's inbox number recorded, its file not yet written.
+        # C3: a later message's inbox number recorded, its file not yet written.
         "conversation_after_record_before_write",
     }
 )
