@@ -195,3 +195,31 @@ def test_c5_idle_conversation_ends_by_itself_and_the_task_succeeds(live, fake_mo
     assert turns_started(fake_model_api) == ["only one"]
     late = send(setup, task_id, "too late")
     assert late.status_code == 409 and late.json()["error"] == "already_final"
+
+
+def session_status(setup, session_id) -> str:
+    resp = setup.api.get(f"/api/sessions/{session_id}/")
+    assert resp.status_code == 200, resp.text
+    return resp.json()["status"]
+
+
+def test_c6_between_turns_the_task_runs_and_its_session_is_idle_one_turn_marker_per_message(
+        live, fake_model_api):  # noqa: F811
+    setup = live()
+    session_id = str(uuid.uuid4())
+    task_id = setup.submit("claude", prompt="[[slow:2]] first", mode="conversation", session=session_id)
+    wait_states(setup, task_id, {0: "delivered"}, timeout=60)
+    assert session_status(setup, session_id) == "busy"
+    wait_states(setup, task_id, {0: "answered"}, timeout=60)
+    wait_for(lambda: session_status(setup, session_id) == "idle", timeout=10, what="idle between turns")
+    assert setup.task(task_id)["state"] == "running"
+    [first_turn] = setup.api.get(f"/api/sessions/{session_id}/").json()["markers"]
+    assert send(setup, task_id, "[[slow:2]] second").status_code == 201
+    wait_states(setup, task_id, {1: "delivered"}, timeout=30)
+    assert session_status(setup, session_id) == "busy"
+    wait_states(setup, task_id, {1: "answered"}, timeout=60)
+    wait_for(lambda: session_status(setup, session_id) == "idle", timeout=10, what="idle after the second turn")
+    # M: one marker per device, its turn the second one now, ended.
+    [second_turn] = setup.api.get(f"/api/sessions/{session_id}/").json()["markers"]
+    assert first_turn["state"] == second_turn["state"] == "ended"
+    assert second_turn["turn_id"] != first_turn["turn_id"]
