@@ -5,11 +5,12 @@ event's builder returns. A new board event is added to ``BOARD_EVENTS``."""
 from core.schema import add_components
 from notifications.shapes import NotificationBoardEvent
 from sessions_app.shapes import ApprovalBoardEvent, MarkerBoardEvent, SessionDeletedBoardEvent, SessionStatusBoardEvent
-from tasks_app.shapes import MachineBoardEvent, TaskBoardEvent, TaskProgressBoardEvent
+from tasks_app.shapes import MachineBoardEvent, MessageBoardEvent, TaskBoardEvent, TaskProgressBoardEvent
 
 BOARD_EVENTS = (
     TaskBoardEvent,
     TaskProgressBoardEvent,
+    MessageBoardEvent,
     MachineBoardEvent,
     SessionStatusBoardEvent,
     MarkerBoardEvent,

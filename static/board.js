@@ -661,6 +661,11 @@
       agent.dataset.signature = profileSig;
       $("profile-note").hidden = !select.value || profiles.length > 0;
     }
+    // C1: a conversation only with a profile that can hold one (live or by follow-ups).
+    var picked = profiles.filter(function (p) { return p.name === agent.value; })[0];
+    var converses = !!picked && (picked.conversation === "live" || picked.conversation === "resume");
+    form.elements.conversation.disabled = !converses;
+    if (!converses) form.elements.conversation.checked = false;
     var folder = form.elements.folder;
     var paths = board.grants.filter(function (g) { return g.machine === select.value; }).map(function (g) { return g.path; });
     var sig = select.value + "|" + paths.join("|");
@@ -686,6 +691,8 @@
       prompt: form.elements.prompt.value,
       deep_research: form.elements.deep_research.checked,
     };
+    var conversation = form.elements.conversation.checked;
+    if (conversation) body.mode = "conversation"; // C1: the task page becomes its chat
     submitting = true;
     var button = form.querySelector("button[type=submit]");
     button.disabled = true;
@@ -696,6 +703,10 @@
           if (res.data && res.data.id) applyRow(board.tasks, res.data, res.data.version);
           form.elements.prompt.value = "";
           form.dataset.idempotencyKey = newKey(); // the next task is a new request
+          if (conversation && res.data && res.data.id) {
+            window.location.assign("/tasks/" + encodeURIComponent(res.data.id) + "/");
+            return;
+          }
           formStatus("Task accepted.", false);
           render();
           return;

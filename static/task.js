@@ -19,6 +19,12 @@
  * Idempotency-Key per box until it is accepted): while the task is unfinished it "will
  * run next" (queued behind it and whatever is queued already), once final it resumes
  * the agent's session at once; the follow-ups queued behind the task are listed above it.
+ * A conversation task (C1-C5) is a chat instead: its messages with their state (sent,
+ * delivered, answered, undelivered; GET /api/tasks/{id}/messages/, then `message` events),
+ * a message box (POST .../messages/, one Idempotency-Key per message until it is accepted,
+ * Ctrl/Cmd+Enter sends), "Stop this turn" while a turn runs (POST .../interrupt/), "End
+ * conversation" (POST .../end/), and the task's pending approvals answered inline (Q2:
+ * GET /api/approvals/?task=ID&state=pending, then `approval` events).
  */
 (function () {
   "use strict";
@@ -358,6 +364,7 @@
   var replyKey = C.newKey(), replying = false;
 
   function renderReply(t) {
+    if (isConversation(t) && !FINAL[t.state]) { $("reply").hidden = true; return; } // the chat takes messages
     var unfinished = !FINAL[t.state], resumable = !!(FINAL[t.state] && t.agent_session_id);
     $("reply").hidden = !(unfinished || resumable);
     $("reply").dataset.mode = unfinished ? "queue" : "follow-up";
@@ -403,6 +410,147 @@
       .then(function () { replying = false; $("reply-button").disabled = false; });
   }
 
+  // ---------------------------------------------------------------- the conversation (C2-C5, Q)
+  var chat = { messages: new Map(), approvals: new Map(), key: C.newKey(), sending: false, keys: {} };
+  state.chat = chat; // tests read it
+  var MESSAGE_LABELS = { sent: "sent", delivered: "delivered · the agent is on it", answered: "answered",
+                         undelivered: "not delivered: the task ended first" };
+  var PREVIEW_KEYS = ["command", "file_path", "path", "url", "pattern"];
+
+  function isConversation(t) { return t.mode === "conversation"; }
+  function conversationOpen(t) {
+    return isConversation(t) && !FINAL[t.state] && t.state !== "unknown" && !t.conversation_ended_at;
+  }
+  function turnRunning() {
+    var running = false;
+    chat.messages.forEach(function (m) { if (m.state === "delivered") running = true; });
+    return running;
+  }
+  function taskPath(rest) { return "/api/tasks/" + encodeURIComponent(taskId) + "/" + rest; }
+  function keepMessage(m) {
+    var known = chat.messages.get(m.id);
+    if (!known || m.version >= known.version) chat.messages.set(m.id, m);
+  }
+
+  function renderChat(t) {
+    $("chat").hidden = !isConversation(t);
+    if (!isConversation(t)) return;
+    var open = conversationOpen(t);
+    $("chat-mode").textContent = !open ? "ended" : t.conversation === "live"
+      ? "live: the agent stays open between turns" : "each message resumes the agent's session";
+    var list = $("chat-log");
+    list.textContent = "";
+    Array.from(chat.messages.values()).sort(function (a, b) { return a.seq - b.seq; }).forEach(function (m) {
+      list.appendChild(el("li", { className: "msg", "data-seq": m.seq, "data-state": m.state, "data-id": m.id },
+        el("div", { className: "msg-text", text: m.text }),
+        el("span", { className: "msg-state", text: MESSAGE_LABELS[m.state] || m.state }),
+        m.carrier ? el("a", { className: "msg-carrier", href: "/tasks/" + encodeURIComponent(m.carrier) + "/",
+                              text: "its run" }) : null));
+    });
+    $("chat-form").hidden = !open;
+    $("chat-interrupt").hidden = !(open && t.conversation === "live" && turnRunning());
+    renderApprovals();
+  }
+
+  function loadMessages() {
+    if (!isConversation(state.task)) return Promise.resolve();
+    return C.api("GET", taskPath("messages/")).then(function (res) {
+      if (res.status !== 200) return;
+      res.data.results.forEach(keepMessage);
+      renderChat(state.task);
+    }).catch(function () { /* the next event or reconnect reads them again */ });
+  }
+
+  function sendMessage(e) {
+    if (e) e.preventDefault();
+    if (chat.sending) return; // a double tap: the key would replay anyway (A2)
+    var text = $("chat-text").value, status = $("chat-status");
+    if (!text.trim()) { C.tell(status, "Write a message first.", true); return; }
+    chat.sending = true;
+    $("chat-send").disabled = true;
+    C.tell(status, "Sending…", false);
+    C.api("POST", taskPath("messages/"), { text: text }, { "Idempotency-Key": chat.key })
+      .then(function (res) {
+        if (res.status === 201) {
+          chat.key = C.newKey(); // the next message is a new request
+          $("chat-text").value = "";
+          C.tell(status, "", false);
+          keepMessage(res.data);
+          renderChat(state.task);
+          return;
+        }
+        if (res.data && res.data.error === "idempotency_key_reused") chat.key = C.newKey();
+        C.tell(status, C.errorText(res.status, res.data), true);
+      })
+      .catch(function () { C.tell(status, "Network error: send again (the agent gets it once).", true); })
+      .then(function () { chat.sending = false; $("chat-send").disabled = false; });
+  }
+
+  function chatAction(path, doing, done) {
+    var status = $("chat-status");
+    C.tell(status, doing, false);
+    return C.api("POST", taskPath(path), {}).then(function (res) {
+      if (res.status === 200 || res.status === 202) {
+        C.tell(status, done, false);
+        if (res.data && res.data.version >= state.version) { state.task = res.data; state.version = res.data.version; render(); }
+        return;
+      }
+      C.tell(status, C.errorText(res.status, res.data), true);
+    }).catch(function () { C.tell(status, "The service did not answer: try again.", true); });
+  }
+
+  function preview(a) {
+    var input = a.tool_input || {};
+    for (var i = 0; i < PREVIEW_KEYS.length; i++) {
+      if (typeof input[PREVIEW_KEYS[i]] === "string") return input[PREVIEW_KEYS[i]];
+    }
+    return JSON.stringify(input);
+  }
+
+  function renderApprovals() {
+    var list = $("chat-approvals");
+    list.textContent = "";
+    chat.approvals.forEach(function (a) {
+      var allow = el("button", { type: "button", className: "approve", text: "Allow" });
+      var deny = el("button", { type: "button", className: "secondary deny", text: "Deny" });
+      allow.addEventListener("click", function () { decide(a, "allow"); });
+      deny.addEventListener("click", function () { decide(a, "deny"); });
+      list.appendChild(el("li", { className: "chat-approval", "data-id": a.id },
+        el("div", {}, el("strong", { text: a.tool_name }), " ", el("span", { className: "mono wrap", text: preview(a) })),
+        el("div", { className: "decisions" }, allow, deny)));
+    });
+    list.hidden = chat.approvals.size === 0;
+  }
+
+  function keepApproval(a) {
+    if (a.task !== taskId) return;
+    if (a.state === "pending") chat.approvals.set(a.id, a); else chat.approvals.delete(a.id);
+  }
+
+  function loadApprovals() {
+    if (!isConversation(state.task)) return Promise.resolve();
+    return C.api("GET", "/api/approvals/?state=pending&task=" + encodeURIComponent(taskId)).then(function (res) {
+      if (res.status !== 200) return;
+      chat.approvals.clear();
+      res.data.results.forEach(keepApproval);
+      renderApprovals();
+    }).catch(function () { /* the next event or reconnect reads them again */ });
+  }
+
+  function decide(a, behavior) {
+    var slot = a.id + ":" + behavior, key = chat.keys[slot] || (chat.keys[slot] = C.newKey());
+    return C.api("POST", "/api/approvals/" + encodeURIComponent(a.id) + "/decision/", { behavior: behavior },
+                 { "Idempotency-Key": key })
+      .then(function (res) {
+        if (res.status === 200 || (res.status === 409 && res.data && res.data.approval)) {
+          keepApproval(res.status === 200 ? res.data : res.data.approval);
+          renderApprovals();
+          return;
+        }
+        C.tell($("chat-status"), C.errorText(res.status, res.data), true);
+      }).catch(function () { C.tell($("chat-status"), "The service did not answer: tap again (it decides once).", true); });
+  }
+
   function renderTimeline() {
     var ul = el("ul", { className: "timeline" });
     state.timeline.forEach(function (item) {
@@ -425,7 +573,8 @@
 
   function render() {
     var t = state.task;
-    renderHeader(t); renderRun(t); renderResult(t); renderBranch(t); renderGit(t); renderReply(t); renderTimeline();
+    renderHeader(t); renderRun(t); renderResult(t); renderBranch(t); renderGit(t); renderReply(t); renderChat(t);
+    renderTimeline();
     renderReceipts();
     $("decide").hidden = t.state !== "unknown";
   }
@@ -445,6 +594,7 @@
           state.version = d.task.version; state.progressVersion = Math.max(state.progressVersion, d.task.version);
           render();
         }
+        return Promise.all([loadMessages(), loadApprovals()]);
       }).catch(function () { /* next event or reconnect tries again */ });
   }
 
@@ -458,6 +608,12 @@
       state.version = ev.version;
       render();
       reload();
+    } else if (ev.type === "message" && ev.message && ev.message.task === taskId) {
+      keepMessage(ev.message);
+      renderChat(state.task);
+    } else if (ev.type === "approval" && ev.approval && ev.approval.task === taskId) {
+      keepApproval(ev.approval);
+      renderApprovals();
     } else if (ev.type === "task.progress" && ev.task_id === taskId && ev.version > state.progressVersion) {
       state.progressVersion = ev.version;
       state.progressEvents++;
@@ -493,6 +649,16 @@
   addEntries(page.entries);
   $("load-earlier").addEventListener("click", loadEarlier);
   $("reply-form").addEventListener("submit", sendReply);
+  $("chat-form").addEventListener("submit", sendMessage);
+  $("chat-text").addEventListener("keydown", function (e) {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) sendMessage(e);
+  });
+  $("chat-interrupt").addEventListener("click", function () {
+    chatAction("interrupt/", "Stopping this turn…", "Stop sent: the agent ends this turn and waits for you.");
+  });
+  $("chat-end").addEventListener("click", function () {
+    chatAction("end/", "Ending…", "Ended: the agent finishes what it is doing, then stops.");
+  });
   $("raw-toggle").addEventListener("click", function () { state.raw = !state.raw; renderRun(state.task); });
   $("merge-button").addEventListener("click", function () { integrate("merge"); });
   $("discard-button").addEventListener("click", function () {

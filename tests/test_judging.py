@@ -251,3 +251,16 @@ def test_j6_refused_renewal_maps_to_stop_reason():
     assert [refusal_stop_reason(r) for r in ("cancelled", "max_runtime", "revoked", "budget", "expired")] == [
         "cancel", "max_runtime", "renewal_refused", "renewal_refused", "renewal_refused",
     ]
+
+
+def test_c4_j6_exit_1_after_the_owner_interrupted_the_last_turn_is_succeeded():
+    base = {"process_started": True, "exit_code": 1, "signal": None, "ended_within_lease": True, "stop_reason": "exit"}
+    owner_stopped = judge({**base, "agent_result": {"is_error": False, "subtype": "interrupted", "summary": None}},
+                          leased=True)
+    assert (owner_stopped.state, owner_stopped.row) == ("succeeded", "6c")
+    # The same exit after a real error (or with no such fact) is still a failure (row 7).
+    for agent_result in ({"is_error": True, "subtype": "error_during_execution", "summary": None}, None):
+        verdict = judge({**base, "agent_result": agent_result}, leased=True)
+        assert (verdict.state, verdict.row) == ("failed", 7)
+    assert judge({**base, "exit_code": 2, "agent_result": {"is_error": False, "subtype": "interrupted"}},
+                 leased=True).state == "failed"

@@ -52,6 +52,11 @@ def judge(facts: dict, *, leased: bool) -> Verdict:
         return Verdict(TaskState.FAILED, RUNTIME, "5a", f"agent reported {agent_result.get('subtype') or 'error'}")
     if stop == "exit" and exit_code == 0 and signal is None:
         return Verdict(TaskState.SUCCEEDED, RUNTIME, 6, "exit 0")
+    if stop == "exit" and exit_code == 1 and signal is None and isinstance(agent_result, dict) \
+            and agent_result.get("subtype") == "interrupted" and agent_result.get("is_error") is False:
+        # C4: a conversation whose last turn its owner stopped; Claude Code then exits 1
+        # (its last turn's result is an error). The owner's stop is no failure of the agent.
+        return Verdict(TaskState.SUCCEEDED, RUNTIME, "6c", "exit 1 after the owner interrupted its last turn")
     if stop == "exit":
         what = f"signal {signal}" if signal is not None else f"exit {exit_code}"
         return Verdict(TaskState.FAILED, RUNTIME, 7, what)

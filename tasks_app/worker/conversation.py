@@ -163,6 +163,22 @@ class Conversation:
                 self.last_activity = ctx.clock.monotonic()
                 ctx.wake_sender()
 
+    def final_extras(self, extra: dict) -> dict:
+        """The run's final facts (J1) as a conversation reports them: a last turn that
+        ended because the owner interrupted it (C4: an interrupt written after its
+        message) is no error of the agent's, so its ``agent_result`` (Claude Code:
+        ``error_during_execution``) says ``interrupted``, not ``is_error``."""
+        result = extra.get("agent_result")
+        if not isinstance(result, dict) or result.get("is_error") is not True \
+                or result.get("subtype") != "error_during_execution":
+            return extra
+        items = self._items()
+        last = max((i["placement"] for i in items if i["kind"] == "message" and i["state"] == "answered"), default=None)
+        if last is None or not any(i["kind"] == "interrupt" and i["state"] == "written" and i["placement"] > last
+                                   for i in items):
+            return extra
+        return {**extra, "agent_result": {**result, "is_error": False, "subtype": "interrupted"}}
+
     # --- what comes next ----------------------------------------------------------------------
 
     def _place(self) -> None:

@@ -588,6 +588,9 @@ class Runner:
             run.observer.record_git_end()
             extra.update(run.observer.final_extras(confirmed))
         extra.update(run.hooks.facts_extra())  # an extension's own facts win over the observer's
+        if run.conversation is not None:
+            run.conversation.step()  # the last receipts (delivered, answered) before the final one
+            extra = run.conversation.final_extras(extra)
         exit_facts = process.read_json(os.path.join(run.op_dir, "exit.json")) or {}
         # When the agent ended: the launcher's record (more precise than our observation),
         # if its times are comparable with our clock; else when the watch saw it end.

@@ -7,6 +7,8 @@ answer. Defaults (server, token, machine, folder) come from ``var/demo.json``, w
 - ``--continue TASK``: a follow-up of TASK (``continue_task``, G6; queued behind it while
   it still runs, G8);
 - ``--isolation worktree|none``: the task's ``isolation`` (G7; absent: the profile's);
+- ``--conversation``: ``"mode": "conversation"`` (C1): the agent stays open for messages
+  (``POST /api/tasks/{id}/messages/``, or the task page's chat);
 - ``--follow``: then print the task's state changes and transcript lines as they arrive
   (``tasks_app.follow``; a spinner line on a terminal, plain lines when piped) and exit
   0 on ``succeeded``, 1 on any other final state, 2 on ``unknown``;
@@ -45,13 +47,15 @@ class Command(BaseCommand):
                             help="a follow-up of this task: resumes its agent session (queued while it runs)")
         parser.add_argument("--isolation", choices=["worktree", "none"],
                             help="run in a worktree on its own branch (default: the profile's setting)")
+        parser.add_argument("--conversation", action="store_true",
+                            help="a conversation: the agent stays open for messages (C1)")
         parser.add_argument("--follow", action="store_true",
                             help="print state changes and transcript lines until the task ends; "
                                  "exit 0 succeeded, 1 other final state, 2 unknown")
         parser.add_argument("--json", dest="as_json", action="store_true", help="JSON output (one object a line with --follow)")
 
     def handle(self, *args, prompt, server, token, machine, folder, agent, max_runtime, key, continue_task, isolation,
-               follow, as_json, **options):
+               follow, as_json, conversation=False, **options):
         demo = {}
         demo_file = settings.VAR_DIR / "demo.json"
         if demo_file.exists():
@@ -71,6 +75,8 @@ class Command(BaseCommand):
             body["continue_task"] = continue_task
         if isolation:
             body["isolation"] = isolation
+        if conversation:
+            body["mode"] = "conversation"
         try:
             response = httpx.post(f"{server.rstrip('/')}/api/tasks/", json=body,
                                   headers={**headers, "Idempotency-Key": key}, timeout=30)
