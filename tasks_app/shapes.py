@@ -687,9 +687,11 @@ class MessageShape(TypedDict):
     """One outbox message (W2)."""
 
     id: Uuid
-    kind: Literal["start", "cancel", "query"]
+    kind: Literal["start", "cancel", "query", "integrate", "message", "interrupt", "end"]
     operation_id: Uuid
-    payload: Annotated[dict[str, Any], Doc("free-form per kind, see H: start, cancel, query")]
+    payload: Annotated[dict[str, Any], Doc("free-form per kind, see H: start, cancel, query, integrate (G7); "
+                                           "message {message_id, seq, text}, interrupt {interrupt_id}, "
+                                           "end {reason, last_seq} (C2-C5)")]
 
 
 def message_dict(message) -> MessageShape:

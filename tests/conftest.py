@@ -246,7 +246,8 @@ def grant(machine, grant_root):
 @pytest.fixture
 def one_of_each(owner, machine, grant, pinned):
     """One of everything an endpoint can name (K3 strict input, the schemathesis run): a
-    task with its operation, lease and start message; a session with a job; a pending
+    task with its operation, lease and start message; a live conversation task with a
+    message (C2); a session with a job; a pending
     pairing code; a push subscription; a pending approval of the session. The machine has been heard from, so its
     ``last_heard_at`` does not move during the test (P2 writes it at most every few
     seconds and the clock is pinned). Returns their ids (strings) by name."""
@@ -265,7 +266,13 @@ def one_of_each(owner, machine, grant, pinned):
     subscription = api.post("/api/push/subscriptions/", push_subscription(), format="json").json()["id"]
     approval = api.post("/api/approvals/", {"key": "one-of-each", "session": session_id, "agent": "claude",
                                             "tool_name": "Bash", "tool_input": {"command": "ls"}}, format="json")
+    # C1, C2: a live conversation (its machine's profile converses live) with a message
+    live = {"profiles": [{"name": "claude", "preset": "claude", "conversation": "live"}]}
+    assert machine_api(machine).put("/api/worker/profiles/", live, format="json").status_code == 200
+    conversation = submit(owner, machine, grant.path, agent="claude", mode="conversation", exclusive=False).json()["id"]
+    assert api.post(f"/api/tasks/{conversation}/messages/", {"text": "hi"}, format="json",
+                    HTTP_IDEMPOTENCY_KEY="one-of-each").status_code == 201
     return {"subscription": subscription, "job": "j1", "device": "laptop", "approval": approval.json()["id"],
-            "task": task_id, "op": operation_id(task_id), "lease": lease_id, "message": message["id"],
+            "task": task_id, "conversation": conversation, "op": operation_id(task_id), "lease": lease_id, "message": message["id"],
             "session": session_id, "machine": str(machine.id), "grant": str(grant.id), "folder": grant.path,
             "generation": machine.generation}

@@ -315,6 +315,44 @@ def walk_worktree_task(call, api, worker, owner, machine, grant):
     assert call(api, "get", f"/api/tasks/{task_id}/", expect=200)["integration"]["outcome"] == "merged"
 
 
+def walk_conversation(call, api, worker, machine, grant):
+    """C1-C5: a live conversation: a message (and its replay), its receipts, the list,
+    an interrupt and the end; ``message`` board events on each change."""
+    live = {"profiles": [{"name": "claude", "preset": "claude", "conversation": "live"},
+                         {"name": "default", "preset": "claude"},
+                         {"name": "bare", "preset": None, "isolation": "worktree"}]}
+    call(worker, "put", "/api/worker/profiles/", live, expect=200)
+    task = call(api, "post", "/api/tasks/", {"machine": str(machine.id), "folder": grant.path + "/chat", "agent": "claude",
+                                              "prompt": "hello", "mode": "conversation", "exclusive": False},
+                expect=201, HTTP_IDEMPOTENCY_KEY="walk-chat")
+    call(worker, "post", "/api/worker/leases/", {"operation_id": operation_id(task["id"])}, expect=201)
+    assert receipt(machine, task["id"], "running", {"pid": 12}).status_code == 200
+    message = call(api, "post", f"/api/tasks/{task['id']}/messages/", {"text": "and then?"}, expect=201,
+                   HTTP_IDEMPOTENCY_KEY="walk-message")
+    call(api, "post", f"/api/tasks/{task['id']}/messages/", {"text": "and then?"}, expect=201,
+         HTTP_IDEMPOTENCY_KEY="walk-message")  # the replay
+    call(api, "post", f"/api/tasks/{task['id']}/messages/", {"text": "other"}, expect=422,
+         HTTP_IDEMPOTENCY_KEY="walk-message")
+    for state in ("delivered", "answered"):
+        body = {"event_id": f"walk-message-{state}", "generation": machine.generation,
+                "operation_id": operation_id(task["id"]), "kind": "message", "slept_s": 0.0,
+                "facts": {"message_id": message["id"], "state": state}}
+        call(worker, "post", "/api/worker/receipts/", body, expect=200)
+    listed = call(api, "get", f"/api/tasks/{task['id']}/messages/", expect=200)["results"]
+    assert [(m["seq"], m["state"]) for m in listed] == [(0, "sent"), (1, "answered")]
+    call(api, "post", f"/api/tasks/{task['id']}/interrupt/", expect=202)
+    assert call(api, "post", f"/api/tasks/{task['id']}/end/", expect=200)["conversation_ended_at"] is not None
+    call(api, "post", f"/api/tasks/{task['id']}/messages/", {"text": "more"}, expect=409,
+         HTTP_IDEMPOTENCY_KEY="walk-message-2")
+    call(api, "post", f"/api/tasks/{task['id']}/interrupt/", expect=409)
+    body = {"event_id": "walk-chat-final", "generation": machine.generation, "operation_id": operation_id(task["id"]),
+            "kind": "final", "slept_s": 0.0, "facts": final_facts(**agent_facts())}
+    call(worker, "post", "/api/worker/receipts/", body, expect=200)  # message 0 was never written: undelivered
+    # The worker's pull carries the conversation's messages (W2): kinds message, interrupt, end.
+    pulled = call(worker, "get", "/api/worker/messages/?wait=0", expect=200)["messages"]
+    assert {"message", "interrupt", "end"} <= {m["kind"] for m in pulled}
+
+
 def walk_every_operation(call, owner, machine, grant, grant_root, make_machine):
     """One of every answer and board event, through the real API and services."""
     api, worker = owner_api(owner), machine_api(machine)
@@ -355,6 +393,7 @@ def walk_every_operation(call, owner, machine, grant, grant_root, make_machine):
     other = submit(owner, machine, grant.path, exclusive=False).json()
     call(api, "post", f"/api/tasks/{other['id']}/cancel/", expect=200)
     walk_worktree_task(call, api, worker, owner, machine, grant)
+    walk_conversation(call, api, worker, machine, grant)
 
     call(api, "get", "/api/budget/", expect=200)
     call(api, "get", "/api/machines/", expect=200)

@@ -105,6 +105,10 @@ def _task(w):
     return {"task_id": w["task"]}
 
 
+def _conversation(w):
+    return {"task_id": w["conversation"]}
+
+
 def _session(w):
     return {"session_id": w["session"]}
 
@@ -133,6 +137,11 @@ ROWS = {
     "api/tasks/<uuid:task_id>/entries/": Row(OWNER, kwargs=_task),
     "api/tasks/<uuid:task_id>/integrate/": Row(OWNER, kwargs=_task, bodies={"POST": lambda w: {"action": "discard"}},
                                                headers={"HTTP_IDEMPOTENCY_KEY": "matrix"}),
+    # conversations (C2, C4, C5, C7): the victim's live conversation task
+    "api/tasks/<uuid:task_id>/messages/": Row(OWNER, kwargs=_conversation, bodies={"POST": lambda w: {"text": "mine now"}},
+                                              headers={"HTTP_IDEMPOTENCY_KEY": "matrix"}),
+    "api/tasks/<uuid:task_id>/interrupt/": Row(OWNER, kwargs=_conversation, bodies={"POST": lambda w: {}}),
+    "api/tasks/<uuid:task_id>/end/": Row(OWNER, kwargs=_conversation, bodies={"POST": lambda w: {}}),
     "api/budget/": Row(OWNER, other="self", self_status={"GET": 200, "HEAD": 200, "OPTIONS": 200}),
     "api/token/rotate/": Row(OWNER, bodies={"POST": lambda w: {}}, other="self",
                              self_status={"POST": 201, "OPTIONS": 200}),
@@ -370,7 +379,7 @@ def victim_view(w) -> dict:
 @pytest.fixture
 def world(owner, other_owner, machine, grant, make_machine, pinned):
     """The victim (alice) owns one of everything: a task with its operation, lease and
-    start message, a session with a held job and a running marker of her machine's device,
+    start message, a live conversation task with a message (C2), a session with a held job and a running marker of her machine's device,
     a pending pairing code, a push subscription, a browser login. Then she re-pairs her
     machine (its old token is the old generation) and rotates her API token (the old one
     is revoked). The attacker (mallory) has a token, a browser login and a machine; alice
@@ -385,6 +394,13 @@ def world(owner, other_owner, machine, grant, make_machine, pinned):
     (message,) = machine_api(machine).get("/api/worker/messages/?wait=0").json()["messages"]
     lease_id = grant_lease(machine, task_id).json()["lease_id"]
     api = owner_api(owner)
+    # a live conversation (C1) with a message, for the conversation routes
+    profiles = {"profiles": [{"name": "claude", "preset": "claude", "conversation": "live"}]}
+    assert machine_api(machine).put("/api/worker/profiles/", profiles, format="json").status_code == 200
+    conversation = submit(owner, machine, grant.path, agent="claude", mode="conversation", exclusive=False).json()
+    assert conversation["conversation"] == "live"
+    assert api.post(f"/api/tasks/{conversation['id']}/messages/", {"text": "hi"}, format="json",
+                    HTTP_IDEMPOTENCY_KEY="victim").status_code == 201
     session_id = str(uuid.uuid4())
     assert api.post("/api/sessions/", {"id": session_id, "title": "alice's"}, format="json").status_code == 201
     assert api.post(f"/api/sessions/{session_id}/jobs/", {"job_id": "j1", "mode": "held"}, format="json").status_code == 201
@@ -416,6 +432,7 @@ def world(owner, other_owner, machine, grant, make_machine, pinned):
     return {
         "victim": owner, "attacker": other_owner, "victim_cookie": victim_browser.cookies["sessionid"].value,
         "attacker_cookie": attacker_browser.cookies["sessionid"].value, "task": task_id, "op": operation_id(task_id), "lease": lease_id,
+        "conversation": conversation["id"],
         "message": message["id"], "session": session_id, "machine": str(machine.id), "grant": str(grant.id),
         "folder": grant.path, "generation": 2, "subscription": subscription, "approval": approval,
         "devices": {"machine_on_owner_path": str(machine.id), "other_machine": str(attacker_machine.id),
@@ -454,7 +471,8 @@ def pinned_now():
 
 
 def victim_ids(w) -> list[str]:
-    return [w[k] for k in ("task", "op", "lease", "message", "session", "machine", "grant", "subscription", "approval")]
+    return [w[k] for k in ("task", "op", "lease", "message", "session", "machine", "grant", "subscription", "approval",
+                           "conversation")]
 
 
 # --- the matrix --------------------------------------------------------------------------------

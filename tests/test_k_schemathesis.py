@@ -87,8 +87,11 @@ def real_ids(operation, world) -> dict | None:
     if not params:
         return None
     out = {}
+    conversation_route = operation.path.endswith(("/messages/", "/interrupt/", "/end/")) and "/worker/" not in operation.path
     for name in params:
-        if name == "job_id":
+        if name == "task_id" and conversation_route:
+            out[name] = world["conversation"]  # C2-C5: the routes of a conversation task
+        elif name == "job_id":
             out[name] = "j1"
         elif name == "device_id":
             out[name] = world["machine"]
