@@ -95,6 +95,9 @@ def setup_worker(server: Server, root: Path, arrivals: Path, conversations: int)
 
     user = get_user_model().objects.create_user(f"bench-conv-{uuid.uuid4().hex[:8]}")
     token = Token.objects.create(user=user).key
+    from tasks_app.models import Budget
+
+    Budget.objects.update_or_create(owner=user, defaults={"limit_s": 10.0 ** 9})  # 101 conversations x 1 h
     connection.close()
     client = httpx.Client(base_url=server.url, headers={"Authorization": f"Token {token}"}, timeout=30)
     code = client.post("/api/machines/pairing-codes/", json={"name": "bench-laptop"}).json()["code"]

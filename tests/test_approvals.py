@@ -353,3 +353,16 @@ def test_q5_task_counts_start_at_zero(owner, machine, grant, pinned):
     task = submit(owner, machine, grant.path).json()
     assert (task["attention"], task["approvals"]) == ("", {"asked": 0, "allowed": 0, "denied": 0})
     assert Task.objects.get(pk=task["id"]).approval_token_hash == ""
+
+
+@pytest.mark.parametrize("field, value", [
+    ("tool_input", {"comm\x00and": "ls"}),
+    ("tool_input", {"command": "printf 'a\x00b'"}),
+    ("suggestions", [{"type": "addRules", "rules": [{"toolName": "B\x00ash"}]}]),
+])
+def test_k3_q1_nul_in_tool_input_or_suggestions_is_400_and_nothing_stored(owner, pinned, field, value):
+    # PostgreSQL's jsonb cannot hold U+0000 (found by schemathesis as a 500): refused as input.
+    resp = ask(owner, **{field: value})
+    assert resp.status_code == 400, resp.content
+    assert resp.json()["error"] == "invalid" and field in resp.json()["fields"]
+    assert Approval.objects.count() == 0

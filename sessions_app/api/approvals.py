@@ -13,6 +13,8 @@ Who may call what (Q7, K2):
 Another owner's ids answer 404 everywhere. Input is strict (K3); ``tool_input`` is never
 logged (Q7): no view logs bodies, and refusals name the field, never its value.
 """
+import json
+
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView
@@ -43,6 +45,14 @@ MESSAGE_MAX = 2000
 # --- input ------------------------------------------------------------------------------
 
 
+def _without_nul(value):
+    """K3: a NUL (U+0000) anywhere in a key or a string: 400, not PostgreSQL's refusal to
+    store it in ``jsonb`` (a 500)."""
+    if "\\u0000" in json.dumps(value):
+        raise serializers.ValidationError("must not contain NUL (U+0000) in a key or a string")
+    return value
+
+
 class ApprovalCreateIn(StrictSerializer):
     """``POST /api/approvals/`` (Q1). Exactly one of ``session`` and ``task``; a task
     credential may only name its own task (or none: its task is meant)."""
@@ -62,12 +72,12 @@ class ApprovalCreateIn(StrictSerializer):
     def validate_tool_input(self, value):
         if json_bytes(value) > APPROVAL_INPUT_MAX_BYTES:
             raise serializers.ValidationError(f"over {APPROVAL_INPUT_MAX_BYTES} bytes as JSON")
-        return value
+        return _without_nul(value)
 
     def validate_suggestions(self, value):
         if json_bytes(value) > SUGGESTIONS_MAX_BYTES:
             raise serializers.ValidationError(f"over {SUGGESTIONS_MAX_BYTES} bytes as JSON")
-        return value
+        return _without_nul(value)
 
     def validate(self, data):
         credential = self.context.get("credential")
