@@ -303,6 +303,10 @@ SPECTACULAR_SETTINGS = {
         "SessionAttentionEnum": "sessions_app.models.Attention",
         "SessionStatusEnum": "sessions_app.models.SessionStatus",
         "AppliedOutcomeEnum": ["applied", "not_applied"],
+        "TaskModeEnum": ["task", "conversation"],  # C1
+        "JobModeEnum": "sessions_app.models.JobMode",
+        "ProfileConversationEnum": ["live", "resume", "none"],  # C1: what a profile can do
+        "TaskConversationEnum": ["live", "resume"],  # C1: what a conversation task does
     },
     # The board events as components (board/schema.py), before the enums are named so
     # theirs are named too.

@@ -15,8 +15,9 @@ def test_b10_profiles_are_stored_sorted_and_published_once(machine_client, machi
     with django_capture_on_commit_callbacks(execute=True):
         response = machine_client.put("/api/worker/profiles/", PROFILES, format="json")
     assert response.status_code == 200, response.content
-    expected = [{"name": "claude", "preset": "claude", "isolation": "none"},
-                {"name": "fast", "preset": "codex", "isolation": "none"}]
+    # C1: a profile reported without ``conversation`` cannot converse
+    expected = [{"name": "claude", "preset": "claude", "isolation": "none", "conversation": "none"},
+                {"name": "fast", "preset": "codex", "isolation": "none", "conversation": "none"}]
     assert response.json() == {"profiles": expected}
     # (a first machine event may say the machine was heard from: B7)
     events = [e for e in board_events.of(owner) if e["type"] == "machine" and e["machine"]["profiles"]]

@@ -199,7 +199,7 @@ def test_w1_prune_removes_only_final_acknowledged_records_older_than_7_days(tmp_
 def test_w1_worker_database_of_schema_2_is_migrated(tmp_path):
     import sqlite3
 
-    from tasks_app.worker.store import SCHEMA_V1, SCHEMA_V2
+    from tasks_app.worker.store import SCHEMA_V1, SCHEMA_V2, SCHEMA_VERSION
 
     path = str(tmp_path / "w.sqlite3")
     db = sqlite3.connect(path)
@@ -208,7 +208,7 @@ def test_w1_worker_database_of_schema_2_is_migrated(tmp_path):
     db.commit()
     db.close()
     store = Store(path)
-    assert store.conn.execute("PRAGMA user_version").fetchone() == {"user_version": 3}
+    assert store.conn.execute("PRAGMA user_version").fetchone() == {"user_version": SCHEMA_VERSION}
     assert store.conn.execute("SELECT acked_wall FROM messages").fetchone() == {"acked_wall": None}
     store.message_acked("m", 5.0)
     assert store.conn.execute("SELECT acked_wall FROM messages").fetchone() == {"acked_wall": 5.0}

@@ -4,10 +4,12 @@ from datetime import datetime
 
 from django.db.models import Q
 
+from core.broadcast import broadcast
 from core.errors import ApplicationError
 from tasks_app.models import (
     FINAL_STATES,
     Budget,
+    ConversationMessage,
     Grant,
     Integration,
     Machine,
@@ -15,12 +17,11 @@ from tasks_app.models import (
     Task,
     TaskState,
 )
-from tasks_app.services.conversation import conversation_opened
 from tasks_app.services.folders import folder_lock_holder, folder_locked_error, normalize_folder, path_within
 from tasks_app.services.idempotency import StoredResponse, body_digest, run_once
 from tasks_app.services.locking import for_key_share
 from tasks_app.services.transitions import budget_reserve, task_created
-from tasks_app.shapes import actor_owner, task_dict
+from tasks_app.shapes import actor_owner, message_event, task_dict
 from tasks_app.signals import task_session_claimed
 
 
@@ -206,3 +207,11 @@ def create_task(*, owner, data, now) -> Task:
         conversation_opened(task, now=now)  # before the start message, which names it
     task_created(task, actor=actor_owner(owner), now=now)
     return task
+
+
+def conversation_opened(task: Task, *, now: datetime) -> None:
+    """C2: a new conversation task's prompt is its message 0 (so the chat shows its
+    state like any other); in a resume conversation the task itself carries it."""
+    message = ConversationMessage.objects.create(task=task, seq=0, text=task.prompt, created_at=now,
+                                                 carrier=task if task.conversation == "resume" else None)
+    broadcast(task.owner_id, message_event(message))

@@ -36,6 +36,7 @@ from tasks_app.models import (
     Task,
     TaskState,
 )
+from tasks_app.services.acceptance import create_task
 from tasks_app.services.idempotency import StoredResponse, body_digest, run_once
 from tasks_app.services.transitions import message_send, task_publish, task_record
 from tasks_app.shapes import actor_owner, conversation_message_dict, message_event, task_dict
@@ -112,8 +113,6 @@ def _accepted(*, owner, task_id, text: str, now: datetime) -> tuple[int, dict, T
 def _follow_up(owner, task: Task, text: str, now: datetime) -> Task:
     """A resume conversation's message as a follow-up task (G6, G8): queued behind the
     conversation's last unfinished task, or accepted at once."""
-    from tasks_app.services.acceptance import create_task  # acceptance imports this module
-
     data = {"machine": task.machine_id, "folder": task.folder, "agent": task.agent, "prompt": text,
             "session": task.session_id, "deep_research": task.deep_research, "max_runtime_s": task.max_runtime_s,
             "exclusive": task.exclusive, "continue_task": task.pk}
@@ -214,14 +213,6 @@ def messages_follow_task(task: Task, *, now: datetime) -> None:
             _advance(message, S.ANSWERED, now=now)
 
 
-def conversation_opened(task: Task, *, now: datetime) -> None:
-    """C2: a new conversation task's prompt is its message 0 (so the chat shows its
-    state like any other); in a resume conversation the task itself carries it."""
-    message = ConversationMessage.objects.create(task=task, seq=0, text=task.prompt, created_at=now,
-                                                 carrier=task if task.conversation == "resume" else None)
-    _publish(message)
-
-
 def conversation_messages(task: Task) -> list[ConversationMessage]:
     """The task's messages in ``seq`` order (at most ``MESSAGES_LISTED``, the latest)."""
     latest = ConversationMessage.objects.filter(task=task).order_by("-seq")[:MESSAGES_LISTED]
@@ -237,4 +228,4 @@ def message_max_bytes() -> int:
 
 
 def _publish(message: ConversationMessage) -> None:
-    broadcast(message.task.owner_id, message_event(message))
+    broadcast(message.task.owner_id, message_event(message))  # also acceptance's, for message 0

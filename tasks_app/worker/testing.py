@@ -360,7 +360,9 @@ class InMemoryService:
                 return canned
             with self._lock:  # stored as the service stores them: sorted by name, isolation filled in (B10, G7)
                 self.profiles = sorted(({"name": p["name"], "preset": p.get("preset"),
-                                         "isolation": p.get("isolation") or "none"} for p in body.get("profiles", [])),
+                                         "isolation": p.get("isolation") or "none",
+                                         "conversation": p.get("conversation") or "none"}
+                                        for p in body.get("profiles", [])),
                                        key=lambda p: p["name"])
                 self._record("profiles", 200, body=body)
             return answer(200, {"profiles": self.profiles})
