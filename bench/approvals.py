@@ -56,13 +56,12 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(BASE_DIR))
 
-from run import Server, lat  # noqa: E402  (bench/run.py: daphne as a process, percentiles)
+from run import Server, lat, scratch_service  # noqa: E402  (bench/run.py: daphne as a process, percentiles)
 
 PAYLOAD = json.loads((BASE_DIR / "tests" / "fixtures" / "hooks" / "claude" / "permission_request.json").read_text())
 ALLOW = {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": {"behavior": "allow"}}}
@@ -390,50 +389,17 @@ def main() -> int:
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.hooks + 256)), hard))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-appr-db-"))
-    dbname = admin_url = None
-    if args.shape == "postgres":
-        if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
-            parser.error("--shape postgres: set DATABASE_URL (PostgreSQL) and REDIS_URL")
-        import psycopg
-
-        admin_url = os.environ["DATABASE_URL"]
-        dbname = f"bench_appr_{os.getpid()}"
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {dbname}")
-        env = {"DATABASE_URL": urlunsplit(urlsplit(admin_url)._replace(path="/" + dbname)),
-               "RUNSTEAD_CHANNEL_PREFIX": f"benchappr{os.getpid()}"}
-    else:
-        for name in ("DATABASE_URL", "REDIS_URL"):
-            os.environ.pop(name, None)
-        env = {"RUNSTEAD_SQLITE_PATH": str(tmp / "db.sqlite3")}
-    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
-    os.environ.update(env)
+    if args.shape == "postgres" and not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
+        parser.error("--shape postgres: set DATABASE_URL (PostgreSQL) and REDIS_URL")
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BASE_DIR, capture_output=True, text=True).stdout.strip()
     report = {"label": args.label, "shape": args.shape, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "git": git}
     try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
-        from django.db import connection
-
-        connection.close()
-        report["approvals"] = run_approvals(env, dbname, admin_url, hooks=args.hooks, window_s=args.window,
-                                            decisions=args.decisions, state_dirs=args.state_dirs, batch=args.batch)
+        with scratch_service(args.shape, "bench_appr") as (env, dbname, admin_url):
+            report["approvals"] = run_approvals(env, dbname, admin_url, hooks=args.hooks, window_s=args.window,
+                                                decisions=args.decisions, state_dirs=args.state_dirs,
+                                                batch=args.batch)
     finally:
-        from django.db import connections
-
-        connections.close_all()
-        if dbname:
-            import psycopg
-
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
-        shutil.rmtree(tmp, ignore_errors=True)
         report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
         out = Path(args.out or BASE_DIR / "bench" / "results" / f"approvals-{args.label}.json")
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,13 +40,12 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(BASE_DIR))
 
-from run import Server, lat  # noqa: E402  (bench/run.py: daphne as a process, percentiles)
+from run import Server, lat, scratch_service  # noqa: E402  (bench/run.py: daphne, percentiles, scratch DB)
 
 AGENT = BASE_DIR / "bench" / "stream_agent.py"
 READY_TIMEOUT_S = 120.0
@@ -218,49 +217,15 @@ def main() -> int:
     parser.add_argument("--out", help="JSON path (default bench/results/conversation-LABEL.json)")
     args = parser.parse_args()
     os.chdir(BASE_DIR)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-conv-db-"))
-    dbname = admin_url = None
-    if args.shape == "postgres":
-        if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
-            parser.error("--shape postgres: set DATABASE_URL (PostgreSQL) and REDIS_URL")
-        import psycopg
-
-        admin_url = os.environ["DATABASE_URL"]
-        dbname = f"bench_conv_{os.getpid()}"
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {dbname}")
-        env = {"DATABASE_URL": urlunsplit(urlsplit(admin_url)._replace(path="/" + dbname)),
-               "RUNSTEAD_CHANNEL_PREFIX": f"benchconv{os.getpid()}"}
-    else:
-        for name in ("DATABASE_URL", "REDIS_URL"):
-            os.environ.pop(name, None)
-        env = {"RUNSTEAD_SQLITE_PATH": str(tmp / "db.sqlite3")}
-    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
-    os.environ.update(env)
+    if args.shape == "postgres" and not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
+        parser.error("--shape postgres: set DATABASE_URL (PostgreSQL) and REDIS_URL")
     git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BASE_DIR, capture_output=True, text=True).stdout.strip()
     report = {"label": args.label, "shape": args.shape, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "git": git}
     try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
-        from django.db import connection
-
-        connection.close()
-        report["conversation"] = run_bench(env, open_count=args.open, messages=args.messages)
+        with scratch_service(args.shape, "bench_conv") as (env, _, _):
+            report["conversation"] = run_bench(env, open_count=args.open, messages=args.messages)
     finally:
-        from django.db import connections
-
-        connections.close_all()
-        if dbname:
-            import psycopg
-
-            with psycopg.connect(admin_url, autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
-        shutil.rmtree(tmp, ignore_errors=True)
         report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
         out = Path(args.out or BASE_DIR / "bench" / "results" / f"conversation-{args.label}.json")
         out.parent.mkdir(parents=True, exist_ok=True)

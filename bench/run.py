@@ -50,10 +50,12 @@ machine's load average at the start so runs on a busy machine can be told apart.
 """
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -84,6 +86,52 @@ def pct(values: list[float], q: float) -> float | None:
 
 def lat(values: list[float]) -> dict:
     return {"n": len(values), "p50_ms": pct(values, 0.5), "p99_ms": pct(values, 0.99), "max_ms": pct(values, 1.0)}
+
+
+@contextlib.contextmanager
+def scratch_service(shape: str, prefix: str):
+    """A scratch database for one benchmark run, migrated, its settings in this process's
+    environment (and so in the servers it starts): ``postgres`` creates ``<prefix>_<pid>``
+    on ``DATABASE_URL``'s server, with a channel prefix of its own on ``REDIS_URL``, and
+    drops it afterwards; ``sqlite`` a scratch file and the in-memory channel layer. Yields
+    ``(env, dbname, admin_url)`` (``dbname`` and ``admin_url`` None on SQLite)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}-db-"))
+    dbname = admin_url = None
+    if shape == "postgres":
+        import psycopg
+
+        admin_url = os.environ["DATABASE_URL"]
+        dbname = f"{prefix}_{os.getpid()}"
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {dbname}")
+        env = {"DATABASE_URL": urlunsplit(urlsplit(admin_url)._replace(path="/" + dbname)),
+               "RUNSTEAD_CHANNEL_PREFIX": f"{prefix.replace('_', '')}{os.getpid()}"}
+    else:
+        for name in ("DATABASE_URL", "REDIS_URL"):
+            os.environ.pop(name, None)
+        env = {"RUNSTEAD_SQLITE_PATH": str(tmp / "db.sqlite3")}
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    os.environ.update(env)
+    try:
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+        from django.db import connection
+
+        call_command("migrate", verbosity=0)
+        connection.close()
+        yield env, dbname, admin_url
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if dbname:
+            import psycopg
+
+            with psycopg.connect(admin_url, autocommit=True) as conn:
+                conn.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # --- servers ----------------------------------------------------------------------------

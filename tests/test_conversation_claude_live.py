@@ -3,12 +3,12 @@ subprocess, the pinned CLI in ``-p --input-format stream-json`` mode offline aga
 fake Messages API (docs/claude-stream-input.md for what it does with its stdin)."""
 import json
 import os
-import threading
 import uuid
 
 import psutil
 import pytest
 
+from tests.barrier import race
 from tests.claude_cli import fake_model_api  # noqa: F401  (fixture)
 from tests.conversation_support import (
     conversation_setup,
@@ -85,18 +85,8 @@ def test_c2_c3_five_messages_each_delivered_once_in_order(live, fake_model_api):
                             headers={"Idempotency-Key": one.request.headers["Idempotency-Key"]})
     assert replay.status_code == 201 and replay.json() == one.json()
     # Two racing with one key: one message, both get the winner's answer (A4).
-    key, answers = str(uuid.uuid4()), []
-    barrier = threading.Barrier(2)
-
-    def race():
-        barrier.wait()
-        answers.append(send(setup, task_id, "message three", key=key))
-
-    threads = [threading.Thread(target=race) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    key = str(uuid.uuid4())
+    answers = race(2, lambda i: send(setup, task_id, "message three", key=key))
     assert [a.status_code for a in answers] == [201, 201]
     assert answers[0].json()["id"] == answers[1].json()["id"] and answers[0].json()["seq"] == 3
     wait_states(setup, task_id, {0: "answered", 1: "answered", 2: "answered", 3: "answered"}, timeout=90)

@@ -22,7 +22,6 @@ commit (B2).
 import uuid
 from datetime import datetime
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
@@ -46,7 +45,6 @@ S = ConversationMessageState
 STATE_RANK = {S.SENT: 0, S.DELIVERED: 1, S.ANSWERED: 2}
 # A resume conversation whose first task ended thus is over: nothing to resume.
 RESUME_DEAD_STATES = frozenset({TaskState.CANCELLED, TaskState.NOT_STARTED, TaskState.ABANDONED})
-LIVE_OPEN_STATES = frozenset({TaskState.ACCEPTED, TaskState.DELIVERED, TaskState.STARTING, TaskState.RUNNING})
 
 
 def message_scope(task_id) -> str:
@@ -220,11 +218,6 @@ def conversation_messages(task: Task) -> list[ConversationMessage]:
 
 
 MESSAGES_LISTED = 500
-
-
-def message_max_bytes() -> int:
-    """C7: ``RUNSTEAD_MESSAGE_MAX_BYTES`` (32768)."""
-    return settings.RUNSTEAD_MESSAGE_MAX_BYTES
 
 
 def _publish(message: ConversationMessage) -> None:

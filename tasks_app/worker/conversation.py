@@ -98,9 +98,13 @@ class Conversation:
 
     def step(self) -> None:
         """Receipts for what was written and answered, then the next item placed."""
+        self.settle()
+        self._place()
+
+    def settle(self) -> None:
+        """The receipts (and markers) of what was written and answered so far."""
         self._written()
         self._answered()
-        self._place()
 
     # --- what happened ------------------------------------------------------------------------
 

@@ -589,7 +589,7 @@ class Runner:
             extra.update(run.observer.final_extras(confirmed))
         extra.update(run.hooks.facts_extra())  # an extension's own facts win over the observer's
         if run.conversation is not None:
-            run.conversation.step()  # the last receipts (delivered, answered) before the final one
+            run.conversation.settle()  # the last receipts (delivered, answered) before the final one
             extra = run.conversation.final_extras(extra)
         exit_facts = process.read_json(os.path.join(run.op_dir, "exit.json")) or {}
         # When the agent ended: the launcher's record (more precise than our observation),
