@@ -118,7 +118,8 @@ def test_c4_interrupt_stops_the_long_tool_and_the_next_message_is_answered_in_th
     resp = setup.api.post(f"/api/tasks/{task_id}/interrupt/")
     assert resp.status_code == 202, resp.text
     wait_states(setup, task_id, {0: "answered"}, timeout=30)
-    assert not long_tool_runs(), "the interrupted tool still runs"
+    # Claude Code kills the tool's process group as it ends the turn: gone within moments.
+    wait_for(lambda: not long_tool_runs(), timeout=10, what="the interrupted tool to be gone")
     after = send(setup, task_id, "after the interrupt")
     assert after.status_code == 201
     wait_states(setup, task_id, {1: "answered"}, timeout=60)
@@ -127,7 +128,6 @@ def test_c4_interrupt_stops_the_long_tool_and_the_next_message_is_answered_in_th
     assert [r["subtype"] for r in results] == ["error_during_execution", "success"]
     assert results[0]["session_id"] == results[1]["session_id"]  # same session, same process
     assert setup.task(task_id)["state"] == "running"
-
 
 
 def test_c3_worker_killed_between_recording_and_writing_a_message_it_reaches_the_agent_once(

@@ -135,11 +135,12 @@ class Conversation:
                 continue
             outbox, turn_id = [], None
             if item["kind"] == "message":
-                outbox.append(self._receipt(item, "delivered"))
                 if run.payload.get("session_id") and (item["seq"] != 0 or run.turn_id is None):
-                    # a new turn (the first one's marker went with the ``running`` receipt)
+                    # a new turn (the first one's marker went with the ``running`` receipt),
+                    # sent before the receipt: a message seen delivered has its session busy
                     turn_id = str(uuid.uuid4())
                     outbox += self._marker(turn_id, "running")
+                outbox.append(self._receipt(item, "delivered"))
             if ctx.store.item_moved(item["item_id"], came_from="placed", to="written", outbox=outbox, turn_id=turn_id,
                                     wall=ctx.clock.wall()):
                 run.turn_id = turn_id or run.turn_id
