@@ -61,7 +61,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(BASE_DIR))
 
-from run import Server, lat, scratch_service  # noqa: E402  (bench/run.py: daphne as a process, percentiles)
+from run import Server, lat, report_save, report_start, scratch_service  # noqa: E402  (bench/run.py: daphne, percentiles, reports)
 
 PAYLOAD = json.loads((BASE_DIR / "tests" / "fixtures" / "hooks" / "claude" / "permission_request.json").read_text())
 ALLOW = {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": {"behavior": "allow"}}}
@@ -391,19 +391,14 @@ def main() -> int:
 
     if args.shape == "postgres" and not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
         parser.error("--shape postgres: set DATABASE_URL (PostgreSQL) and REDIS_URL")
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BASE_DIR, capture_output=True, text=True).stdout.strip()
-    report = {"label": args.label, "shape": args.shape, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "git": git}
+    report = report_start(args.label, shape=args.shape)
     try:
         with scratch_service(args.shape, "bench_appr") as (env, dbname, admin_url):
             report["approvals"] = run_approvals(env, dbname, admin_url, hooks=args.hooks, window_s=args.window,
                                                 decisions=args.decisions, state_dirs=args.state_dirs,
                                                 batch=args.batch)
     finally:
-        report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-        out = Path(args.out or BASE_DIR / "bench" / "results" / f"approvals-{args.label}.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2))
+        out = report_save(report, Path(args.out or BASE_DIR / "bench" / "results" / f"approvals-{args.label}.json"))
         if "approvals" in report:
             print(table(report))
         print(f"\nJSON: {out}")

@@ -45,7 +45,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(BASE_DIR))
 
-from run import Server, lat, scratch_service  # noqa: E402  (bench/run.py: daphne, percentiles, scratch DB)
+from run import Server, lat, report_save, report_start, scratch_service  # noqa: E402  (bench/run.py: daphne, percentiles, reports)
 
 AGENT = BASE_DIR / "bench" / "stream_agent.py"
 READY_TIMEOUT_S = 120.0
@@ -219,17 +219,12 @@ def main() -> int:
     os.chdir(BASE_DIR)
     if args.shape == "postgres" and not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
         parser.error("--shape postgres: set DATABASE_URL (PostgreSQL) and REDIS_URL")
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BASE_DIR, capture_output=True, text=True).stdout.strip()
-    report = {"label": args.label, "shape": args.shape, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "git": git}
+    report = report_start(args.label, shape=args.shape)
     try:
         with scratch_service(args.shape, "bench_conv") as (env, _, _):
             report["conversation"] = run_bench(env, open_count=args.open, messages=args.messages)
     finally:
-        report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-        out = Path(args.out or BASE_DIR / "bench" / "results" / f"conversation-{args.label}.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2))
+        out = report_save(report, Path(args.out or BASE_DIR / "bench" / "results" / f"conversation-{args.label}.json"))
         if "conversation" in report:
             print(f"RunStead conversation bench '{report['label']}' at {report['started']} (shape {report['shape']}; "
                   f"load average {report['loadavg']} at start, {report['loadavg_end']} at end; {report['cpus']} CPUs; "

@@ -88,6 +88,21 @@ def lat(values: list[float]) -> dict:
     return {"n": len(values), "p50_ms": pct(values, 0.5), "p99_ms": pct(values, 0.99), "max_ms": pct(values, 1.0)}
 
 
+def report_start(label: str, **extra) -> dict:
+    """A bench report's header: label, UTC start, load average, CPUs and git revision."""
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BASE_DIR, capture_output=True, text=True).stdout.strip()
+    return {"label": label, **extra, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "git": git}
+
+
+def report_save(report: dict, out: Path) -> Path:
+    """Close a bench report (load average at the end) and write it as JSON to ``out``."""
+    report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    return out
+
+
 @contextlib.contextmanager
 def scratch_service(shape: str, prefix: str):
     """A scratch database for one benchmark run, migrated, its settings in this process's
@@ -742,10 +757,8 @@ def main() -> int:
         env.update({"SECRET_KEY": os.environ.get("SECRET_KEY") or uuid.uuid4().hex * 2,
                     "ALLOWED_HOSTS": "127.0.0.1,localhost", "RUNSTEAD_SSL_REDIRECT": "0"})
     os.environ.update(env)
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=BASE_DIR, capture_output=True, text=True).stdout.strip()
-    report = {"label": args.label, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "loadavg": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "git": git,
-              "service_env": args.service_env}
+    report = report_start(args.label)
+    report["service_env"] = args.service_env
     sections = args.sections.split(",")
     try:
         import django
@@ -784,10 +797,7 @@ def main() -> int:
         connections.close_all()
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
-        report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-        out = Path(args.out or BASE_DIR / "bench" / "results" / f"{args.label}.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2))
+        out = report_save(report, Path(args.out or BASE_DIR / "bench" / "results" / f"{args.label}.json"))
         print(table(report))
         print(f"\nJSON: {out}")
     return 0

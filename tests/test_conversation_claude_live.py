@@ -193,6 +193,16 @@ def session_status(setup, session_id) -> str:
     return resp.json()["status"]
 
 
+def idle_notices(session_id) -> int:
+    """N1 "session idle" notifications written for the session (one per true turn end)."""
+    from notifications.models import Kind, Notification
+    from sessions_app.models import Session
+
+    session = Session.objects.get(pk=session_id)
+    return Notification.objects.filter(owner_id=session.owner_id, kind=Kind.SESSION_IDLE,
+                                       event_key__startswith=f"session:{session.pk}:idle:").count()
+
+
 def test_c6_between_turns_the_task_runs_and_its_session_is_idle_one_turn_marker_per_message(
         live, fake_model_api):  # noqa: F811
     setup = live()
@@ -204,11 +214,16 @@ def test_c6_between_turns_the_task_runs_and_its_session_is_idle_one_turn_marker_
     wait_for(lambda: session_status(setup, session_id) == "idle", timeout=10, what="idle between turns")
     assert setup.task(task_id)["state"] == "running"
     [first_turn] = setup.api.get(f"/api/sessions/{session_id}/").json()["markers"]
+    # B5/N1 once, at the first turn's end: none at its start (the task's ``running`` no
+    # longer holds the session busy, its turn marker does, and it is sent first).
+    assert idle_notices(session_id) == 1
     assert send(setup, task_id, "[[slow:2]] second").status_code == 201
     wait_states(setup, task_id, {1: "delivered"}, timeout=30)
     assert session_status(setup, session_id) == "busy"
+    assert idle_notices(session_id) == 1  # nothing between the turns: no blip
     wait_states(setup, task_id, {1: "answered"}, timeout=60)
     wait_for(lambda: session_status(setup, session_id) == "idle", timeout=10, what="idle after the second turn")
+    assert idle_notices(session_id) == 2
     # M: one marker per device, its turn the second one now, ended.
     [second_turn] = setup.api.get(f"/api/sessions/{session_id}/").json()["markers"]
     assert first_turn["state"] == second_turn["state"] == "ended"

@@ -414,12 +414,14 @@ class Runner:
             return
         faults.fault("after_spawn_before_pid_commit")
         run.proc, run.leader = proc, leader
-        outbox = [receipt_item(ctx.identity, operation_id=run.operation_id, kind="running",
-                               facts={"pid": leader.pid, "pgid": leader.pid, "process_start_time": leader.create_time},
-                               slept=slept_s(run.granted, clock))]
-        if turn_id:
-            outbox.append(marker_item(ctx.identity, session_id=str(session_id), turn_id=turn_id, state="running",
-                                      deep_research=payload.get("deep_research", False)))
+        # The turn's marker goes first: a live conversation's ``running`` task no longer
+        # holds its session busy (C6), so the marker must already do so (no blip, S3).
+        outbox = [marker_item(ctx.identity, session_id=str(session_id), turn_id=turn_id, state="running",
+                              deep_research=payload.get("deep_research", False))] if turn_id else []
+        outbox.append(receipt_item(ctx.identity, operation_id=run.operation_id, kind="running",
+                                   facts={"pid": leader.pid, "pgid": leader.pid,
+                                          "process_start_time": leader.create_time},
+                                   slept=slept_s(run.granted, clock)))
         ctx.store.mark_running(run.operation_id, pid=leader.pid, pgid=leader.pid, start_time=leader.create_time,
                                spawned_mono=run.spawned.monotonic, spawned_wall=run.spawned.wall, outbox=outbox)
         ctx.wake_sender()
