@@ -27,6 +27,7 @@ from tasks_app.models import (
 )
 from tests.barrier import race
 from tests.conftest import machine_api, owner_api
+from tests.sessions_events import board_events  # noqa: F401  (fixture)
 from tests.factories import agent_facts, final_facts, grant_lease, operation_id, receipt, submit, table_digest
 
 PROFILES = [
@@ -242,6 +243,21 @@ def test_c2_messages_numbered_1_2_3_in_acceptance_order(owner, profiles, grant, 
     assert {m.machine_id for m in outbox(task_id, "message")} == {profiles.id}
     pulled = machine_api(profiles).get("/api/worker/messages/?wait=0").json()["messages"]
     assert sorted(m["payload"]["seq"] for m in pulled if m["kind"] == "message") == [1, 2, 3]
+
+
+@pytest.mark.django_db
+def test_c2_an_accepted_message_publishes_its_task_with_messages_sent(owner, profiles, grant, grant_root,
+                                                                       board_events,  # noqa: F811
+                                                                       django_capture_on_commit_callbacks):
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    version = Task.objects.get(pk=task_id).version
+    board_events.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert send(owner, task_id, "one").status_code == 201
+    assert Task.objects.get(pk=task_id).version == version + 1
+    [row] = [e for e in board_events.of(owner) if e["type"] == "task"]
+    assert (row["task"]["id"], row["task"]["messages_sent"], row["task"]["version"]) == (task_id, 1, version + 1)
+    assert [e["message"]["seq"] for e in board_events.of(owner) if e["type"] == "message"] == [1]
 
 
 @pytest.mark.django_db

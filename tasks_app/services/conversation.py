@@ -104,6 +104,7 @@ def _accepted(*, owner, task_id, text: str, now: datetime) -> tuple[int, dict, T
     if task.conversation == "live":
         message_send(task, kind=MessageKind.MESSAGE, now=now, message_id=str(message.id), seq=seq, text=text)
     task_record(task, reason=f"message {seq} sent", actor=actor_owner(owner), now=now)
+    task_publish(task, now=now)  # its ``messages_sent`` changed: board rows follow
     _publish(message)
     return 201, conversation_message_dict(message), task
 
