@@ -19,8 +19,10 @@ Standard library only.
 """
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -81,39 +83,19 @@ def tool_call(prompt: str, n: int) -> tuple[str, list[str]]:
              "commit", "-q", "-m", subject, "--", "NOTES.md"])
 
 
-def main() -> int:
-    if sys.argv[1:] == ["--version"]:  # worker --check asks every preset CLI (G1); nothing runs
-        print("2.1.328 (fake Claude Code: scripts/fake_claude.py speaks that version's stream-json)")
-        return 0
-    prompt, resume = parse_args(sys.argv[1:])
-    stdin_text = ""
-    if prompt is None and not sys.stdin.isatty():
-        stdin_text = sys.stdin.read()
-        prompt = stdin_text
-    prompt = prompt or ""
-    record = os.environ.get("FAKE_CLAUDE_RECORD")
-    if record:
-        with open(record, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"argv": sys.argv[1:], "stdin": stdin_text, "cwd": os.getcwd()}) + "\n")
-    pause = float(os.environ.get("FAKE_CLAUDE_PAUSE_S", "1.5"))
-    turns = max(1, int(os.environ.get("FAKE_CLAUDE_TURNS", "3")))
-    outcome = os.environ.get("FAKE_CLAUDE_RESULT", "success")
-    session_id = resume or str(uuid.uuid4())
-    emit({"type": "system", "subtype": "init", "cwd": os.getcwd(), "session_id": session_id, "model": "fake-claude",
-          "tools": ["Bash", "Edit", "Read"], "permissionMode": "default", "apiKeySource": "none"})
+def turn(prompt: str, session_id: str, pause: float, turns: int, *, sleep, max_turns: bool = False) -> None:
+    """One turn: ``turns`` assistant messages, tool calls between, then the ``result``.
+    ``sleep(seconds)`` returns False when the turn was interrupted (stream-json input)."""
     tokens_in = tokens_out = 0
-    if outcome == "api_error":
-        time.sleep(pause)
-        text = "API Error: 500 {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"Overloaded\"}}"
-        emit({"type": "assistant", "session_id": session_id, "message": {
-            "id": f"msg_{uuid.uuid4().hex[:12]}", "type": "message", "role": "assistant", "model": "<synthetic>",
-            "content": [{"type": "text", "text": text}], "usage": {"input_tokens": 0, "output_tokens": 0}}})
-        emit({"type": "result", "subtype": "success", "is_error": True, "api_error_status": 500,
-              "terminal_reason": "api_error", "duration_ms": int(pause * 1000), "num_turns": 1, "result": text,
-              "session_id": session_id, "total_cost_usd": 0, "usage": {"input_tokens": 0, "output_tokens": 0}})
-        return int(os.environ.get("FAKE_CLAUDE_EXIT", "0"))
+    text = ""
     for n in range(1, turns + 1):
-        time.sleep(pause)
+        if not sleep(pause):
+            emit({"type": "user", "session_id": session_id, "message": {"role": "user", "content": [
+                {"type": "text", "text": "[Request interrupted by user]"}]}})
+            emit({"type": "result", "subtype": "error_during_execution", "is_error": True,
+                  "duration_ms": int(pause * n * 1000), "num_turns": n, "session_id": session_id,
+                  "total_cost_usd": 0, "usage": {"input_tokens": tokens_in, "output_tokens": tokens_out}})
+            return
         message_id = f"msg_{uuid.uuid4().hex[:12]}"
         usage = {"input_tokens": 1200 * n, "cache_read_input_tokens": 800, "output_tokens": 60 + 10 * n}
         tokens_in += usage["input_tokens"] + usage["cache_read_input_tokens"]
@@ -136,11 +118,109 @@ def main() -> int:
         emit({"type": "user", "session_id": session_id, "message": {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": tool_id, "content": output, "is_error": failed}]}})
     cost = round(tokens_in * PRICE_IN + tokens_out * PRICE_OUT, 6)
-    is_error = outcome == "max_turns"
-    emit({"type": "result", "subtype": "error_max_turns" if is_error else "success", "is_error": is_error,
+    emit({"type": "result", "subtype": "error_max_turns" if max_turns else "success", "is_error": max_turns,
           "duration_ms": int(pause * turns * 1000), "num_turns": turns, "session_id": session_id,
-          "result": "" if is_error else text, "total_cost_usd": cost,
+          "result": "" if max_turns else text, "total_cost_usd": cost,
           "usage": {"input_tokens": tokens_in, "cache_read_input_tokens": 0, "output_tokens": tokens_out}})
+
+
+def input_format(argv: list[str]) -> str:
+    return argv[argv.index("--input-format") + 1] if "--input-format" in argv[:-1] else "text"
+
+
+def user_text(content) -> str:
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return content if isinstance(content, str) else ""
+
+
+def converse(session_id: str, pause: float, turns: int) -> int:
+    """``--input-format stream-json`` (docs/claude-stream-input.md): one turn per ``user``
+    line read while idle, an ``interrupt`` control request ends the running turn (answered
+    at once), EOF ends the process after the running turn; a line that is not JSON: exit 1."""
+    lines: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in sys.stdin:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    waiting: list[str] = []  # user lines read during a turn: turns of their own, after it
+    ended = False
+
+    def control(line: str) -> bool:
+        """Handle one line; False for an interrupt (the caller ends its turn)."""
+        nonlocal ended
+        if line is None:
+            ended = True
+            return True
+        try:
+            event = json.loads(line)
+        except ValueError:
+            sys.stderr.write(f"Error parsing streaming input line: {line[:200]}\n")
+            sys.exit(1)
+        if event.get("type") == "control_request":
+            emit({"type": "control_response", "response": {
+                "subtype": "success", "request_id": event.get("request_id"), "response": {"still_queued": []}}})
+            return (event.get("request") or {}).get("subtype") != "interrupt"
+        if event.get("type") == "user":
+            waiting.append(user_text((event.get("message") or {}).get("content")))
+        return True
+
+    def sleep(seconds: float) -> bool:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                return True
+            if not control(line):
+                return False
+        return True
+
+    while True:
+        while waiting:
+            turn(waiting.pop(0), session_id, pause, turns, sleep=sleep)
+        if ended:
+            return 0
+        control(lines.get())
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--version"]:  # worker --check asks every preset CLI (G1); nothing runs
+        print("2.1.328 (fake Claude Code: scripts/fake_claude.py speaks that version's stream-json)")
+        return 0
+    prompt, resume = parse_args(sys.argv[1:])
+    stdin_text = ""
+    if prompt is None and not sys.stdin.isatty() and input_format(sys.argv[1:]) == "text":
+        stdin_text = sys.stdin.read()
+        prompt = stdin_text
+    prompt = prompt or ""
+    record = os.environ.get("FAKE_CLAUDE_RECORD")
+    if record:
+        with open(record, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"argv": sys.argv[1:], "stdin": stdin_text, "cwd": os.getcwd()}) + "\n")
+    pause = float(os.environ.get("FAKE_CLAUDE_PAUSE_S", "1.5"))
+    turns = max(1, int(os.environ.get("FAKE_CLAUDE_TURNS", "3")))
+    outcome = os.environ.get("FAKE_CLAUDE_RESULT", "success")
+    session_id = resume or str(uuid.uuid4())
+    emit({"type": "system", "subtype": "init", "cwd": os.getcwd(), "session_id": session_id, "model": "fake-claude",
+          "tools": ["Bash", "Edit", "Read"], "permissionMode": "default", "apiKeySource": "none"})
+    if "stream-json" in input_format(sys.argv[1:]):
+        return converse(session_id, pause, turns)
+    if outcome == "api_error":
+        time.sleep(pause)
+        text = "API Error: 500 {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":\"Overloaded\"}}"
+        emit({"type": "assistant", "session_id": session_id, "message": {
+            "id": f"msg_{uuid.uuid4().hex[:12]}", "type": "message", "role": "assistant", "model": "<synthetic>",
+            "content": [{"type": "text", "text": text}], "usage": {"input_tokens": 0, "output_tokens": 0}}})
+        emit({"type": "result", "subtype": "success", "is_error": True, "api_error_status": 500,
+              "terminal_reason": "api_error", "duration_ms": int(pause * 1000), "num_turns": 1, "result": text,
+              "session_id": session_id, "total_cost_usd": 0, "usage": {"input_tokens": 0, "output_tokens": 0}})
+        return int(os.environ.get("FAKE_CLAUDE_EXIT", "0"))
+    turn(prompt, session_id, pause, turns, sleep=lambda s: time.sleep(s) or True,
+         max_turns=outcome == "max_turns")
     return int(os.environ.get("FAKE_CLAUDE_EXIT", "0"))
 
 

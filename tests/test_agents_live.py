@@ -145,3 +145,32 @@ def test_g6_profile_that_cannot_resume_refuses_resume_unsupported(agents):
     assert task["state"] == "not_started"
     final = next(r for r in task["receipts"] if r["kind"] == "final")
     assert final["body"]["facts"]["refused_reason"] == "resume_unsupported"
+
+
+def test_c2_c4_c5_the_demo_stand_in_holds_a_live_conversation(agents):
+    """The demo's ``fake-claude`` profile (the claude preset, so a live conversation)
+    speaks stream-json input too: two messages answered one turn each in one process, an
+    interrupt ends a running turn, end closes its input and the task succeeds."""
+    from tasks_app.models import Machine
+    from tests.conversation_support import messages, send, wait_states
+
+    wait_for(lambda: any(p.get("conversation") == "live" for p in Machine.objects.get(pk=agents.machine_id).profiles
+                         or []), timeout=30, what="the worker reported its live profiles")
+    task_id = agents.submit("claude-slow", prompt="first", mode="conversation")
+    wait_states(agents, task_id, {0: "delivered"}, timeout=30)
+    assert agents.api.post(f"/api/tasks/{task_id}/interrupt/").status_code == 202
+    wait_states(agents, task_id, {0: "answered"}, timeout=30)
+    assert send(agents, task_id, "second").status_code == 201
+    wait_states(agents, task_id, {1: "answered"}, timeout=30)
+    assert agents.api.post(f"/api/tasks/{task_id}/end/").status_code == 200
+    task = agents.wait_final(task_id, timeout=30)
+    assert task["state"] == "succeeded", (task["state_reason"], task["output_tail"])
+    assert [m["state"] for m in messages(agents, task_id)] == ["answered", "answered"]
+    assert task["agent_result"]["summary"].startswith("Done: 'second'")
+    [run] = [json.loads(line) for line in agents.record.read_text().splitlines()]  # one process
+    assert run["stdin"] == ""
+    from tasks_app.models import Operation
+
+    output = agents.state_dir / "ops" / str(Operation.objects.get(task_id=task_id).id) / "output.log"
+    results = [json.loads(line)["subtype"] for line in output.read_text().splitlines() if '"type": "result"' in line]
+    assert results == ["error_during_execution", "success"]  # the first turn was interrupted

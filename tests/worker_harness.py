@@ -214,6 +214,15 @@ class LiveSetup:
                 os.kill(pid, 9)
             except OSError:
                 pass
+        # Launchers outlive their worker by design (a live conversation's agent survives a
+        # worker crash, C3): each leads its own process group, ended here with its agent.
+        ops = str(self.state_dir / "ops") + os.sep
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if any(arg.startswith(ops) for arg in proc.info["cmdline"] or ()):
+                try:
+                    os.killpg(proc.info["pid"], 9)
+                except OSError:
+                    pass
         self.api.close()
 
     # --- service --------------------------------------------------------------------------
