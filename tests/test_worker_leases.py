@@ -51,6 +51,20 @@ def test_l5_revoked_grant_renewal_refused_group_gone_within_a_renewal_interval(l
     assert stop_worker(worker) == 0
 
 
+def test_j6_row8_max_runtime_refusal_stops_the_agent_within_its_lease_and_the_task_is_failed(live):
+    """L5/J6: a renewal refused for ``max_runtime`` stops the agent (L4) inside its
+    lease: ``ended_within_lease`` true, so row 8 (``failed``, reason shown), never row 4
+    (``failed_lease_lost``: nothing was lost)."""
+    worker = live.start_worker()
+    task_id = live.submit("tree", max_runtime_s=1)
+    task = live.wait_final(task_id, timeout=20)
+    assert (task["state"], task["stop_reason"]) == ("failed", "max_runtime"), task["state_reason"]
+    assert final_facts(task)["ended_within_lease"] is True
+    assert "max_runtime" in task["state_reason"]  # the reason shown (row 8)
+    assert live.starts() == 1
+    assert stop_worker(worker) == 0
+
+
 def test_l8_setsid_escape_stopped_on_cancel_no_survivor(live):
     worker = live.start_worker()
     task_id = live.submit("setsid")

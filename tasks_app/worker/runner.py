@@ -612,7 +612,10 @@ class Runner:
         else:
             exit_code, sig, ended = None, None, seen
         within = run.deadline.within(ended.monotonic, ended.wall)
-        if run.refused_at is not None:  # ended before the refused renewal went out
+        if run.refused_at is not None and run.stop_reason != "max_runtime":
+            # A refusal takes the lease (L5): within only if it ended before the refused
+            # renewal went out. ``max_runtime`` takes nothing: the task used its time and
+            # the agent, stopped inside its lease, is judged by J6 row 8 (``failed``).
             within = within and ended.wall < run.refused_at.wall
         faults.fault("after_exit_before_final_receipt")
         facts = final_facts(
