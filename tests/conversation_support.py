@@ -2,6 +2,7 @@
 Code in streaming-input mode against the fake Messages API (tests/model_apis.py)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 import uuid
@@ -14,17 +15,29 @@ from tests.worker_harness import LiveSetup, wait_for
 def conversation_setup(url: str, owner, tmp_path, api: AnthropicAPI) -> LiveSetup:
     """A paired worker whose ``claude`` profile is the real CLI (``conversation`` live by
     its preset); returns once the service knows the profile can converse live."""
-    from tasks_app.models import Machine
-
     setup = LiveSetup(url, owner, tmp_path)
     subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
     write_claude_profile(setup, api=api, home=tmp_path / "home",
                          options='extra_args = ["--permission-mode", "bypassPermissions"]\n')
     setup.start_worker()
+    wait_live_profile(setup)
+    return setup
+
+
+def wait_live_profile(setup: LiveSetup) -> None:
+    """Until the service knows one of the worker's profiles can converse live (C1)."""
+    from tasks_app.models import Machine
+
     wait_for(lambda: any(p.get("conversation") == "live"
                          for p in Machine.objects.get(pk=setup.machine_id).profiles or []),
              timeout=30, what="the worker reported its live profile")
-    return setup
+
+
+def op_dir(setup: LiveSetup, task_id: str) -> str:
+    """The worker's directory of the task's operation (launcher.json, output.log, inbox)."""
+    from tasks_app.models import Operation
+
+    return os.path.join(setup.state_dir, "ops", str(Operation.objects.get(task_id=task_id).id))
 
 
 def open_conversation(setup: LiveSetup, prompt: str) -> str:

@@ -151,11 +151,9 @@ def test_c2_c4_c5_the_demo_stand_in_holds_a_live_conversation(agents):
     """The demo's ``fake-claude`` profile (the claude preset, so a live conversation)
     speaks stream-json input too: two messages answered one turn each in one process, an
     interrupt ends a running turn, end closes its input and the task succeeds."""
-    from tasks_app.models import Machine
-    from tests.conversation_support import messages, send, wait_states
+    from tests.conversation_support import messages, op_dir, send, wait_live_profile, wait_states
 
-    wait_for(lambda: any(p.get("conversation") == "live" for p in Machine.objects.get(pk=agents.machine_id).profiles
-                         or []), timeout=30, what="the worker reported its live profiles")
+    wait_live_profile(agents)
     task_id = agents.submit("claude-slow", prompt="first", mode="conversation")
     wait_states(agents, task_id, {0: "delivered"}, timeout=30)
     assert agents.api.post(f"/api/tasks/{task_id}/interrupt/").status_code == 202
@@ -169,8 +167,6 @@ def test_c2_c4_c5_the_demo_stand_in_holds_a_live_conversation(agents):
     assert task["agent_result"]["summary"].startswith("Done: 'second'")
     [run] = [json.loads(line) for line in agents.record.read_text().splitlines()]  # one process
     assert run["stdin"] == ""
-    from tasks_app.models import Operation
-
-    output = agents.state_dir / "ops" / str(Operation.objects.get(task_id=task_id).id) / "output.log"
-    results = [json.loads(line)["subtype"] for line in output.read_text().splitlines() if '"type": "result"' in line]
+    with open(os.path.join(op_dir(agents, task_id), "output.log")) as f:
+        results = [json.loads(line)["subtype"] for line in f if '"type": "result"' in line]
     assert results == ["error_during_execution", "success"]  # the first turn was interrupted

@@ -13,6 +13,7 @@ from tests.claude_cli import fake_model_api  # noqa: F401  (fixture)
 from tests.conversation_support import (
     conversation_setup,
     messages,
+    op_dir,
     open_conversation,
     send,
     turns_started,
@@ -40,12 +41,6 @@ def live(live_daphne, make_owner, tmp_path, fake_model_api):  # noqa: F811
     yield start
     for setup in started:
         setup.close()
-
-
-def op_dir(setup, task_id) -> str:
-    from tasks_app.models import Operation
-
-    return os.path.join(setup.state_dir, "ops", str(Operation.objects.get(task_id=task_id).id))
 
 
 def long_tool_runs() -> bool:
@@ -196,11 +191,8 @@ def session_status(setup, session_id) -> str:
 def idle_notices(session_id) -> int:
     """N1 "session idle" notifications written for the session (one per true turn end)."""
     from notifications.models import Kind, Notification
-    from sessions_app.models import Session
 
-    session = Session.objects.get(pk=session_id)
-    return Notification.objects.filter(owner_id=session.owner_id, kind=Kind.SESSION_IDLE,
-                                       event_key__startswith=f"session:{session.pk}:idle:").count()
+    return Notification.objects.filter(kind=Kind.SESSION_IDLE, event_key__startswith=f"session:{session_id}:idle:").count()
 
 
 def test_c6_between_turns_the_task_runs_and_its_session_is_idle_one_turn_marker_per_message(

@@ -222,4 +222,4 @@ MESSAGES_LISTED = 500
 
 
 def _publish(message: ConversationMessage) -> None:
-    broadcast(message.task.owner_id, message_event(message))  # also acceptance's, for message 0
+    broadcast(message.task.owner_id, message_event(message))

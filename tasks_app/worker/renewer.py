@@ -70,7 +70,9 @@ class Renewer:
                 elif answer.kind == "final":
                     reason = answer.error
                     log.warning("operation %s: renewal refused (%s): stopping", run.operation_id, reason)
-                    run.request_stop(refusal_stop_reason(reason), at=sent)
+                    # A refusal takes the lease (L5), but ``max_runtime`` only ends the task's
+                    # time: the agent stopped inside its lease is J6 row 8 (``failed``).
+                    run.request_stop(refusal_stop_reason(reason), at=None if reason == "max_runtime" else sent)
                     return
                 elif answer.kind == "revoked":
                     ctx.on_revoked()

@@ -109,7 +109,7 @@ class Run:
 
     def request_stop(self, reason: str, at: SentAt | None = None) -> None:
         """Ask the watch to stop the agent with J1 ``stop_reason`` ``reason``; the first
-        reason wins. ``at``: when the refusal that caused it was sent (``ended_within_lease``)."""
+        reason wins. ``at``: when the refusal that took the lease was sent (``ended_within_lease``)."""
         with self.lock:
             if self.stop_reason is None:
                 self.stop_reason = reason
@@ -612,10 +612,7 @@ class Runner:
         else:
             exit_code, sig, ended = None, None, seen
         within = run.deadline.within(ended.monotonic, ended.wall)
-        if run.refused_at is not None and run.stop_reason != "max_runtime":
-            # A refusal takes the lease (L5): within only if it ended before the refused
-            # renewal went out. ``max_runtime`` takes nothing: the task used its time and
-            # the agent, stopped inside its lease, is judged by J6 row 8 (``failed``).
+        if run.refused_at is not None:  # ended before the refused renewal took the lease
             within = within and ended.wall < run.refused_at.wall
         faults.fault("after_exit_before_final_receipt")
         facts = final_facts(
