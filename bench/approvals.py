@@ -2,7 +2,7 @@
 """Approvals benchmark (SPEC Q3, issue 19): N waiting ``PermissionRequest`` hooks on ONE daphne.
 
 What it runs, all real: one daphne process (``config.asgi``), one owner, and N real hook
-processes, ``python -m sessions_app.hooks claude`` with Claude Code's ``PermissionRequest``
+processes, ``python -m machine.hooks claude`` with Claude Code's ``PermissionRequest``
 payload on stdin (``tests/fixtures/hooks/claude/permission_request.json``, each its own
 agent session), exactly as Claude Code starts them and as ``tests/hooks_support.py``
 ``start_hook`` does. Each hook creates its approval (``POST /api/approvals/``) and then
@@ -78,7 +78,7 @@ class Hooks:
     arrives, ``time.perf_counter``)."""
 
     def __init__(self, root: Path, server_url: str, token: str, state_dirs: int):
-        from sessions_app.hooks import store
+        from machine.hooks import store
 
         self.procs: list[subprocess.Popen] = []
         self.sids: list[str] = []
@@ -106,7 +106,7 @@ class Hooks:
     def start(self, i: int) -> None:
         sid = f"bench-{uuid.uuid4()}"
         state_dir = self.dirs[i % len(self.dirs)]
-        proc = subprocess.Popen([sys.executable, "-m", "sessions_app.hooks", "claude"], stdin=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, "-m", "machine.hooks", "claude"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=self.env(state_dir), cwd="/")
         proc.stdin.write(json.dumps({**PAYLOAD, "session_id": sid, "tool_input": {"command": f"make bench-{i}"}}).encode())
         proc.stdin.close()
@@ -154,7 +154,7 @@ class Hooks:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 pass
-        from sessions_app.hooks import launch
+        from machine.hooks import launch
 
         for d in self.dirs:  # the detached senders the hooks started
             pid = launch.sender_pid(d)
@@ -292,7 +292,7 @@ def run_approvals(env: dict, dbname: str | None, admin_url: str | None, *, hooks
         by_session = {str(s): str(a) for a, s in Approval.objects.filter(owner=owner, state="pending")
                       .values_list("id", "session_id")}
         connection.close()
-        from sessions_app.hooks import mapping
+        from machine.hooks import mapping
 
         latencies, from_sent, post_ms, wrong, missing = [], [], [], 0, 0
         client = httpx.Client(base_url=server.url, headers={"Authorization": f"Token {token}"}, timeout=30)
@@ -328,7 +328,7 @@ def run_approvals(env: dict, dbname: str | None, admin_url: str | None, *, hooks
             from_sent.append(at - sent)
         client.close()
         return {
-            "hooks": hooks, "client": "real hook processes (python -m sessions_app.hooks claude)",
+            "hooks": hooks, "client": "real hook processes (python -m machine.hooks claude)",
             "state_dirs": state_dirs, "ramp_s": round(ramp_s, 1), "exited_early": len(early),
             "window_s": round(elapsed, 1),
             "cpu_pct": round(100 * (cpu1 - cpu0) / elapsed, 1),

@@ -89,8 +89,8 @@ def setup_worker(server: Server, root: Path, arrivals: Path, conversations: int)
     from django.db import connection
     from rest_framework.authtoken.models import Token
 
-    from tasks_app.worker.client import pair
-    from tasks_app.worker.store import StateDir
+    from machine.worker.client import pair
+    from machine.worker.store import StateDir
 
     user = get_user_model().objects.create_user(f"bench-conv-{uuid.uuid4().hex[:8]}")
     token = Token.objects.create(user=user).key

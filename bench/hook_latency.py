@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Hook latency (SPEC I1: under 300 ms median whatever the network does).
 
-Times ``python -m sessions_app.hooks claude`` end to end as an agent CLI runs it (a fresh
+Times ``python -m machine.hooks claude`` end to end as an agent CLI runs it (a fresh
 interpreter, the payload on stdin, until the process has exited), over a realistic
 mix of Claude Code payloads (a turn: UserPromptSubmit, Stop; every 10th turn with a
 background task), in three conditions, each with a fresh hook state directory:
@@ -42,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sessions_app.hooks import install, launch, store  # noqa: E402
+from machine.hooks import install, launch, store  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures" / "hooks" / "claude"
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tasks_app.worker.observe import AgentObserver  # noqa: E402
-from tasks_app.worker.parsers import make_parser  # noqa: E402
+from machine.worker.observe import AgentObserver  # noqa: E402
+from machine.worker.parsers import make_parser  # noqa: E402
 
 WRITER = r"""
 import json, sys, time
@@ -102,11 +102,11 @@ def whole_worker(rate: float, seconds: float) -> dict:
     import tomllib
     import uuid
 
-    from tasks_app.worker.clock import SYSTEM_CLOCK
-    from tasks_app.worker.config import parse_config
-    from tasks_app.worker.loop import Worker, WorkerOptions
-    from tasks_app.worker.store import StateDir, Store
-    from tasks_app.worker.testing import InMemoryService
+    from machine.worker.clock import SYSTEM_CLOCK
+    from machine.worker.config import parse_config
+    from machine.worker.loop import Worker, WorkerOptions
+    from machine.worker.store import StateDir, Store
+    from machine.worker.testing import InMemoryService
 
     writer = WRITER.replace('with open(path, "ab", buffering=0) as f:', 'with open(1, "wb", buffering=0, closefd=False) as f:')
     with tempfile.TemporaryDirectory() as tmp:

@@ -14,7 +14,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from tasks_app.protocol import LONG_POLL_KEEPALIVE_S, RECEIPT_MAX_BYTES
+from machine.protocol import LONG_POLL_KEEPALIVE_S, RECEIPT_MAX_BYTES
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RUNSTEAD_VAR_DIR", BASE_DIR / "var"))

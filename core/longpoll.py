@@ -12,7 +12,7 @@ result into the body. It does not know how the wait is performed:
   connection. A client that disconnects ends the wait at once, and what was taken for
   it goes back through ``Wait.release``. While it waits, a space of the body goes out
   every ``RUNSTEAD_LONGPOLL_KEEPALIVE_S`` seconds (the worker's pull gives up after
-  ``tasks_app.protocol.PULL_IDLE_TIMEOUT_S`` of silence, D1). At most
+  ``machine.protocol.PULL_IDLE_TIMEOUT_S`` of silence, D1). At most
   ``RUNSTEAD_LONGPOLL_START_SLOTS`` waits start at once per process (``_Admission``).
   Such requests pass no Django middleware: no session cookie is read (token
   authentication only). A view class may answer the common request of its kind on the

@@ -1,5 +1,5 @@
 """The notify loop (SPEC N3): sends due ``Delivery`` rows after commit, with R4's backoff
-(``tasks_app.protocol.Backoff``: exponential with equal jitter, capped at 60 s), drops what is older than 24 h, and removes a
+(``machine.protocol.Backoff``: exponential with equal jitter, capped at 60 s), drops what is older than 24 h, and removes a
 push subscription that its push service answered 404/410.
 
 One step claims a batch of due deliveries in a short transaction
@@ -33,7 +33,7 @@ from django.db import close_old_connections, transaction
 from core import clock
 from notifications import outbound, services
 from notifications.models import Channel, Delivery, DeliveryStatus, NotificationSettings, PushSubscription
-from tasks_app.protocol import Backoff
+from machine.protocol import Backoff
 
 log = logging.getLogger("runstead.notify")
 

@@ -9,7 +9,7 @@
 # Idempotent and fast when everything is there: versions are read from the installed
 # package metadata (no CLI is started). The tests find the binaries through
 # tests/agent_clis.py (or $RUNSTEAD_<NAME>_BIN). The pins are the presets' tested versions
-# (tasks_app/worker/presets.py `tested_version`; tests/test_agent_cli_versions.py checks they agree).
+# (machine/worker/presets.py `tested_version`; tests/test_agent_cli_versions.py checks they agree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=var/agent-clis

@@ -40,7 +40,7 @@ from sessions_app.models import (
 from sessions_app.services import session_approval_attention, session_create
 from sessions_app.shapes import approval_dict, approval_event, approval_title
 from tasks_app.models import FINAL_STATES, Task
-from tasks_app.protocol import APPROVAL_INPUT_KEEP_BYTES, cut_json, json_digest
+from machine.protocol import APPROVAL_INPUT_KEEP_BYTES, cut_json, json_digest
 from tasks_app.services.approvals import task_approval_noted, task_lock
 from tasks_app.services.idempotency import StoredResponse, body_digest, run_once
 from tasks_app.services.locking import retry_on_deadlock

@@ -15,7 +15,7 @@ Shapes (each key optional in a final receipt):
 """
 from __future__ import annotations
 
-from tasks_app.protocol import (
+from machine.protocol import (
     ENTRIES_PER_POST,
     ENTRY_KINDS,
     ENTRY_STATUSES,

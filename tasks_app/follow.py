@@ -25,7 +25,7 @@ import httpx
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import connect
 
-from tasks_app.protocol import Backoff
+from machine.protocol import Backoff
 
 FINAL_STATES = frozenset({"succeeded", "failed", "failed_lease_lost", "cancelled", "not_started", "abandoned"})
 RECHECK_S = 5.0  # the safety re-read while events flow (B4's net, shorter: a person is watching)

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from tasks_app.protocol import DEFAULT_MAX_RUNTIME_S
+from machine.protocol import DEFAULT_MAX_RUNTIME_S
 
 
 class Machine(models.Model):

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from sessions_app.hooks import launch as hook_launch
+from machine.hooks import launch as hook_launch
 from tests.live import BoardSocket
 from tests.worker_harness import wait_for
 
@@ -33,9 +33,9 @@ def hook_env(state_dir: Path, **extra) -> dict:
 
 def run_hook(agent: str, payload, state_dir: Path, *, argv_payload: bool = False, stdin: bytes | None = None,
              env: dict | None = None, cwd: Path | None = None, argv: list[str] = ()) -> subprocess.CompletedProcess:
-    """``python -m sessions_app.hooks AGENT [ARGV...]`` as the CLI runs it: the payload on
+    """``python -m machine.hooks AGENT [ARGV...]`` as the CLI runs it: the payload on
     stdin (or, ``argv_payload``, as the last argument like Codex ``notify``)."""
-    argv = [sys.executable, "-m", "sessions_app.hooks", agent, *argv]
+    argv = [sys.executable, "-m", "machine.hooks", agent, *argv]
     data = stdin
     if argv_payload:
         argv.append(json.dumps(payload))
@@ -51,7 +51,7 @@ def start_hook(agent: str, payload, state_dir: Path, *, env: dict | None = None)
     """The hook command started (not waited for), the payload on its stdin (closed):
     for a hook that waits, like Claude Code's ``PermissionRequest`` (Q3). Read it with
     ``finish_hook``."""
-    proc = subprocess.Popen([sys.executable, "-m", "sessions_app.hooks", agent], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "machine.hooks", agent], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env or hook_env(state_dir), cwd="/")
     proc.stdin.write(json.dumps(payload).encode())
     proc.stdin.close()

@@ -3,7 +3,7 @@
     .venv/bin/python -m tests.record_agent_fixtures [claude codex gemini opencode aider]
 
 Each CLI (installed by scripts/install_agent_clis.sh) runs offline exactly as the worker
-runs it (its preset's argv and env, tasks_app/worker/presets.py; stdout and stderr in one
+runs it (its preset's argv and env, machine/worker/presets.py; stdout and stderr in one
 stream, as the worker's output file has them) against the local fake of its model API
 (tests/model_apis.py), once per scenario below. The captured lines are written with
 three things made stable, so that a new recording changes only what the CLI changed:
@@ -25,8 +25,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tasks_app.worker.config import parse_profile
-from tasks_app.worker.presets import PRESETS
+from machine.worker.config import parse_profile
+from machine.worker.presets import PRESETS
 from tests import model_apis
 from tests.agent_clis import CLI_DIR, DEFAULT_BINS, offline
 

@@ -4,7 +4,7 @@
     .venv/bin/python -m tests.record_hook_fixtures [codex gemini opencode]
 
 Each CLI (installed by scripts/install_agent_clis.sh) gets RunStead's hooks exactly as
-``install_hooks`` writes them (``sessions_app.hooks.install``), with the hook command
+``install_hooks`` writes them (``machine.hooks.install``), with the hook command
 swapped for tests/agents/record_hook.py, which records each payload; then it runs headless
 and offline against the local fake of its model API (tests/model_apis.py), one turn with
 a shell tool call (and, for opencode, one whose tool needs a permission it is refused;
@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from sessions_app.hooks import install
-from tasks_app.protocol import HOOK_SCRIPT
+from machine.hooks import install
+from machine.protocol import HOOK_SCRIPT
 from tests import model_apis
 from tests.agent_clis import DEFAULT_BINS, offline, seed_opencode_plugin_deps
 from tests.gemini_terminal import DIALOG, READY, gemini_terminal, submit, wait_closed

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks_app.worker.check import cli_version
-from tasks_app.worker.presets import PRESETS
+from machine.worker.check import cli_version
+from machine.worker.presets import PRESETS
 from tests.agent_clis import cli_bin
 
 BASE_DIR = Path(__file__).resolve().parent.parent

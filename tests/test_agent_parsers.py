@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks_app.protocol import ENTRY_CUT_MARK, ENTRY_TEXT_MAX_BYTES
-from tasks_app.worker.parsers import MAX_LINE_BYTES, MESSAGE_BYTES, PARSERS, cap, make_parser
+from machine.protocol import ENTRY_CUT_MARK, ENTRY_TEXT_MAX_BYTES
+from machine.worker.parsers import MAX_LINE_BYTES, MESSAGE_BYTES, PARSERS, cap, make_parser
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "agents"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks_app.worker import process
-from tasks_app.worker.config import ConfigError, parse_config, parse_profile
-from tasks_app.worker.presets import PRESETS, ResumeUnsupported
+from machine.worker import process
+from machine.worker.config import ConfigError, parse_config, parse_profile
+from machine.worker.presets import PRESETS, ResumeUnsupported
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RECORDER = BASE_DIR / "tests" / "agents" / "record_argv.py"
@@ -248,7 +248,7 @@ def test_q5_profile_approvals_is_validated_and_off_by_default():
 
 
 def test_q5_the_run_settings_go_right_after_the_executable_and_hold_no_secret():
-    from tasks_app.worker import approvals
+    from machine.worker import approvals
 
     profile = parse_profile("p", {"preset": "claude", "approvals": "ask", "extra_args": ["--permission-mode", "default"]})
     argv = profile.command(prompt="fix it", folder="/repo", binary="/opt/claude",
@@ -262,7 +262,7 @@ def test_q5_the_run_settings_go_right_after_the_executable_and_hold_no_secret():
     (hook,) = entry["hooks"]
     assert entry["matcher"] == "*" and hook["type"] == "command"
     assert hook["timeout"] == 2 + approvals.HOOK_TIMEOUT_MARGIN_S  # above approval_wait_s (Q3)
-    script = os.path.join(approvals.PROJECT_ROOT, "sessions_app", "hooks", "__main__.py")
+    script = os.path.join(approvals.PROJECT_ROOT, "machine", "hooks", "__main__.py")
     assert hook["command"].endswith(f"{sys.executable} -S -P {script} claude --task")  # I7: no site, no runpy
     assert "RUNSTEAD_TASK_CREDENTIAL" not in argv[2]  # the credential goes in the environment only
     # A profile's own argv: after its {binary} element.

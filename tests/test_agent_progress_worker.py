@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks_app.worker.clock import SYSTEM_CLOCK
-from tasks_app.worker.config import parse_config
-from tasks_app.worker.loop import Worker, WorkerOptions
-from tasks_app.worker.store import StateDir, Store
-from tasks_app.worker.testing import InMemoryService
+from machine.worker.clock import SYSTEM_CLOCK
+from machine.worker.config import parse_config
+from machine.worker.loop import Worker, WorkerOptions
+from machine.worker.store import StateDir, Store
+from machine.worker.testing import InMemoryService
 from tests.worker_harness import wait_for
 
 pytestmark = pytest.mark.slow

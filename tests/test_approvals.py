@@ -10,10 +10,10 @@ from django.test import Client
 
 from board.sweep import sweep_once
 from core import clock
-from sessions_app.hooks.mapping import session_uuid
+from machine.hooks.mapping import session_uuid
 from sessions_app.models import Approval, Session
 from tasks_app.models import IdempotencyRecord, Task, TaskEvent
-from tasks_app.protocol import json_digest
+from machine.protocol import json_digest
 from tests.conftest import board_of, machine_api, owner_api
 from tests.factories import final_facts, grant_lease, receipt, submit
 from tests.barrier import race

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from sessions_app.hooks.mapping import session_uuid
+from machine.hooks.mapping import session_uuid
 from tests.browser import api, chromium, new_page, shot, wait_live  # noqa: F401  (fixtures)
 from tests.live import module_daphne  # noqa: F401  (fixture)
 

@@ -9,7 +9,7 @@ import pytest
 
 from notifications import delivery
 from notifications.models import Delivery, Notification
-from sessions_app.hooks.mapping import session_uuid
+from machine.hooks.mapping import session_uuid
 from tests.conftest import owner_api
 from tests.notify_support import browser_keys, put_settings, receiver, subscribe  # noqa: F401
 from tests.sessions_events import at, board_events  # noqa: F401

@@ -1,4 +1,4 @@
-"""R4: one backoff policy (``tasks_app.protocol.Backoff``, equal jitter, capped at 60 s),
+"""R4: one backoff policy (``machine.protocol.Backoff``, equal jitter, capped at 60 s),
 and the three retriers that use it: the worker, the notify loop and the hook sender."""
 import random
 from pathlib import Path
@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from notifications import delivery
-from sessions_app.hooks.sender import Sender
-from tasks_app.protocol import BACKOFF_CAP_S, Backoff
-from tasks_app.worker.clock import SYSTEM_CLOCK
+from machine.hooks.sender import Sender
+from machine.protocol import BACKOFF_CAP_S, Backoff
+from machine.worker.clock import SYSTEM_CLOCK
 from tests.worker_harness import make_worker
 
 

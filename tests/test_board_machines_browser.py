@@ -28,7 +28,7 @@ def test_b10_pair_a_machine_from_the_board_and_it_appears_live(live_daphne, new_
 
     from tasks_app.auth import token_digest
     from tasks_app.models import Machine
-    from tasks_app.worker.store import StateDir
+    from machine.worker.store import StateDir
 
     url = live_daphne()
     page = new_page(url, owner, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)

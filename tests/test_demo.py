@@ -11,7 +11,7 @@ from django.core.management import call_command
 from core import clock
 from tasks_app.models import Grant, Machine
 from tasks_app.services.pairing import machine_pair, pairing_code_create
-from tasks_app.worker.store import StateDir
+from machine.worker.store import StateDir
 
 
 def _grant(state_dir, demo_dir) -> dict:

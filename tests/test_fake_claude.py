@@ -6,10 +6,10 @@ import os
 import subprocess
 from pathlib import Path
 
-from tasks_app.worker import process
-from tasks_app.worker.config import parse_profile
-from tasks_app.worker.git_evidence import git_end, git_start
-from tasks_app.worker.parsers import make_parser
+from machine.worker import process
+from machine.worker.config import parse_profile
+from machine.worker.git_evidence import git_end, git_start
+from machine.worker.parsers import make_parser
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 FAKE = BASE_DIR / "scripts" / "fake_claude.py"

@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from tasks_app.worker.clock import FakeClock
-from tasks_app.worker.loop import WorkerOptions
-from tasks_app.worker.testing import InMemoryService
+from machine.worker.clock import FakeClock
+from machine.worker.loop import WorkerOptions
+from machine.worker.testing import InMemoryService
 from tests.git_support import git
 from tests.worker_harness import make_worker, wait_for
 
@@ -87,7 +87,7 @@ def test_g8_a_follow_up_without_its_worktree_is_refused_worktree_unavailable(rig
 
 
 def test_g8_w1_the_records_of_a_worktree_shared_by_follow_ups_go_once_its_one_integration_is_done(rig):
-    from tasks_app.worker.store import Store
+    from machine.worker.store import Store
 
     first = rig.start("[[write:a.txt:one\\n]][[commit:first]]")
     rig.run_once()

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tasks_app.agent_facts import describe_git as describe
-from tasks_app.worker.git_evidence import MAX_DIRTY, MAX_SUBJECTS, git_end, git_start
+from machine.worker.git_evidence import MAX_DIRTY, MAX_SUBJECTS, git_end, git_start
 
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@example.com"}

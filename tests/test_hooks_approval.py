@@ -11,9 +11,9 @@ import uuid
 import httpx
 import pytest
 
-from sessions_app.hooks import mapping, store
+from machine.hooks import mapping, store
 from sessions_app.models import Approval, Session
-from tasks_app.protocol import json_digest
+from machine.protocol import json_digest
 from tests.hooks_support import fixture, finish_hook, hook_env, run_hook, start_hook, stop_sender, wait_until
 from tests.live import DaphneServer, free_port, live_daphne, module_daphne  # noqa: F401
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sessions_app.hooks.install import install
+from machine.hooks.install import install
 from sessions_app.models import Approval
 from tests.agent_clis import cli_bin, offline
 from tests.claude_cli import claude_bin, claude_env, fake_model_api  # noqa: F401
-from tasks_app.protocol import HOOK_SCRIPT
+from machine.protocol import HOOK_SCRIPT
 from tests.hooks_support import BASE_DIR, stop_sender, wait_until
 from tests.live import live_daphne  # noqa: F401
 from tests.model_apis import ResponsesAPI
@@ -33,7 +33,7 @@ HOOK_SCRIPT_BYTES = os.path.join(str(BASE_DIR), *HOOK_SCRIPT).encode()
 
 
 def hook_pids(state_dir: Path) -> list[int]:
-    """The running hook processes of ``state_dir`` (``python -m sessions_app.hooks AGENT``
+    """The running hook processes of ``state_dir`` (``python -m machine.hooks AGENT``
     or the script by its path as installed; not its sender), found in /proc by their
     command line and environment."""
     found = []
@@ -45,7 +45,7 @@ def hook_pids(state_dir: Path) -> list[int]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (b"sessions_app.hooks" in argv or HOOK_SCRIPT_BYTES in argv) and f"RUNSTEAD_HOOK_DIR={state_dir}".encode() in environ:
+        if (b"machine.hooks" in argv or HOOK_SCRIPT_BYTES in argv) and f"RUNSTEAD_HOOK_DIR={state_dir}".encode() in environ:
             found.append(int(entry.name))
     return found
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from sessions_app.hooks import mapping
+from machine.hooks import mapping
 from tests.claude_cli import claude_bin, claude_env, fake_model_api  # noqa: F401
 from tests.hooks_support import BASE_DIR, Board, stop_sender
 from tests.live import live_daphne  # noqa: F401

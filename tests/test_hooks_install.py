@@ -8,10 +8,10 @@ import tomllib
 import pytest
 from django.core.management import CommandError, call_command
 
-from sessions_app.hooks import approval as hook_approval
-from sessions_app.hooks import store
-from sessions_app.hooks.install import PROJECT_ROOT, InstallError, install
-from tasks_app.protocol import HOOK_SCRIPT
+from machine.hooks import approval as hook_approval
+from machine.hooks import store
+from machine.hooks.install import PROJECT_ROOT, InstallError, install
+from machine.protocol import HOOK_SCRIPT
 
 SCRIPT = str(PROJECT_ROOT.joinpath(*HOOK_SCRIPT))  # what the installed command runs (not -m: I7)
 
@@ -87,7 +87,7 @@ def test_i5_a_moved_checkout_replaces_the_old_command_in_place(dirs, monkeypatch
     config_dir, state_dir = dirs
     install("claude", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
     data = json.loads((config_dir / "settings.json").read_text())
-    data["hooks"]["Stop"][0]["hooks"][0]["command"] = "/old/python -m sessions_app.hooks claude"
+    data["hooks"]["Stop"][0]["hooks"][0]["command"] = "/old/python -m machine.hooks claude"
     (config_dir / "settings.json").write_text(json.dumps(data))
     install("claude", server="http://s", config_dir=config_dir, state_dir=state_dir)
     stop = json.loads((config_dir / "settings.json").read_text())["hooks"]["Stop"]
@@ -235,7 +235,7 @@ def test_i5_i7_installed_command_skips_site_and_finds_its_bytecode_written(dirs)
     import sys
     from pathlib import Path
 
-    import sessions_app.hooks.mapping as mapping
+    import machine.hooks.mapping as mapping
 
     config_dir, state_dir = dirs
     cached = Path(importlib.util.cache_from_source(mapping.__file__))

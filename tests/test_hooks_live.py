@@ -14,8 +14,8 @@ import uuid
 import httpx
 import pytest
 
-from sessions_app.hooks import mapping, store
-from sessions_app.hooks.launch import ensure_sender
+from machine.hooks import mapping, store
+from machine.hooks.launch import ensure_sender
 from sessions_app.models import EndedTurn, Marker, Session
 from tests.hooks_support import BASE_DIR, Board, fixture, hook_env, run_hook, stop_sender, wait_until
 from tests.live import DaphneServer, live_daphne  # noqa: F401
@@ -225,7 +225,7 @@ def test_i1_r4_service_down_hooks_stay_fast_then_every_write_arrives_once_in_ord
             board.start()
             assert board.connected.wait(10)
             for _ in range(2):
-                subprocess.Popen([sys.executable, "-m", "sessions_app.hooks.sender", "--state-dir", str(state_dir)],
+                subprocess.Popen([sys.executable, "-m", "machine.hooks.sender", "--state-dir", str(state_dir)],
                                  env=env, cwd=BASE_DIR)
             ensure_sender(state_dir)  # the way a hook starts one
             expected = []

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sessions_app.hooks import RUNSTEAD_NAMESPACE, mapping
+from machine.hooks import RUNSTEAD_NAMESPACE, mapping
 from tests.hooks_support import fixture
 
 HOST = "mac"
@@ -355,7 +355,7 @@ def test_q4_the_sessions_next_hook_answers_its_waiting_approvals_in_the_terminal
 
 
 def test_q3_a_permission_request_with_nothing_waiting_writes_nothing_and_counts_its_key():
-    from sessions_app.hooks import approval
+    from machine.hooks import approval
 
     state = {"created": True, "turn": "p-1", "turn_at": 0.0}
     payload = fixture("claude", "permission_request")
@@ -373,7 +373,7 @@ def test_q3_a_permission_request_with_nothing_waiting_writes_nothing_and_counts_
 
 
 def test_q3_decision_output_for_each_end_and_agent():
-    from sessions_app.hooks.approval import decision_output
+    from machine.hooks.approval import decision_output
 
     payload = fixture("claude", "permission_request")
     out = lambda approval, agent="claude": decision_output(approval, payload, agent)  # noqa: E731
@@ -402,11 +402,11 @@ _JSON_BAD_OR_ODD = [b"", b"  ", b"{", b"[1,]", b"1 2", b'{"a": 1} x', b'"\x01"',
 
 @pytest.mark.parametrize("data", _JSON_READ + sorted((FIXTURES_ROOT).rglob("*.json")), ids=str)
 def test_i7_the_hooks_json_reader_reads_what_json_reads(data):
-    """I7: ``sessions_app.hooks.json_loads`` (the C scanner of ``_json`` without importing
+    """I7: ``machine.hooks.json_loads`` (the C scanner of ``_json`` without importing
     ``json``) gives what ``json.loads`` gives, for every recorded hook payload too."""
     import json
 
-    from sessions_app.hooks import json_loads
+    from machine.hooks import json_loads
 
     data = data.read_bytes() if hasattr(data, "read_bytes") else data
     assert repr(json_loads(data)) == repr(json.loads(data))  # repr: NaN is not equal to itself
@@ -419,7 +419,7 @@ def test_i7_the_hooks_json_reader_answers_bad_or_odd_input_as_json_does(data):
     (it detects the encoding), and so does the reader."""
     import json
 
-    from sessions_app.hooks import json_loads
+    from machine.hooks import json_loads
 
     try:
         expected = ("value", repr(json.loads(data)))

@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from sessions_app.hooks import store
-from sessions_app.hooks.sender import Sender
+from machine.hooks import store
+from machine.hooks.sender import Sender
 from tests.hooks_support import BASE_DIR, fixture, hook_env, run_hook, stop_sender, wait_until
 
 
@@ -98,11 +98,11 @@ def test_i1_hook_queues_writes_prints_nothing_and_exits_zero(state_dir):
 
 
 def test_i1_hook_imports_no_django(state_dir):
-    argv = [sys.executable, "-X", "importtime", "-m", "sessions_app.hooks", "claude"]
+    argv = [sys.executable, "-X", "importtime", "-m", "machine.hooks", "claude"]
     result = subprocess.run(argv, input=json.dumps(fixture("claude", "stop", session_id="s2")).encode(),
                             capture_output=True, env=hook_env(state_dir), cwd="/", timeout=30)
     imported = [line.split("|")[-1].strip() for line in result.stderr.decode().splitlines() if "|" in line]
-    assert "sessions_app.hooks.mapping" in imported
+    assert "machine.hooks.mapping" in imported
     assert not [name for name in imported if name.split(".")[0] in ("django", "rest_framework", "httpx")]
     assert result.stdout == b""
 
@@ -126,7 +126,7 @@ def test_i1_bad_input_exits_zero_queues_nothing_and_logs_one_line(state_dir, cas
 
 def test_i1_unknown_agent_and_codex_bad_argument_exit_zero(state_dir):
     assert run_hook("aider", {}, state_dir).returncode == 0
-    result = subprocess.run([sys.executable, "-m", "sessions_app.hooks", "codex", "not json"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "machine.hooks", "codex", "not json"], capture_output=True,
                             env=hook_env(state_dir), cwd="/", timeout=30)
     assert (result.returncode, result.stdout) == (0, b"")
     assert len((state_dir / "hook.log").read_text().splitlines()) == 2
@@ -175,7 +175,7 @@ def test_r4_backoff_doubles_with_jitter_and_is_capped():
         store.write_config(Path(tmp), server="http://x", token="t")
         with store.Outbox(Path(tmp)) as outbox:
             outbox.enqueue(writes(1))
-        with mock.patch("sessions_app.hooks.sender.time.sleep", side_effect=sleeps.append):
+        with mock.patch("machine.hooks.sender.time.sleep", side_effect=sleeps.append):
             Sender(Path(tmp), idle_exit_s=0, backoff_base_s=1, backoff_max_s=60, transport=transport).run()
     delays = sleeps[:8]
     ceilings = [1, 2, 4, 8, 16, 32, 60, 60]
@@ -187,7 +187,7 @@ def test_i1_two_senders_started_at_once_deliver_each_write_once(state_dir, recor
     with store.Outbox(state_dir) as outbox:
         outbox.enqueue(writes(30))
     env = hook_env(state_dir, RUNSTEAD_HOOK_SENDER_IDLE_S="0.3")
-    argv = [sys.executable, "-m", "sessions_app.hooks.sender", "--state-dir", str(state_dir)]
+    argv = [sys.executable, "-m", "machine.hooks.sender", "--state-dir", str(state_dir)]
     procs = [subprocess.Popen(argv, env=env, cwd=BASE_DIR) for _ in range(2)]
     for proc in procs:
         proc.wait(timeout=30)
@@ -201,7 +201,7 @@ def test_i1_hook_starts_a_sender_that_delivers_and_exits_when_idle(state_dir, re
     assert result.returncode == 0
     wait_until(lambda: len(recorder.requests) == 3)
     assert [r[0] for r in recorder.requests] == ["POST", "PUT", "PATCH"]
-    from sessions_app.hooks.launch import sender_running
+    from machine.hooks.launch import sender_running
 
     wait_until(lambda: not sender_running(state_dir), timeout=10)
     assert os.listdir(state_dir)  # state kept
@@ -311,7 +311,7 @@ def test_i1_sender_prunes_session_states_older_than_7_days_at_start_and_daily(st
         assert outbox.db.execute("SELECT count(*) FROM agent_sessions").fetchone()[0] == 2
         import time as real_time
 
-        with mock.patch("sessions_app.hooks.sender.time.monotonic", return_value=real_time.monotonic() + 86401):
+        with mock.patch("machine.hooks.sender.time.monotonic", return_value=real_time.monotonic() + 86401):
             sender.prune(outbox)  # a day later
         assert [k for (k,) in outbox.db.execute("SELECT key FROM agent_sessions")] == ["claude:recent"]
 
@@ -371,7 +371,7 @@ def test_i7_a_hook_killed_between_its_commit_and_its_snapshot_leaves_none(state_
         outbox.save_session_state(key, {"created": True, "turn": "old", "turn_at": 1.0})
     assert _snapshot(state_dir, key) == {"created": True, "turn": "old", "turn_at": 1.0}
     script = ("import os, signal, sys\n"
-              "from sessions_app.hooks import store\n"
+              "from machine.hooks import store\n"
               "store.Outbox._end_snapshots = lambda self, committed: os.kill(os.getpid(), signal.SIGKILL)\n"
               "with store.Outbox(sys.argv[1]) as outbox, outbox.transaction():\n"
               "    outbox.save_session_state(sys.argv[2], {'created': True, 'turn': 'new', 'turn_at': 2.0})\n")
@@ -464,7 +464,7 @@ def test_i7_tool_hook_with_nothing_due_only_reads_then_one_due_writes_one_runnin
     result = run_hook("claude", tool, state_dir)
     assert (result.returncode, result.stdout) == (0, b"")
     assert _files(state_dir) == before  # no outbox write, no log line, no sender started
-    from sessions_app.hooks.launch import sender_running
+    from machine.hooks.launch import sender_running
 
     assert not sender_running(state_dir)
 
@@ -501,22 +501,22 @@ def test_i7_sender_records_the_class_of_the_running_marker_the_service_answered(
 # What no hook without a permission request loads: Django, the asking client (an HTTP
 # client, TLS), the sender (argparse, the retry schedule: it runs in its own
 # process), ``pathlib`` (``urllib.parse``, ``fnmatch``), ``site`` (the hook runs with -S).
-NOT_IN_A_HOOK = ("django", "httpx", "http.client", "ssl", "sessions_app.hooks.approval",
-                 "sessions_app.hooks.task_approval", "sessions_app.hooks.sender", "tasks_app.protocol",
+NOT_IN_A_HOOK = ("django", "httpx", "http.client", "ssl", "machine.hooks.approval",
+                 "machine.hooks.task_approval", "machine.hooks.sender", "machine.protocol",
                  "argparse", "pathlib", "site", "dataclasses", "inspect", "runpy")
 # ... and what a tool hook with nothing due does not load either: it reads the session's
 # snapshot file, not the outbox (``_sqlite3`` imports ``functools`` and ``collections``).
-NOT_IN_A_TOOL_HOOK = ("uuid", "urllib.parse", "sessions_app.hooks.launch", "json", "re", "enum", "datetime",
+NOT_IN_A_TOOL_HOOK = ("uuid", "urllib.parse", "machine.hooks.launch", "json", "re", "enum", "datetime",
                       "sqlite3", "_sqlite3", "functools", "collections", "importlib.util", "contextlib")
 
 
 def probe_hook(state_dir, payload, absent):
     """Runs the hook (``entry.run``) in a fresh interpreter with the installed command's
     flags; returns which of ``absent`` (and the mapping) it loaded."""
-    from tasks_app.protocol import HOOK_PYTHON_FLAGS
+    from machine.protocol import HOOK_PYTHON_FLAGS
 
-    probe = ("import sys\nfrom sessions_app.hooks.entry import run\nrun(['claude'])\n"
-             f"print(repr([m for m in {absent!r} + ('sessions_app.hooks.mapping',) if m in sys.modules]))")
+    probe = ("import sys\nfrom machine.hooks.entry import run\nrun(['claude'])\n"
+             f"print(repr([m for m in {absent!r} + ('machine.hooks.mapping',) if m in sys.modules]))")
     done = subprocess.run([sys.executable, *HOOK_PYTHON_FLAGS, "-c", probe], input=json.dumps(payload).encode(),
                           capture_output=True, timeout=30, env=hook_env(state_dir), cwd="/")
     assert done.returncode == 0, done.stderr
@@ -541,7 +541,7 @@ def test_i7_i1_a_hook_loads_only_the_mapping_and_the_store(state_dir, payload, a
     command's own interpreter flags."""
     run_hook("claude", {**fixture("claude", "user_prompt_submit"), "session_id": "light-1"}, state_dir)
     assert store.peek_session_state(state_dir, "claude:light-1")["turn"]  # a turn open, not half through
-    assert probe_hook(state_dir, payload, NOT_IN_A_HOOK + also_absent) == ["sessions_app.hooks.mapping"]
+    assert probe_hook(state_dir, payload, NOT_IN_A_HOOK + also_absent) == ["machine.hooks.mapping"]
 
 
 def test_i7_a_tool_hook_reads_the_outbox_when_its_session_has_no_snapshot(state_dir):

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from sessions_app.hooks import mapping
+from machine.hooks import mapping
 from tests import model_apis
 from tests.agent_clis import cli_bin, offline, seed_opencode_plugin_deps
 from tests.gemini_terminal import DIALOG, READY, gemini_terminal, submit, wait_closed

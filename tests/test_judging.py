@@ -10,7 +10,7 @@ import pytest
 from core import clock
 from tasks_app.models import Budget, OutboxMessage, Task, TaskEvent
 from tasks_app.services.judging import judge
-from tasks_app.worker.wire import refusal_stop_reason
+from machine.worker.wire import refusal_stop_reason
 from tasks_app.services.sweeps import expire_leases
 from tests.factories import final_facts, grant_lease, receipt, submit
 

@@ -54,7 +54,7 @@ def test_k1_machine_token_and_pairing_code_are_stored_only_as_digests(owner, pin
 
 
 def test_i1_hook_state_file_is_0600_in_a_0700_directory_whatever_the_umask(tmp_path):
-    from sessions_app.hooks import store
+    from machine.hooks import store
 
     old = os.umask(0)
     try:

@@ -22,7 +22,7 @@ import time
 import httpx
 import pytest
 
-from sessions_app.hooks import mapping
+from machine.hooks import mapping
 from tests.claude_cli import claude_bin, claude_env, fake_model_api  # noqa: F401  (fixture)
 from tests.hooks_support import BASE_DIR, Board, stop_sender, wait_until
 from tests.http_receiver import Receiver

@@ -4,8 +4,8 @@ answered ``applied``), at most 50 a post, 500 waiting; ``forget`` tells the high
 confirmed number so the final receipt carries the rest."""
 import threading
 
-from tasks_app.protocol import ENTRIES_KEPT, ENTRIES_PER_POST
-from tasks_app.worker.progress import ProgressSender
+from machine.protocol import ENTRIES_KEPT, ENTRIES_PER_POST
+from machine.worker.progress import ProgressSender
 from tests.worker_harness import wait_for
 
 OP = "00000000-0000-0000-0000-000000000001"

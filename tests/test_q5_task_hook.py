@@ -1,9 +1,9 @@
-"""Q5, Q3: the ``PermissionRequest`` hook inside a RunStead task (``sessions_app/hooks/
+"""Q5, Q3: the ``PermissionRequest`` hook inside a RunStead task (``machine/hooks/
 task_approval.py``), without a CLI: its key, its outputs, and how it gives up."""
 import json
 import time
 
-from sessions_app.hooks import task_approval
+from machine.hooks import task_approval
 from tests.hooks_support import hook_env, run_hook
 
 PAYLOAD = {"session_id": "7cf59fc6-37df-4860-b1e8-dfd10c2e49c5", "prompt_id": "67e6675b", "cwd": "/work/repo",
@@ -78,7 +78,7 @@ def test_q5_in_a_task_it_asks_with_the_task_credential_and_prints_the_decision(t
 
 
 def test_q5_in_a_task_a_refusal_means_no_output(tmp_path):
-    from sessions_app.hooks import approval
+    from machine.hooks import approval
 
     def refused(method, path, body, timeout_s):
         raise approval.Refused("POST /api/approvals/: HTTP 401")

@@ -23,7 +23,7 @@ from datetime import datetime
 
 import pytest
 
-from tasks_app.worker.store import DB_NAME
+from machine.worker.store import DB_NAME
 from tests.claude_cli import fake_model_api, write_claude_profile  # noqa: F401  (fixture)
 from tests.live import BoardSocket, module_daphne  # noqa: F401  (fixture)
 from tests.worker_harness import SHORT_TIMINGS, LiveSetup, wait_for
@@ -163,7 +163,7 @@ def test_q5_q8_allowed_from_the_api_the_tool_runs_and_the_task_succeeds(asking, 
 def test_q5_q8_denied_with_a_message_the_agent_reads_it_as_the_tool_result(asking, fake_model_api, tmp_path):  # noqa: F811
     """Also: the owner's own ``install_hooks`` entry runs beside the run's and stays out
     of it (inside a task only the run's ``--task`` entry asks): one approval."""
-    from sessions_app.hooks.install import hook_argv
+    from machine.hooks.install import hook_argv
 
     setup = asking()
     user_hook = {"type": "command", "command": shlex.join(hook_argv("claude", tmp_path / "user-hooks")), "timeout": 630}

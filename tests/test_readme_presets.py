@@ -11,8 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tasks_app.worker.config import parse_config
-from tasks_app.worker.parsers import make_parser
+from machine.worker.config import parse_config
+from machine.worker.parsers import make_parser
 from tests import model_apis
 from tests.agent_clis import cli_bin, offline
 from tests.worker_harness import BASE_DIR

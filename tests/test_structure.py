@@ -5,29 +5,36 @@ inside functions alike become edges of one module graph. The rules:
 
 - no cycle between modules;
 - the packages form layers, each importing only from the layers below it:
-  ``core`` < ``tasks_app`` < ``notifications`` < ``sessions_app`` < ``board`` < ``config``
+  ``machine`` < ``core`` < ``tasks_app`` < ``notifications`` < ``sessions_app`` < ``board`` < ``config``
   (``core`` imports no app; no app imports ``config``, which composes them all; sessions
   meet the task core through ``tasks_app/signals.py``);
 - services import no ``api`` module; the wire shapes import no DRF;
-- the worker (``tasks_app/worker/``) imports no Django and, of the service side, only
-  ``tasks_app.protocol``; nothing outside it imports it except the commands that start or
-  pair it (the worker ships alone);
-- ``tasks_app.protocol`` (the contract's numbers and R4's ``Backoff``) imports only the
-  standard library, so the worker and the hooks may share it;
-- the agent hooks (``sessions_app/hooks/``) import no framework and, of the project, only
-  themselves and ``tasks_app.protocol`` (a hook starts in milliseconds, I1).
+- ``machine`` (what runs on the owner's machine: worker, hooks, launcher, protocol) is a
+  program of its own below every layer: it imports no framework and nothing of the service
+  side, and the service side imports only ``machine.protocol`` from it, except the thin
+  commands that start the worker, pair it or install the hooks, and the hooks' old entry
+  point (``sessions_app/hooks/__main__.py``, kept for entries older installs wrote);
+- ``machine.protocol`` (the contract's numbers, shapes and R4's ``Backoff``) imports only the
+  standard library, so the worker, the hooks and the service share it;
+- the agent hooks (``machine/hooks/``) import, of the project, only themselves and
+  ``machine.protocol`` (a hook starts in milliseconds, I1).
 """
 import ast
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LAYERS = ("core", "tasks_app", "notifications", "sessions_app", "board", "config")
+LAYERS = ("machine", "core", "tasks_app", "notifications", "sessions_app", "board", "config")
 PACKAGES = LAYERS
-WORKER_STARTERS = {
+# The service-side modules that may import more of ``machine`` than its protocol: the
+# commands that start it (worker, pairing, hooks, turn markers), and the forwarder of hook entries older installs wrote.
+MACHINE_STARTERS = {
     "tasks_app.management.commands.worker",
     "tasks_app.management.commands.pair_worker",
     "tasks_app.management.commands.demo_setup",
+    "sessions_app.management.commands.install_hooks",
+    "sessions_app.management.commands.turn",
+    "sessions_app.hooks.__main__",
 }
 FRAMEWORKS = ("django", "rest_framework", "drf_spectacular", "channels", "channels_redis", "daphne", "asgiref")
 
@@ -216,27 +223,38 @@ def test_layer_guard_sees_an_upward_import():
     assert [f"{m} -> {t}" for m, ts in edges.items() for t in ts if layer(t) > layer(m)] == ["tasks_app.x -> config.urls"]
 
 
-def test_only_the_worker_commands_import_the_worker():
-    worker = _in("tasks_app.worker")
-    assert offending(lambda name: not worker(name) and name not in WORKER_STARTERS, worker) == []
+def test_the_service_imports_only_the_protocol_from_machine():
+    """Apart from the commands that start the owner's-machine program, the service side
+    knows ``machine`` by its protocol module alone."""
+    machine = _in("machine")
+    assert offending(lambda name: not machine(name) and name not in MACHINE_STARTERS,
+                     lambda target: machine(target) and target != "machine.protocol") == []
 
 
-def test_worker_imports_no_django():
-    worker = _in("tasks_app.worker")
-    assert offending(worker, lambda target: not worker(target) and target not in {"tasks_app", "tasks_app.protocol"}) == []
-    assert {name: sorted(EXTERNAL[name] & set(FRAMEWORKS)) for name in EXTERNAL if worker(name)} == {
-        name: [] for name in EXTERNAL if worker(name)
+def test_machine_imports_no_framework_and_no_app():
+    """``machine`` could ship alone: no Django, DRF, Channels, and no service module."""
+    machine = _in("machine")
+    assert offending(machine, lambda target: not machine(target)) == []
+    assert {name: sorted(EXTERNAL[name] & set(FRAMEWORKS)) for name in EXTERNAL if machine(name)} == {
+        name: [] for name in EXTERNAL if machine(name)
     }
-    assert EXTERNAL["tasks_app.protocol"] - sys.stdlib_module_names == set()
-    assert offending(lambda name: name == "tasks_app.protocol", lambda target: True) == []
+    assert EXTERNAL["machine.protocol"] - sys.stdlib_module_names == set()
+    assert offending(lambda name: name == "machine.protocol", lambda target: True) == []
 
 
-def test_hooks_import_no_framework():
-    hooks = _in("sessions_app.hooks")
-    assert offending(hooks, lambda target: not hooks(target) and target not in {"tasks_app", "tasks_app.protocol"}) == []
-    assert {name: sorted(EXTERNAL[name] & set(FRAMEWORKS)) for name in EXTERNAL if hooks(name)} == {
-        name: [] for name in EXTERNAL if hooks(name)
-    }
+def test_hooks_import_only_the_hooks_and_the_protocol():
+    """A hook starts in milliseconds (I1, I7): of the project it imports only its own
+    package and ``machine.protocol``, nothing of the worker."""
+    hooks = _in("machine.hooks")
+    assert offending(hooks, lambda target: not hooks(target) and target not in {"machine", "machine.protocol"}) == []
+
+
+def test_machine_guard_sees_an_app_import():
+    """The guard can fail: a synthetic machine module importing an app's models is reported."""
+    edges, _ = import_graph({"machine": ("", True), "machine.x": ("from tasks_app import models\n", False),
+                             "tasks_app": ("", True), "tasks_app.models": ("", False)})
+    assert [f"{m} -> {t}" for m, ts in edges.items() for t in ts if m.startswith("machine")] == [
+        "machine.x -> tasks_app.models"]
 
 
 # --- tests: shared fixtures and helpers live in conftest.py and helper modules ------------

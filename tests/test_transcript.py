@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from tasks_app.models import Task, TranscriptEntry
-from tasks_app.protocol import ENTRIES_KEPT, ENTRIES_PER_POST, ENTRY_TEXT_MAX_BYTES
+from machine.protocol import ENTRIES_KEPT, ENTRIES_PER_POST, ENTRY_TEXT_MAX_BYTES
 from tests.conftest import machine_api, owner_api
 from tests.factories import final_facts, grant_lease, operation_id, receipt, submit
 from tests.sessions_events import board_events  # noqa: F401  (fixture)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from sessions_app.hooks import store
+from machine.hooks import store
 from sessions_app.models import EndedTurn, Marker, Session
 from tests.hooks_support import stop_sender
 from tests.live import module_daphne  # noqa: F401  (fixture)
@@ -182,7 +182,7 @@ def test_i1_wrapper_writes_queued_while_the_service_was_down_arrive_in_order_onc
     sid = uuid.uuid4()
     # Queue a whole turn against the live service while the sender cannot run (the lock
     # is held here), then let a sender deliver it.
-    from sessions_app.hooks.launch import try_lock
+    from machine.hooks.launch import try_lock
 
     lock = try_lock(store.ensure_state_dir(hook_dir))
     proc = wrapper(url, token, sid, sys.executable, "-c", "pass", options=["--start-wait", "0.2", "--ended-wait", "0.2"])
@@ -190,7 +190,7 @@ def test_i1_wrapper_writes_queued_while_the_service_was_down_arrive_in_order_onc
     assert proc.returncode == 0 and "queued" in err
     assert not Marker.objects.filter(session_id=sid).exists()
     os.close(lock)
-    from sessions_app.hooks.launch import ensure_sender
+    from machine.hooks.launch import ensure_sender
 
     ensure_sender(hook_dir)
     wait_for(lambda: Marker.objects.filter(session_id=sid, state="ended").exists(), timeout=20, what="ended marker")

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import httpx
 import pytest
 
-from tasks_app.worker.store import Store
+from machine.worker.store import Store
 from tests.live import DaphneServer, module_daphne  # noqa: F401  (fixture)
 from tests.worker_harness import SHORT_TIMINGS, LiveSetup, live_pids, wait_for
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks_app.protocol import Backoff
-from tasks_app.worker import faults
-from tasks_app.worker.clock import FakeClock
-from tasks_app.worker.loop import EXIT_REVOKED, Worker, WorkerOptions
-from tasks_app.worker.testing import InMemoryService
+from machine.protocol import Backoff
+from machine.worker import faults
+from machine.worker.clock import FakeClock
+from machine.worker.loop import EXIT_REVOKED, Worker, WorkerOptions
+from machine.worker.testing import InMemoryService
 from tests.worker_harness import count_lines, live_pids, make_worker, recorded_pids, wait_for
 
 PROFILES = {
@@ -339,7 +339,7 @@ def test_u1_query_answered_from_local_record_or_no_record(rig):
 def test_j1_run_hooks_get_every_output_line_and_add_facts_without_replacing_j1_keys(rig):
     """The seam for stream parsers (issue 11): per-run hooks see the agent's lines in
     order, and their extra facts reach the final receipt."""
-    from tasks_app.worker.runner import RunHooks
+    from machine.worker.runner import RunHooks
 
     class Collect(RunHooks):
         wants_output = True

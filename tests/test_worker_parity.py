@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks_app.worker.client import HttpService
-from tasks_app.worker.clock import SYSTEM_CLOCK
-from tasks_app.worker.loop import WorkerOptions
-from tasks_app.worker.testing import InMemoryService
+from machine.worker.client import HttpService
+from machine.worker.clock import SYSTEM_CLOCK
+from machine.worker.loop import WorkerOptions
+from machine.worker.testing import InMemoryService
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.worker_harness import SHORT_TIMINGS, LiveSetup, make_worker, wait_for
 

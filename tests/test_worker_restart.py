@@ -265,7 +265,7 @@ def test_x3_agent_that_ended_while_worker_was_down_is_reported_with_launcher_exi
 
 def test_w2_message_committed_locally_before_ack_and_redelivered_after_crash(live):
     from tasks_app.models import OutboxMessage
-    from tasks_app.worker.store import Store
+    from machine.worker.store import Store
 
     first = live.start_worker(fault="after_commit_before_ack")
     task_id = live.submit("quick")
@@ -290,8 +290,8 @@ def test_w2_message_committed_locally_before_ack_and_redelivered_after_crash(liv
 def test_x2_pid_group_start_time_and_lease_send_times_committed_right_after_spawn(live):
     import psutil
 
-    from tasks_app.worker.clock import boot_id
-    from tasks_app.worker.store import Store
+    from machine.worker.clock import boot_id
+    from machine.worker.store import Store
 
     first = live.start_worker(fault="while_agent_runs")
     task_id = live.submit("long")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tasks_app.worker import login_service
+from machine.worker import login_service
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 

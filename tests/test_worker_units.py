@@ -14,12 +14,12 @@ import uuid
 import psutil
 import pytest
 
-from tasks_app.worker import process
-from tasks_app.worker.clock import FakeClock
-from tasks_app.worker.config import ConfigError, check_start, parse_config
-from tasks_app.worker.lease import KILL, OK, TERM, Deadline, LeaseTerms, SentAt, slept_s
-from tasks_app.worker.runner import Run
-from tasks_app.worker.store import Store
+from machine.worker import process
+from machine.worker.clock import FakeClock
+from machine.worker.config import ConfigError, check_start, parse_config
+from machine.worker.lease import KILL, OK, TERM, Deadline, LeaseTerms, SentAt, slept_s
+from machine.worker.runner import Run
+from machine.worker.store import Store
 from tests.worker_harness import AGENT, count_lines, live_pids, make_worker, recorded_pids, wait_for
 
 TERMS = LeaseTerms(lease_id="lease-1", duration_s=60, renew_every_s=15, margin_s=5, kill_grace_s=5)
@@ -161,7 +161,7 @@ def _ended_operation(store, *, wall, acked=True, report_pending=False, state="en
 
 
 def test_w1_prune_removes_only_final_acknowledged_records_older_than_7_days(tmp_path):
-    from tasks_app.worker.store import RECORD_RETENTION_S
+    from machine.worker.store import RECORD_RETENTION_S
 
     store = Store(str(tmp_path / "w.sqlite3"))
     now = 1_800_000_000.0
@@ -199,7 +199,7 @@ def test_w1_prune_removes_only_final_acknowledged_records_older_than_7_days(tmp_
 def test_w1_worker_database_of_schema_2_is_migrated(tmp_path):
     import sqlite3
 
-    from tasks_app.worker.store import SCHEMA_V1, SCHEMA_V2, SCHEMA_VERSION
+    from machine.worker.store import SCHEMA_V1, SCHEMA_V2, SCHEMA_VERSION
 
     path = str(tmp_path / "w.sqlite3")
     db = sqlite3.connect(path)
@@ -398,7 +398,7 @@ def test_w5_token_never_in_agent_environment_and_tag_set(tmp_path):
 
 
 def test_w5_state_dir_mode_0700_token_0600_and_second_lock_refused(tmp_path):
-    from tasks_app.worker.store import StateDir, StateDirLocked
+    from machine.worker.store import StateDir, StateDirLocked
 
     state = StateDir(str(tmp_path / "s"))
     state.write_identity(machine_id="m", generation=1, name="n", server="http://x", token="tok")
@@ -410,7 +410,7 @@ def test_w5_state_dir_mode_0700_token_0600_and_second_lock_refused(tmp_path):
 
 
 def test_w5_second_worker_process_on_same_state_dir_refuses(tmp_path):
-    from tasks_app.worker.store import StateDir
+    from machine.worker.store import StateDir
     from tests.worker_harness import BASE_DIR, UNREACHABLE, manage_env
 
     state = StateDir(str(tmp_path / "s"))

@@ -1,12 +1,12 @@
 """The git side of worktree tasks (SPEC G7), on real repositories in a temporary folder:
 branch names, the worktree, leftovers committed on the branch, the diff as evidence (files,
 unified diff cut at a file boundary), removal, and merge planning and applying. No Django,
-no worker: ``tasks_app.worker.worktrees`` alone."""
+no worker: ``machine.worker.worktrees`` alone."""
 import os
 
 import pytest
 
-from tasks_app.worker import worktrees as w
+from machine.worker import worktrees as w
 from tests.git_support import checkout_fingerprint, git
 
 TASK_ID = "0123abcd-0000-4000-8000-00000000feed"

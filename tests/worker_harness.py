@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import psutil
 
-from tasks_app.worker.config import parse_config
-from tasks_app.worker.loop import Worker, WorkerOptions
-from tasks_app.worker.store import StateDir, Store
+from machine.worker.config import parse_config
+from machine.worker.loop import Worker, WorkerOptions
+from machine.worker.store import StateDir, Store
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 AGENT = BASE_DIR / "tests" / "agents" / "agent.py"
@@ -157,7 +157,7 @@ class LiveSetup:
             )
             assert out.returncode == 0, out.stderr
         else:  # what the command does, without a second Django start-up
-            from tasks_app.worker.client import pair
+            from machine.worker.client import pair
 
             answer = pair(url, code, "test-laptop")
             assert answer.status == 201, answer.text

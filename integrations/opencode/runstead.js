@@ -4,7 +4,7 @@
 // which fills in HOOK_COMMAND; set RUNSTEAD_HOOK_COMMAND (a JSON array) to override.
 import { spawnSync } from "node:child_process"
 
-const HOOK_COMMAND = ["python3", "-m", "sessions_app.hooks", "opencode"]
+const HOOK_COMMAND = ["python3", "-m", "machine.hooks", "opencode"]
 
 const FORWARDED = new Set([
   "session.created",

@@ -33,7 +33,7 @@ from sessions_app.api.serializers import SESSION_AGENTS, absolute_or_blank
 from sessions_app.models import Approval, ApprovalScope, ApprovalState
 from sessions_app.shapes import ApprovalShape, approval_dict
 from tasks_app.auth import IsOwnerOrTaskCredential, request_task_credential
-from tasks_app.protocol import APPROVAL_INPUT_MAX_BYTES, APPROVAL_WAIT_MAX_S, json_bytes
+from machine.protocol import APPROVAL_INPUT_MAX_BYTES, APPROVAL_WAIT_MAX_S, json_bytes
 from tasks_app.services.idempotency import parse_idempotency_key
 from tasks_app.shapes import actor_owner
 

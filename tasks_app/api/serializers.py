@@ -9,7 +9,7 @@ from core.pagination import PageQuery
 from core.strict import QueryFloatField, StrictQuerySerializer, StrictSerializer
 from tasks_app.agent_facts import FactsError, clean_agent_facts
 from tasks_app.models import IntegrationAction, IntegrationOutcome, TaskState
-from tasks_app.protocol import DEFAULT_MAX_RUNTIME_S, LONG_POLL_MAX_S
+from machine.protocol import DEFAULT_MAX_RUNTIME_S, LONG_POLL_MAX_S
 from tasks_app.services.folders import folder_problem
 
 PROMPT_MAX_BYTES = 64 * 1024

@@ -22,7 +22,7 @@ from rest_framework.renderers import JSONRenderer
 
 from core.errors import ApplicationError
 from tasks_app.models import IdempotencyRecord, Task
-from tasks_app.protocol import json_digest
+from machine.protocol import json_digest
 from tasks_app.services.locking import retry_on_deadlock
 
 PENDING_STATUS = 0  # a claimed key whose response is written later in the same transaction

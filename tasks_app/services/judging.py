@@ -1,7 +1,7 @@
 """The facts table J6: the only place that maps how a process ended to a final state.
 
 (The table's footnote, a refused renewal's ``stop_reason``, is the worker's to apply:
-``tasks_app.worker.wire.refusal_stop_reason``.)"""
+``machine.worker.wire.refusal_stop_reason``.)"""
 from dataclasses import dataclass
 
 from tasks_app.models import TaskState

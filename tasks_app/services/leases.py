@@ -20,7 +20,7 @@ from tasks_app.services.transitions import (
     task_publish,
     task_transition,
 )
-from tasks_app.protocol import OUTPUT_TAIL_MAX_CHARS
+from machine.protocol import OUTPUT_TAIL_MAX_CHARS
 from tasks_app.shapes import ACTOR_SERVICE, actor_machine
 
 

@@ -11,7 +11,7 @@ from core import clock
 from core.errors import ApplicationError
 from core.waiting import Wait, notify
 from tasks_app.models import Machine, MessageKind, OutboxMessage, Task, TaskState
-from tasks_app.protocol import LONG_POLL_MAX_S, PULL_END_JITTER
+from machine.protocol import LONG_POLL_MAX_S, PULL_END_JITTER
 from tasks_app.services.pairing import machines_heard
 from tasks_app.services.transitions import TransitionConflict, outbox_key, task_transition
 

@@ -24,8 +24,8 @@ from django.db.models import F
 from core.broadcast import broadcast
 from core.errors import ApplicationError
 from tasks_app.models import FINAL_STATES, Machine, Operation, Task, TranscriptEntry
-from tasks_app.protocol import ENTRIES_KEPT
-from tasks_app.protocol import OUTPUT_TAIL_MAX_CHARS as OUTPUT_TAIL_MAX
+from machine.protocol import ENTRIES_KEPT
+from machine.protocol import OUTPUT_TAIL_MAX_CHARS as OUTPUT_TAIL_MAX
 from tasks_app.shapes import ProgressAnswerShape, ProgressShape, task_progress_event
 
 LAST_MESSAGE_MAX_BYTES = 4096

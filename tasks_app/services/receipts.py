@@ -17,7 +17,7 @@ from tasks_app.services.judging import RELEASE, judge
 from tasks_app.services.locking import lock_budget, retry_on_deadlock
 from tasks_app.services.progress import transcript_append
 from tasks_app.services.transitions import task_finalize, task_publish, task_record, task_transition
-from tasks_app.protocol import OUTPUT_TAIL_MAX_CHARS
+from machine.protocol import OUTPUT_TAIL_MAX_CHARS
 from tasks_app.shapes import ReceiptAnswerShape, actor_machine
 
 APPLIED: ReceiptAnswerShape = {"outcome": "applied"}

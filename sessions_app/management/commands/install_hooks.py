@@ -1,12 +1,12 @@
 """``python manage.py install_hooks AGENT --server URL [--token T] [--config-dir DIR]
-[--state-dir DIR] [--approval-wait-s S] [--uninstall]`` (SPEC I5, Q3). The work is in ``sessions_app.hooks.install``."""
+[--state-dir DIR] [--approval-wait-s S] [--uninstall]`` (SPEC I5, Q3). The work is in ``machine.hooks.install``."""
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from django.core.management.base import BaseCommand, CommandError
 
-from sessions_app.hooks import AGENTS
-from sessions_app.hooks.install import InstallError, install
+from machine.hooks import AGENTS
+from machine.hooks.install import InstallError, install
 
 
 class Command(BaseCommand):

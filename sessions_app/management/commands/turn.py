@@ -14,7 +14,7 @@ markers) it
    died from a signal).
 
 Markers are display-only (M8): the writes go through the hook outbox (SPEC I1; the same
-durable queue and detached sender as ``python -m sessions_app.hooks``), so when the
+durable queue and detached sender as ``python -m machine.hooks``), so when the
 service cannot be reached the command still runs, with a warning on stderr, and the
 writes are delivered in order once it is back (R4). Before the command starts the
 wrapper waits up to ``--start-wait`` seconds for the sweep and ``running`` to arrive;
@@ -35,7 +35,7 @@ from urllib.parse import quote
 
 from django.core.management.base import BaseCommand, CommandError
 
-from sessions_app.hooks import launch, store
+from machine.hooks import launch, store
 
 START_WAIT_S = 2.0
 ENDED_WAIT_S = 15.0

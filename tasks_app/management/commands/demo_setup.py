@@ -20,7 +20,7 @@ from tasks_app.auth import token_digest
 from tasks_app.models import Budget, Machine
 from tasks_app.services.pairing import pairing_code_create
 from tasks_app.services.revocation import grant_create
-from tasks_app.worker.store import StateDir
+from machine.worker.store import StateDir
 
 DEMO_USER = "demo"
 DEMO_PASSWORD = "demo"

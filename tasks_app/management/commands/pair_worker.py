@@ -21,8 +21,8 @@ class Command(BaseCommand):
         parser.add_argument("--state-dir", default="~/.runstead")
 
     def handle(self, *args, **options):
-        from tasks_app.worker.client import pair
-        from tasks_app.worker.store import StateDir
+        from machine.worker.client import pair
+        from machine.worker.store import StateDir
 
         name = options["name"] or socket.gethostname()
         answer = pair(options["server"], options["code"].strip(), name)

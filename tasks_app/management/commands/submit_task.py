@@ -27,7 +27,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from tasks_app.follow import Follower
-from tasks_app.protocol import DEFAULT_MAX_RUNTIME_S
+from machine.protocol import DEFAULT_MAX_RUNTIME_S
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 """``python manage.py worker --server URL [--state-dir DIR] [--config FILE] [--once]`` (SPEC O4).
 
 ``--install-service`` / ``--uninstall-service`` (D4) install or remove this command line
-as a login service (``tasks_app.worker.login_service``).
+as a login service (``machine.worker.login_service``).
 
 ``--prune-worktrees`` (G7) removes what is left of the worktrees of final, integrated
 worktree tasks (and their branch after a merge or a discard), prints it and exits.
@@ -10,11 +10,11 @@ worktree tasks (and their branch after a merge or a discard), prints it and exit
 on PATH or not, resume support, and the CLI's ``--version`` beside the preset's tested
 version, with a WARNING when they differ) and exits 1 when one is broken; it needs no pairing.
 
-A thin wrapper: everything lives in ``tasks_app.worker`` (no Django ORM there).
+A thin wrapper: everything lives in ``machine.worker`` (no Django ORM there).
 Environment for tests and tuning: ``RUNSTEAD_WORKER_POLL_S`` (long-poll wait, at most and by
 default ``LONG_POLL_MAX_S``, 25), ``RUNSTEAD_WORKER_PULL_IDLE_S`` (a pull with no byte for this long
 is given up, D1; default ``PULL_IDLE_TIMEOUT_S``, 7), ``RUNSTEAD_WORKER_BACKOFF_BASE_S`` (R4 backoff base: the first retry waits
-0.5-1 times it, default 1; the cap is 60 s), ``RUNSTEAD_WORKER_FAULT`` (crash tests only, see ``tasks_app.worker.faults``).
+0.5-1 times it, default 1; the cap is 60 s), ``RUNSTEAD_WORKER_FAULT`` (crash tests only, see ``machine.worker.faults``).
 Exit codes: 0 done, 1 bad usage/config, 2 state directory in use (W5), 3 token revoked.
 """
 import os
@@ -22,7 +22,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks_app.protocol import LONG_POLL_MAX_S
+from machine.protocol import LONG_POLL_MAX_S
 
 
 def _env_float(name: str, default: float) -> float:
@@ -58,9 +58,9 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         if options["install_service"] or options["uninstall_service"]:
             return self._service(options)
-        from tasks_app.worker.config import ConfigError, load_config
-        from tasks_app.worker.loop import WorkerOptions, open_worker
-        from tasks_app.worker.store import StateDirLocked
+        from machine.worker.config import ConfigError, load_config
+        from machine.worker.loop import WorkerOptions, open_worker
+        from machine.worker.store import StateDirLocked
 
         state_dir = os.path.abspath(os.path.expanduser(options["state_dir"]))
         if options["prune_worktrees"]:
@@ -76,7 +76,7 @@ class Command(BaseCommand):
                 sys.exit(1)
             raise CommandError(str(exc))
         if options["check"]:
-            from tasks_app.worker.check import check_profiles
+            from machine.worker.check import check_profiles
 
             report, ok = check_profiles(config, path=os.environ.get("PATH"))
             self.stdout.write(f"config {config_path or '(none)'}\n{report}")
@@ -105,8 +105,8 @@ class Command(BaseCommand):
     def _prune(self, state_dir: str) -> None:
         """G7: ``integrate.prune`` on this state directory's store. Safe beside a running
         worker: it touches only integrations that are done."""
-        from tasks_app.worker.integrate import prune
-        from tasks_app.worker.store import StateDir, Store
+        from machine.worker.integrate import prune
+        from machine.worker.store import StateDir, Store
 
         state = StateDir(state_dir)
         if not os.path.exists(state.db_path):
@@ -123,7 +123,7 @@ class Command(BaseCommand):
         """D4: write and load (or stop and remove) the login service for this command line."""
         from django.conf import settings
 
-        from tasks_app.worker import login_service
+        from machine.worker import login_service
 
         out = lambda msg: self.stdout.write(msg)  # noqa: E731
         if options["uninstall_service"]:

@@ -1,5 +1,5 @@
-"""The hook: ``python -m sessions_app.hooks AGENT [--task] [PAYLOAD]`` (SPEC I1), which
-``install_hooks`` writes as ``python -S -P <checkout>/sessions_app/hooks/__main__.py``.
+"""The hook: ``python -m machine.hooks AGENT [--task] [PAYLOAD]`` (SPEC I1), which
+``install_hooks`` writes as ``python -S -P <checkout>/machine/hooks/__main__.py``.
 
 Reads the hook payload (stdin JSON; for Codex ``notify`` the last argument), queues the
 writes it implies in the durable outbox together with the session's new local state (one
@@ -8,7 +8,7 @@ turn to continue (I7) only reads the session's local state (its snapshot file, e
 the outbox read-only; no lock) and returns: no outbox write, no network, nothing started. It prints nothing, always
 exits 0, and imports no Django. The one exception is ``PermissionRequest`` (Claude Code,
 Codex; Q3): after queueing what it implies like any hook, it asks the service for the owner's
-answer and waits for it (``sessions_app.hooks.approval``), printing the decision JSON
+answer and waits for it (``machine.hooks.approval``), printing the decision JSON
 when the owner allowed or denied, and nothing otherwise. Bad input (empty, invalid JSON, unknown event, a payload
 over ``MAX_PAYLOAD_BYTES``) queues nothing and leaves one line in ``hook.log``.
 
@@ -32,7 +32,7 @@ def read_payload(argv: list[str]) -> bytes:
 
 
 def run(argv: list[str]) -> None:
-    from sessions_app.hooks import DEFAULT_MARKER_CLASS_S, TASK_FLAG, in_task, json_loads, mapping, store
+    from machine.hooks import DEFAULT_MARKER_CLASS_S, TASK_FLAG, in_task, json_loads, mapping, store
 
     state_dir = store.default_state_dir()
     agent = argv[0] if argv else ""
@@ -53,7 +53,7 @@ def run(argv: list[str]) -> None:
             raise mapping.BadInput(f"invalid JSON: {error}") from None
         if agent == "claude" and isinstance(payload, dict) and payload.get("hook_event_name") == "PermissionRequest" \
                 and in_task(os.environ):  # Q5: a headless task asks through its own entry only
-            from sessions_app.hooks import task_approval
+            from machine.hooks import task_approval
 
             return answer_permission(task_approval.ask(payload, os.environ) if task_entry else None)
         event = mapping.identify(agent, payload)
@@ -71,7 +71,7 @@ def run(argv: list[str]) -> None:
                 state = outbox.session_state(event.key)
                 writes = mapping.handle(event, payload, state, hostname=hostname, now=now, class_s=class_s)
                 if asking:
-                    from sessions_app.hooks import approval
+                    from machine.hooks import approval
 
                     ask = approval.prepare(agent=agent, agent_session_id=event.agent_session_id,
                                            session_id=mapping.session_uuid(agent, event.agent_session_id),
@@ -81,7 +81,7 @@ def run(argv: list[str]) -> None:
                 if writes or asking:
                     outbox.save_session_state(event.key, state)
         if writes:
-            from sessions_app.hooks import launch
+            from machine.hooks import launch
 
             launch.ensure_sender(state_dir)
         if asking:

@@ -1,6 +1,6 @@
 """The waiting ``PermissionRequest`` hook (SPEC Q1, Q3, Q4), without Django.
 
-Claude Code runs ``python -m sessions_app.hooks claude`` on ``PermissionRequest`` and
+Claude Code runs ``python -m machine.hooks claude`` on ``PermissionRequest`` and
 shows its own dialog meanwhile; Codex (0.169.0, its TUI with ``-a on-request``) runs
 ``... codex`` the same way but shows "Running hook" and opens its dialog only once the
 hook returned without a decision. Unlike every other hook (I1: queue and return), this
@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from sessions_app.hooks import store, uuid5
-from tasks_app.protocol import APPROVAL_INPUT_MAX_BYTES, APPROVAL_WAIT_MAX_S, cut_json, json_digest
+from machine.hooks import store, uuid5
+from machine.protocol import APPROVAL_INPUT_MAX_BYTES, APPROVAL_WAIT_MAX_S, cut_json, json_digest
 
 DEFAULT_WAIT_S = 600.0
 DEFAULT_UNREACHABLE_S = 10.0

@@ -1,7 +1,7 @@
 """Agent CLI presets (SPEC G1, G6, W4): what the worker knows about real coding agents.
 
 A preset is a small declarative entry: an argv template, the name of its stdout parser
-(``tasks_app.worker.parsers``), how the prompt is placed, and how a session is resumed.
+(``machine.worker.parsers``), how the prompt is placed, and how a session is resumed.
 A new CLI is one entry here plus its parser and fixtures.
 
 Templates are lists of strings; nothing is ever joined into a command line or given to

@@ -1,8 +1,8 @@
 """Numbers and policies of the service <-> worker contract (SPEC H, R4), written once.
 
 No Django and nothing outside the standard library here: the worker
-(``tasks_app/worker/``) imports this module, and it must run without Django (it may ship
-alone one day); the hook sender (``sessions_app/hooks/``), which imports no Django
+(``machine/worker/``) imports this module, and it must run without Django (it may ship
+alone one day); the hook sender (``machine/hooks/``), which imports no Django
 either, and the notify loop retry through the same ``Backoff``.
 """
 import hashlib
@@ -20,12 +20,12 @@ from collections.abc import Callable
 # ``collections``, 1.5 ms of every hook. The sender the hook starts runs with ``site``
 # (it sends with httpx, ``launch``).
 HOOK_PYTHON_FLAGS = ("-S", "-P")
-HOOK_SCRIPT = ("sessions_app", "hooks", "__main__.py")  # under the checkout
+HOOK_SCRIPT = ("machine", "hooks", "__main__.py")  # under the checkout
 
 
 def hook_python(executable: str, project_root: str) -> list[str]:
     """The interpreter part of a hook command, ``[executable, "-S", "-P",
-    "<project_root>/sessions_app/hooks/__main__.py"]``; the agent's name follows (I1)."""
+    "<project_root>/machine/hooks/__main__.py"]``; the agent's name follows (I1)."""
     return [executable, *HOOK_PYTHON_FLAGS, os.path.join(project_root, *HOOK_SCRIPT)]
 
 # POST /api/tasks/ without ``max_runtime_s``: the task may run this long, in seconds, and

@@ -34,7 +34,7 @@ few milliseconds of every hook (I7). A state directory is a ``str`` or any path-
 import os
 import time
 
-from sessions_app.hooks import DEFAULT_MARKER_CLASS_S, Record, json_dumps, json_loads
+from machine.hooks import DEFAULT_MARKER_CLASS_S, Record, json_dumps, json_loads
 
 CONFIG_NAME = "config.json"
 MARKER_CLASS_NAME = "marker_class.json"

@@ -1,10 +1,10 @@
 """The detached sender: delivers the outbox's writes in order (SPEC I1, R3, R4).
 
-``python -m sessions_app.hooks.sender --state-dir DIR``. One sender per state directory
+``python -m machine.hooks.sender --state-dir DIR``. One sender per state directory
 (an ``flock`` on ``sender.lock``, which holds its pid); a second one exits at once. It
 sends the oldest write, deletes it once the service answered finally (2xx, or a 4xx
 other than 429: logged and dropped, never retried), and otherwise retries the same write
-(the writes are idempotent on the service) after ``tasks_app.protocol.Backoff`` (R4:
+(the writes are idempotent on the service) after ``machine.protocol.Backoff`` (R4:
 exponential with equal jitter from ``RUNSTEAD_HOOK_BACKOFF_BASE_S``, 0.5 s, capped at
 ``RUNSTEAD_HOOK_BACKOFF_MAX_S``, 60 s), so later writes never overtake it. It exits once
 the outbox has been empty for ``RUNSTEAD_HOOK_SENDER_IDLE_S`` (30 s), or after failing
@@ -12,8 +12,8 @@ for ``RUNSTEAD_HOOK_SENDER_GIVE_UP_S`` (24 h) with the writes kept for the next 
 At its start and every ``PRUNE_EVERY_S`` (a day) while it runs it prunes the agent
 session states untouched for 7 days (I1, ``store.Outbox.prune_sessions``).
 
-``sessions_app.hooks.launch.ensure_sender`` (called by the hook after it queued
-something) starts one, detached, when none runs. No Django here (``tasks_app.protocol``
+``machine.hooks.launch.ensure_sender`` (called by the hook after it queued
+something) starts one, detached, when none runs. No Django here (``machine.protocol``
 is Django-free).
 """
 import argparse
@@ -23,9 +23,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from sessions_app.hooks import store
-from sessions_app.hooks.launch import try_lock
-from tasks_app.protocol import BACKOFF_CAP_S, Backoff
+from machine.hooks import store
+from machine.hooks.launch import try_lock
+from machine.protocol import BACKOFF_CAP_S, Backoff
 
 BACKOFF_BASE_S = 0.5
 IDLE_EXIT_S = 30.0

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from tasks_app.protocol import OUTPUT_TAIL_MAX_CHARS
+from machine.protocol import OUTPUT_TAIL_MAX_CHARS
 
 from .clock import SYSTEM_CLOCK, Clock
 
@@ -33,7 +33,7 @@ POLL_S = 0.05
 TAIL_LINES = 20
 TAIL_CHARS = OUTPUT_TAIL_MAX_CHARS
 CAFFEINATE_REAP_S = 2.0  # bound on reaping caffeinate once no agent runs (a real process)
-LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
+LAUNCHER_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launcher.py")
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import json
 import re
 from collections import deque
 
-from tasks_app.protocol import ENTRIES_KEPT, ENTRY_CUT_MARK, ENTRY_TEXT_MAX_BYTES, ENTRY_TOOL_MAX_CHARS
+from machine.protocol import ENTRIES_KEPT, ENTRY_CUT_MARK, ENTRY_TEXT_MAX_BYTES, ENTRY_TOOL_MAX_CHARS
 
 MAX_LINE_BYTES = 1 << 20
 MESSAGE_BYTES = 4096

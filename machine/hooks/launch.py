@@ -9,7 +9,7 @@ holds its pid.
 import os
 import sys
 
-from sessions_app.hooks import store
+from machine.hooks import store
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,13 +40,13 @@ def sender_pid(state_dir: store.StateDir) -> int | None:
 
 
 def ensure_sender(state_dir: store.StateDir) -> bool:
-    """Starts a detached sender (``python -m sessions_app.hooks.sender``, site packages
+    """Starts a detached sender (``python -m machine.hooks.sender``, site packages
     on: it sends with httpx) for ``state_dir`` unless one runs: its own session, stdio
     on /dev/null and its log file, so the agent CLI never waits for it. Returns whether
     it started one. Two hooks racing may both start one; the lock lets one of them work."""
     if sender_running(state_dir):
         return False
-    argv = [sys.executable, "-m", "sessions_app.hooks.sender", "--state-dir", os.fspath(state_dir)]
+    argv = [sys.executable, "-m", "machine.hooks.sender", "--state-dir", os.fspath(state_dir)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH", "")) if p)
     log = os.path.join(state_dir, store.SENDER_LOG)

@@ -1,7 +1,7 @@
 """The waiting ``PermissionRequest`` hook of a headless task (SPEC Q5, Q3).
 
 A worker that runs a task whose profile says ``approvals = "ask"`` adds, for that run
-only, a ``PermissionRequest`` hook running ``python -m sessions_app.hooks claude --task``
+only, a ``PermissionRequest`` hook running ``python -m machine.hooks claude --task``
 and puts in the agent's environment (W5: never an owner or machine token):
 
 - ``RUNSTEAD_TASK_CREDENTIAL``: the task's approval credential (``Authorization: Task``),
@@ -19,7 +19,7 @@ once there, so one request is asked once and never with the owner's token; so do
 run's entry without a credential (``approvals = "off"``): the CLI denies as with no hook.
 
 ``ask(payload, environ)`` is the interactive hook's asking and waiting
-(``sessions_app.hooks.approval``: ``Asker``, ``decision_output``, the same settings and
+(``machine.hooks.approval``: ``Asker``, ``decision_output``, the same settings and
 unreachable window) with three differences: it authenticates with ``Authorization: Task``,
 names no session (the credential's task is meant), and counts the turn's identical
 requests for Q1's key in ``RUNSTEAD_TASK_HOOK_DIR`` (a headless run has no local session
@@ -33,8 +33,8 @@ import json
 import os
 from pathlib import Path
 
-from sessions_app.hooks import TASK_ENV, approval, uuid5
-from tasks_app.protocol import APPROVAL_INPUT_MAX_BYTES, cut_json, json_digest
+from machine.hooks import TASK_ENV, approval, uuid5
+from machine.protocol import APPROVAL_INPUT_MAX_BYTES, cut_json, json_digest
 
 CREDENTIAL_ENV = "RUNSTEAD_TASK_CREDENTIAL"
 SERVER_ENV = "RUNSTEAD_TASK_SERVER"

@@ -7,7 +7,7 @@ TOML file::
     prevent_idle_sleep = true   # W7 (macOS only)
 
     [profiles.claude]
-    preset = "claude"                      # G1: argv, parser, resume from tasks_app.worker.presets
+    preset = "claude"                      # G1: argv, parser, resume from machine.worker.presets
     extra_args = ["--permission-mode", "acceptEdits"]
     binary = "/opt/homebrew/bin/claude"    # optional; default: looked up on PATH at start
     isolation = "worktree"                 # G7: each task on its own branch (a task's "isolation" wins)
@@ -51,14 +51,14 @@ ISOLATIONS = ("none", "worktree")  # G7
 class Profile:
     """One ``[profiles.NAME]`` table, resolved against its preset (G1).
 
-    ``argv`` is a template (``tasks_app.worker.presets``); ``binary`` is a name looked up
+    ``argv`` is a template (``machine.worker.presets``); ``binary`` is a name looked up
     on PATH when a task starts, or an absolute path; ``resume`` the preset's resume
     elements (None: the profile refuses follow-ups with ``resume_unsupported``, G6).
     ``from_preset`` says whether ``argv`` is the preset's own (placeholders inside
     elements allowed) or the profile's (whole elements only, O4). ``record`` and
     ``tested_version`` come from the preset (``presets.Preset``). ``approvals``
     (Q5): ``"ask"`` runs each task with the owner answering what would prompt
-    (``tasks_app.worker.approvals``), ``"off"`` leaves it to the CLI (headless: denied).
+    (``machine.worker.approvals``), ``"off"`` leaves it to the CLI (headless: denied).
     ``conversation`` (C1): ``"live"`` (``live_argv``, the preset's streaming-input argv),
     ``"resume"`` (each message a follow-up) or ``"none"`` (refused).
     """

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 
-from tasks_app.protocol import ENTRIES_PER_POST
+from machine.protocol import ENTRIES_PER_POST
 
 from . import git_evidence, worktrees
 from .parsers import TextParser, make_parser

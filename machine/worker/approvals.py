@@ -4,8 +4,8 @@ A profile with ``approvals = "ask"`` (``preset = "claude"``) runs its task with 
 Code's ``PermissionRequest`` hook added for that run only, through the CLI's own per-run
 setting (``--settings '<json>'``, right after the executable), never by writing the
 user's configuration (a profile's own ``argv`` needs the element ``{binary}``). The hook is
-``python -m sessions_app.hooks claude --task`` on this checkout; inside a task it asks
-through the task's approval credential (``sessions_app/hooks/task_approval.py``), and an
+``python -m machine.hooks claude --task`` on this checkout; inside a task it asks
+through the task's approval credential (``machine/hooks/task_approval.py``), and an
 entry of the owner's own configuration prints nothing there.
 
 The credential comes with the lease (``approval_credential`` in the grant request, Q5),
@@ -21,14 +21,14 @@ import os
 import shlex
 import sys
 
-from tasks_app.protocol import hook_python
+from machine.protocol import hook_python
 
 APPROVALS = ("off", "ask")
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 HOOK_TIMEOUT_MARGIN_S = 30  # the hook's timeout is this much above the service's approval_wait_s (Q3)
 HOOK_DIR = "approvals"  # in the operation directory: the hook's per-turn request counts
 
-# The names sessions_app.hooks.task_approval reads (W5: no owner or machine token among them).
+# The names machine.hooks.task_approval reads (W5: no owner or machine token among them).
 CREDENTIAL_ENV = "RUNSTEAD_TASK_CREDENTIAL"
 SERVER_ENV = "RUNSTEAD_TASK_SERVER"
 HOOK_DIR_ENV = "RUNSTEAD_TASK_HOOK_DIR"

@@ -18,7 +18,8 @@ Per agent (``config_dir`` default in brackets):
   ``integrations/opencode/runstead.js`` with the hook command filled in.
 
 Every other entry is kept; RunStead's entries are the ones whose command runs
-``sessions_app/hooks/__main__.py`` (or, as written before, ``-m sessions_app.hooks``).
+``machine/hooks/__main__.py``, or, as older versions wrote it, ``sessions_app/hooks/__main__.py``
+or ``-m sessions_app.hooks``; an install rewrites those older entries to the current command.
 A file that changes gets a timestamped backup first
 (``<name>.runstead-<UTC>.bak``); an unchanged one is not rewritten, so a second run is
 byte-equal. A malformed existing file is left untouched and raises InstallError. The
@@ -33,12 +34,14 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sessions_app.hooks import AGENTS, store
-from sessions_app.hooks.approval import DEFAULT_WAIT_S
-from tasks_app.protocol import HOOK_SCRIPT, hook_python
+from machine.hooks import AGENTS, store
+from machine.hooks.approval import DEFAULT_WAIT_S
+from machine.protocol import HOOK_SCRIPT, hook_python
 
 # RunStead's entries: a command naming the hook's script (or the module, as written before)
-MARKS = ("/".join(HOOK_SCRIPT), "sessions_app.hooks")
+# and the commands older versions wrote (``sessions_app/hooks/__main__.py``, ``-m sessions_app.hooks``),
+# which an install rewrites to the current one.
+MARKS = ("/".join(HOOK_SCRIPT), "machine.hooks", "sessions_app/hooks/__main__.py", "sessions_app.hooks")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 OPENCODE_PLUGIN = PROJECT_ROOT / "integrations" / "opencode" / "runstead.js"
 CLAUDE_TIMEOUT_S = 10
@@ -104,8 +107,8 @@ def _ours(text: str) -> bool:
 
 
 def compile_hook_modules() -> None:
-    """Writes the bytecode of every module a hook imports (``sessions_app.hooks`` and
-    ``tasks_app.protocol``), as ``pip`` does at install: a hook runs in a fresh
+    """Writes the bytecode of every module a hook imports (``machine.hooks`` and
+    ``machine.protocol``), as ``pip`` does at install: a hook runs in a fresh
     interpreter each time, and where ``PYTHONDONTWRITEBYTECODE`` is set it would
     otherwise compile them from source on every call, 7 ms of each (I1, I7). Python
     recompiles a stale file in memory itself. Raises nothing (a read-only checkout just
@@ -113,9 +116,8 @@ def compile_hook_modules() -> None:
     import compileall
 
     quiet = 2  # no listing, no errors printed: a file that does not compile fails its hook's own log
-    compileall.compile_dir(PROJECT_ROOT / "sessions_app" / "hooks", maxlevels=0, quiet=quiet)
-    for path in (PROJECT_ROOT / "sessions_app" / "__init__.py", PROJECT_ROOT / "tasks_app" / "__init__.py",
-                 PROJECT_ROOT / "tasks_app" / "protocol.py"):
+    compileall.compile_dir(PROJECT_ROOT / "machine" / "hooks", maxlevels=0, quiet=quiet)
+    for path in (PROJECT_ROOT / "machine" / "__init__.py", PROJECT_ROOT / "machine" / "protocol.py"):
         compileall.compile_file(path, quiet=quiet)
 
 
@@ -276,7 +278,7 @@ def _opencode(path: Path, argv: list[str], uninstall: bool) -> tuple:
     if uninstall:
         return path, old, None if old is not None else None, "removed the plugin"
     template = OPENCODE_PLUGIN.read_text()
-    default = 'const HOOK_COMMAND = ["python3", "-m", "sessions_app.hooks", "opencode"]'
+    default = 'const HOOK_COMMAND = ["python3", "-m", "machine.hooks", "opencode"]'
     if default not in template:
         raise InstallError(f"{OPENCODE_PLUGIN} lost its HOOK_COMMAND line")
     new = template.replace(default, "const HOOK_COMMAND = " + json.dumps(argv)).encode()

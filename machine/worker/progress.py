@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 
-from tasks_app.protocol import ENTRIES_KEPT, ENTRIES_PER_POST
+from machine.protocol import ENTRIES_KEPT, ENTRIES_PER_POST
 
 log = logging.getLogger("runstead.worker")
 

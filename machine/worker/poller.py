@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 
 from . import conversation, faults
-from tasks_app.protocol import Backoff
+from machine.protocol import Backoff
 
 from .client import MAX_POLL_WAIT_S, Service
 from .context import WorkerContext

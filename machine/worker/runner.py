@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from collections.abc import Callable
 
-from tasks_app.protocol import Backoff
+from machine.protocol import Backoff
 
 from . import approvals, faults, process, worktrees
 from .conversation import Conversation

@@ -4,7 +4,7 @@ One sender thread delivers the local outbox (receipts, session markers, device s
 in order, each row exactly as committed, so a retry keeps its ``event_id`` (R1). Answers
 (R3): 2xx -> done; 4xx other than 401/429 -> final, never resent (``given_up``); 401 ->
 the token is revoked (the worker stops); 429, 5xx and network errors -> retried after
-``tasks_app.protocol.Backoff`` (equal jitter, capped at 60 s, R4). It runs apart from the long-poll and
+``machine.protocol.Backoff`` (equal jitter, capped at 60 s, R4). It runs apart from the long-poll and
 the renewals (W8).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import logging
 import threading
 
-from tasks_app.protocol import Backoff
+from machine.protocol import Backoff
 
 from .context import WorkerContext
 

@@ -1,5 +1,5 @@
 """The worker: the coordinator of its parts (SPEC W, X, R4, L, U1, M5, M8). Standard
-library + httpx + psutil only; no Django ORM anywhere in ``tasks_app.worker``.
+library + httpx + psutil only; no Django ORM anywhere in ``machine.worker``.
 
 Module map (each part gets one ``WorkerContext``, ``context.py``):
 
@@ -28,7 +28,7 @@ import logging
 import signal
 from dataclasses import dataclass
 
-from tasks_app.protocol import BACKOFF_CAP_S, PULL_IDLE_TIMEOUT_S, Backoff
+from machine.protocol import BACKOFF_CAP_S, PULL_IDLE_TIMEOUT_S, Backoff
 
 from .client import BACKOFF_BASE_S, Connect, http_connect
 from .clock import SYSTEM_CLOCK, Clock, boot_id

@@ -14,10 +14,10 @@ fresh id), ``jobs`` (background job ids known to the service as held, I3),
 whose ``ended`` was queued, so a Codex ``notify`` after its ``Stop`` hook adds nothing),
 ``approvals`` (ids of approvals a waiting ``PermissionRequest`` hook asked for and has
 not seen answered, Q4) and ``asks`` (the turn's count of permission requests per tool
-input digest, for Q1's key; ``sessions_app.hooks.approval``).
+input digest, for Q1's key; ``machine.hooks.approval``).
 """
 
-from sessions_app.hooks import AGENTS, DEFAULT_MARKER_CLASS_S, Record, uuid5
+from machine.hooks import AGENTS, DEFAULT_MARKER_CLASS_S, Record, uuid5
 
 TITLE_MAX = 80  # I3: the title from the first prompt
 MESSAGE_MAX = 500  # attention message shown on the board
@@ -176,7 +176,7 @@ class Writes:
     def running(self, turn_id: str | None = None) -> str:
         """M1: ``running`` for a new turn (the agent's own id, or a fresh uuid4, I2)."""
         if not turn_id:
-            import uuid  # not at the top: see ``sessions_app.hooks.uuid5``
+            import uuid  # not at the top: see ``machine.hooks.uuid5``
 
             turn_id = str(uuid.uuid4())
         self.marker(turn_id, "running")
@@ -312,7 +312,7 @@ def tool_activity(w: Writes, p: dict) -> None:
 def claude_permission_request(w: Writes, p: dict) -> None:
     """Q3, Q4: an earlier approval still pending here was answered in the terminal (the
     service does the same when it creates the new one); the agent works on (I7). The
-    approval itself is asked synchronously by ``sessions_app.hooks.approval``."""
+    approval itself is asked synchronously by ``machine.hooks.approval``."""
     w.answered_in_terminal()
     w.continue_turn()
 

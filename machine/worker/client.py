@@ -2,7 +2,7 @@
 
 ``Service`` is everything the worker loop asks of the service; ``HttpService`` speaks it
 over HTTP (every request carries ``Authorization: Machine <token>``), and
-``tasks_app.worker.testing.InMemoryService`` implements it in memory for tests. A worker
+``machine.worker.testing.InMemoryService`` implements it in memory for tests. A worker
 gets a ``connect()`` factory and opens one ``Service`` per thread.
 
 ``Answer.kind`` classifies a reply the way R3 says: ``ok``, ``final`` (4xx other than
@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import httpx
 
-from tasks_app.protocol import LONG_POLL_MAX_S, PULL_IDLE_TIMEOUT_S
+from machine.protocol import LONG_POLL_MAX_S, PULL_IDLE_TIMEOUT_S
 
-BACKOFF_BASE_S = 1.0  # the first retry waits 0.5-1 s (R4; ``tasks_app.protocol.Backoff``)
+BACKOFF_BASE_S = 1.0  # the first retry waits 0.5-1 s (R4; ``machine.protocol.Backoff``)
 REQUEST_TIMEOUT_S = 10.0
 PROGRESS_TIMEOUT_S = 5.0  # G4: a stuck progress call gives up; the next replaces it
 MAX_POLL_WAIT_S = float(LONG_POLL_MAX_S)  # the service's long-poll maximum (H)
