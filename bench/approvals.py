@@ -6,7 +6,7 @@ processes, ``python -m machine.hooks claude`` with Claude Code's ``PermissionReq
 payload on stdin (``tests/fixtures/hooks/claude/permission_request.json``, each its own
 agent session), exactly as Claude Code starts them and as ``tests/hooks_support.py``
 ``start_hook`` does. Each hook creates its approval (``POST /api/approvals/``) and then
-long-polls ``GET /api/approvals/{id}/?wait=25`` (``core/waiting.py`` on the service). The
+long-polls ``GET /api/approvals/{id}/?wait=25`` (``core/longpoll/`` on the service). The
 hooks share ``--state-dirs`` hook state directories (default 10: ten machines of 50
 sessions each); they are started in batches of ``--batch``, each batch once the previous
 one's approvals exist.

@@ -1,5 +1,5 @@
 """ASGI entry point: Django over HTTP (the long-polls of ``LONG_POLL_VIEWS`` around its
-request handler, ``core/longpoll.py``), the board over ``/ws/``; and, because daphne has
+request handler, ``core/longpoll/``), the board over ``/ws/``; and, because daphne has
 no lifespan protocol, the server start/stop hooks (the periodic sweep) installed when the
 server imports this module (``config/server_hooks.py``).
 """
@@ -14,14 +14,14 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 from board.routing import websocket_application  # noqa: E402
 from config import server_hooks  # noqa: E402
-from core import longpoll  # noqa: E402
+from core.longpoll import LongPollRouter  # noqa: E402
 from sessions_app.api.approvals import ApprovalDetail  # noqa: E402
 from tasks_app.api.views import WorkerMessages  # noqa: E402
 
 # Long-polls that wait go around Django's handler, so they wait without a thread (D1, D2).
 LONG_POLL_VIEWS = [WorkerMessages, ApprovalDetail]
 application = ProtocolTypeRouter(
-    {"http": longpoll.route(django_asgi_app, LONG_POLL_VIEWS), "websocket": websocket_application}
+    {"http": LongPollRouter(django_asgi_app, LONG_POLL_VIEWS), "websocket": websocket_application}
 )
 
 server_hooks.install()

@@ -13,7 +13,7 @@
   debug line is emitted), so nothing a log reader sees changes.
 - start: the garbage collector is set for a long-running server (``_settle_heap``).
 - load: daphne's TCP sockets listen with ``RUNSTEAD_LISTEN_BACKLOG`` (``_listen_backlog``).
-- stop: waiting long-polls return at once (``core.waiting.stop_all``), so the server
+- stop: waiting long-polls return at once (``core.longpoll.stop_all``), so the server
   exits without waiting up to ``LONG_POLL_MAX_S`` (25 s) for them; and should a thread still hold
   the process EXIT_GRACE_S after the reactor stopped (e.g. one waiting in
   ``async_to_sync`` on the loop that no longer runs), it exits anyway (D3: daphne always
@@ -32,7 +32,7 @@ from django.conf import settings
 
 from notifications.delivery import notify_loop
 from board.sweep import sweep_loop
-from core.waiting import stop_all
+from core.longpoll import stop_all
 
 log = logging.getLogger("runstead.server")
 

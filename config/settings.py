@@ -237,10 +237,10 @@ RUNSTEAD_LONGPOLL_RECHECK_S = env_seconds("RUNSTEAD_LONGPOLL_RECHECK_S", 5)
 # D1: a waiting long-poll sends a space this often (seconds) so a half-open pull is seen.
 RUNSTEAD_LONGPOLL_KEEPALIVE_S = env_seconds("RUNSTEAD_LONGPOLL_KEEPALIVE_S", LONG_POLL_KEEPALIVE_S)
 # D1, D2: long-poll starts (the view and the first take) at once per daphne process; the
-# rest of a wave of pull starts queues behind them, not in front of the API (core/longpoll.py).
+# rest of a wave of pull starts queues behind them, not in front of the API (core/longpoll/).
 RUNSTEAD_LONGPOLL_START_SLOTS = max(1, int(env_str("RUNSTEAD_LONGPOLL_START_SLOTS", "2")))
 # D1: the pull starts of an event loop are checked together (one transaction) at most this
-# often (seconds); a start after a quiet spell is checked at once (core/waiting.py).
+# often (seconds); a start after a quiet spell is checked at once (core/longpoll/).
 RUNSTEAD_LONGPOLL_START_BATCH_S = env_seconds("RUNSTEAD_LONGPOLL_START_BATCH_S", 0.25)
 # D1: the listen backlog of daphne's TCP sockets (config/server_hooks.py): 1,000 workers
 # reconnecting at once after a restart are queued by the kernel, not dropped (Twisted's

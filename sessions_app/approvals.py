@@ -26,7 +26,7 @@ from django.db.models import F
 from core import clock
 from core.broadcast import broadcast
 from core.errors import ApplicationError
-from core.waiting import Wait, notify_after_commit
+from core.longpoll import Wait, notify_after_commit
 from notifications.services import notify_approval
 from sessions_app.models import (
     DECIDED_BY_SYSTEM,
@@ -149,12 +149,12 @@ def _lock_target(approval: Approval) -> tuple[Session | None, Task | None]:
 
 
 def approval_key(approval_id) -> str:
-    """The ``core.waiting`` key of one approval's long-polls, woken by ``_settle``."""
+    """The ``core.longpoll`` key of one approval's long-polls, woken by ``_settle``."""
     return f"approval.{approval_id}"
 
 
 def approval_wait(*, approval: Approval, wait_s: float) -> Wait:
-    """``GET /api/approvals/{id}/?wait=S`` (Q3) as a ``core.waiting.Wait``: its result is
+    """``GET /api/approvals/{id}/?wait=S`` (Q3) as a ``core.longpoll.Wait``: its result is
     the approval as it stands, as soon as it is no longer ``pending`` or after ``wait_s``
     seconds (0 = at once). Each take expires it when past ``expires_at`` (so an expiry is
     seen by the next take: a wake-up or the safety re-check); every way out of pending

@@ -149,7 +149,7 @@ class MachineTokenCache:
     def warm(self, digests: list[str]) -> None:
         """Read the counter (when not fresh) and the paired machines of those of
         ``digests`` not cached, in ONE statement, as ``lookup`` reads one: a batch of
-        pull starts (``WorkerMessages.quick_warm``). Unknown digests stay uncached (their
+        pull starts (the long-poll fast path, ``core.longpoll``). Unknown digests stay uncached (their
         ``lookup`` refuses them)."""
         current = self._current_epoch()
         if current is None:
@@ -177,9 +177,22 @@ class MachineTokenCache:
                     self._entries[digest] = hit
         return found
 
+    def key(self, authorization: bytes) -> str | None:
+        """The long-poll fast path's parse of a raw ``Authorization`` header value
+        (``core.longpoll.QuickAuth``; the worker's pull): the token's digest, by
+        ``machine_token_digest`` as ``MachineAuthentication`` parses it, when this process
+        caches tokens (``enabled``); None for another scheme, a malformed value (the view
+        answers it ``token_revoked``) or no caching."""
+        if not self.enabled():
+            return None
+        try:
+            return machine_token_digest(authorization)
+        except TokenRevoked:
+            return None
+
     def cached(self, digest: str) -> Machine | None:
         """The machine of ``digest`` from this process alone, without any I/O (the pull's
-        quick start on the event loop, ``WorkerMessages.quick_start``), shared as
+        fast path on the event loop, ``core.longpoll``), shared as
         ``lookup``'s: only while the counter was read less than
         ``RUNSTEAD_TOKEN_EPOCH_FRESH_S`` ago, as ``lookup`` would use it; None otherwise,
         or for a digest not cached (then ``lookup``)."""

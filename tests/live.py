@@ -100,7 +100,7 @@ class DaphneServer:
 
     def waits(self) -> list[str]:
         """The key of each wait that began waiting for a wake-up (``machine.<id>`` for a
-        worker's pull), in order: ``core.waiting`` logs them at DEBUG, so start the server
+        worker's pull), in order: ``core.longpoll`` logs them at DEBUG, so start the server
         with ``RUNSTEAD_LOG_LEVEL="DEBUG"``."""
         # The project's own handler's lines only: daphne's root handler repeats each one.
         return re.findall(r" runstead\.waiting wait (\S+): waiting for a wake-up", self.log())

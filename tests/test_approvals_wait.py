@@ -1,21 +1,21 @@
 """SPEC Q3 on the service: ``GET /api/approvals/{id}/?wait=S`` is a long-poll of the one
-wait (``core.waiting``): on daphne it is answered by the decision's after-commit wake-up,
+wait (``core.longpoll``): on daphne it is answered by the decision's after-commit wake-up,
 not by a timer, and by the safety re-check for an expiry nobody announced; under WSGI the
 same wait runs in the request's thread (its sync form). Tests wait on the fact "the read
-waits" (``core.waiting``'s DEBUG line, or ``waiting(key)`` in process), never on a sleep."""
+waits" (``core.longpoll``'s DEBUG line, or ``waiting(key)`` in process), never on a sleep."""
 import time
 import uuid
 
 import httpx
 import pytest
 
-from core.waiting import waiting
+from core.longpoll import waiting
 from sessions_app.approvals import approval_key
 from tests.conftest import owner_api
 from tests.live import Background, live_daphne  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-DEBUG = {"RUNSTEAD_LOG_LEVEL": "DEBUG"}  # core.waiting logs each wait that begins waiting
+DEBUG = {"RUNSTEAD_LOG_LEVEL": "DEBUG"}  # core.longpoll logs each wait that begins waiting
 BASH = {"command": "make test"}
 
 

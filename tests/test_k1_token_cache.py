@@ -186,7 +186,8 @@ def test_d1_k1_a_pull_quick_start_answers_as_the_view_does(machine):
     """The usual idle pull starts on the event loop without DRF's dispatch (issue 22):
     the same status, headers and body as the view's, the same wait (the machine's
     exclusive outbox wait, the asked seconds less the end jitter)."""
-    from core.longpoll import _dispatch, _resolve
+    from core.longpoll.router import _dispatch, _resolve
+    from core.longpoll.view import quick_start
     from tasks_app.api.views import WorkerMessages
     from tasks_app.services.messages import PULL_END_JITTER
 
@@ -194,7 +195,7 @@ def test_d1_k1_a_pull_quick_start_answers_as_the_view_does(machine):
     for accept in ([], [(b"accept", b"*/*")], [(b"accept", b"application/json")]):
         scope = _scope(b"wait=12.5", _machine_header(machine.test_token), *accept)
         viewed = _dispatch(found, scope)  # caches the token
-        quick = WorkerMessages.quick_start(scope)
+        quick = quick_start(WorkerMessages, scope)
         assert quick is not None and quick.wait.subject.pk == machine.pk
         assert (quick.wait.key, quick.wait.exclusive) == (viewed.wait.key, True)
         assert 12.5 * (1 - PULL_END_JITTER) <= quick.wait.timeout_s <= 12.5
@@ -226,7 +227,8 @@ def test_d1_k1_k3_every_other_pull_start_is_left_to_the_view(case, machine, sett
     """Whatever is not the usual pull of a cached, current token goes through the view,
     which answers its error code (K1, K3) or, for a valid pull the quick start could not
     vouch for without I/O (the counter must be read again; no ``wait``), the pull."""
-    from core.longpoll import _dispatch, _resolve
+    from core.longpoll.router import _dispatch, _resolve
+    from core.longpoll.view import quick_start
     from tasks_app.api.views import WorkerMessages
 
     found = _resolve("/api/worker/messages/")
@@ -237,7 +239,7 @@ def test_d1_k1_k3_every_other_pull_start_is_left_to_the_view(case, machine, sett
     elif case == "counter_not_fresh":
         settings.RUNSTEAD_TOKEN_EPOCH_FRESH_S = 0  # the counter must be read again: that is I/O
     scope = _scope(query, *headers(machine.test_token))
-    assert WorkerMessages.quick_start(scope) is None
+    assert quick_start(WorkerMessages, scope) is None
     answered = _dispatch(found, scope)
     assert (answered.status_code, (getattr(answered, "data", None) or {}).get("error")) == (status, error)
 
@@ -252,7 +254,8 @@ def test_d1_k1_a_wave_of_pull_starts_reads_its_tokens_in_one_statement(owner, ma
     import asyncio
     import logging
 
-    from core.longpoll import _resolve, _warm
+    from core.longpoll.router import _resolve, _warm
+    from core.longpoll.view import quick_start
     from tasks_app.api.views import WorkerMessages
     from tasks_app.auth import machine_tokens
 
@@ -263,7 +266,7 @@ def test_d1_k1_a_wave_of_pull_starts_reads_its_tokens_in_one_statement(owner, ma
     machine_tokens.forget()
     found = _resolve("/api/worker/messages/")
     scopes = [_scope(b"wait=25", _machine_header(m.test_token)) for m in [*machines, revoked]]
-    assert all(WorkerMessages.quick_start(scope) is None for scope in scopes)
+    assert all(quick_start(WorkerMessages, scope) is None for scope in scopes)
 
     async def wave():
         return await asyncio.gather(*(_warm(found, scope) for scope in scopes))
@@ -272,6 +275,6 @@ def test_d1_k1_a_wave_of_pull_starts_reads_its_tokens_in_one_statement(owner, ma
         assert asyncio.run(wave()) == [True] * len(scopes)
     reads = [int(n) for n in re.findall(r"machine token cache: (\d+) missed", caplog.text)]
     assert reads == [len(scopes)]  # one statement for the whole wave
-    started = [WorkerMessages.quick_start(scope) for scope in scopes]
+    started = [quick_start(WorkerMessages, scope) for scope in scopes]
     assert [s.wait.subject.pk for s in started[:-1]] == [m.pk for m in machines]
     assert started[-1] is None  # the view answers it: 401 token_revoked

@@ -34,7 +34,7 @@ def _submit(url, owner, machine, folder):
     return resp.json()["id"]
 
 
-DEBUG = {"RUNSTEAD_LOG_LEVEL": "DEBUG"}  # core.waiting logs each wait that begins waiting
+DEBUG = {"RUNSTEAD_LOG_LEVEL": "DEBUG"}  # core.longpoll logs each wait that begins waiting
 
 
 def _key(machine) -> str:
@@ -347,7 +347,7 @@ async def test_d1_pull_whose_client_disconnects_during_its_take_releases_the_mes
     from django.utils import timezone
 
     from config.asgi import application
-    from core.waiting import wake, waiting
+    from core.longpoll.registry import wake, waiting
     from tasks_app.services import messages
     from tasks_app.services.transitions import outbox_key
     from tests.factories import submit
@@ -449,7 +449,7 @@ def test_d1_p2_pull_starts_together_are_one_heard_update_and_one_look_for_messag
     from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
 
-    from core.waiting import Wait
+    from core.longpoll import Wait
     from tasks_app.models import Machine
     from tasks_app.services.messages import message_ack, messages_starts, messages_take, messages_wait
     from tasks_app.services.transitions import outbox_key

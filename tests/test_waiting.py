@@ -1,4 +1,4 @@
-"""The one wait primitive (``core/waiting.py``; D1, D2, W5, Q3), on its own: a resource
+"""The one wait primitive (``core/longpoll/``; D1, D2, W5, Q3), on its own: a resource
 that is not the outbox (an approval-like state that turns from ``pending`` to decided)
 waits, is woken by ``notify``, times out with its last take, is superseded, releases what
 a cancelled take took; the async and the sync form alike. The worker long-poll on a real
@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from core.waiting import Wait, notify, take_or_wait, take_or_wait_sync, waiting
+from core.longpoll import Wait, notify, take_or_wait, take_or_wait_sync, waiting
 
 # channels_redis binds its receive state to one event loop; each test has its own loop.
 pytestmark = pytest.mark.usefixtures("fresh_layer")
@@ -152,7 +152,7 @@ async def test_w5_wait_superseded_while_its_take_ran_gives_back_what_it_took():
 
 
 def test_q3_sync_form_waits_is_woken_and_superseded_the_same_way(monkeypatch):
-    monkeypatch.setattr("core.waiting.SYNC_RECHECK_S", 30)  # only the notification can answer in time
+    monkeypatch.setattr("core.longpoll.perform.SYNC_RECHECK_S", 30)  # only the notification can answer in time
     approval = Approval()
     answers = []
     older = threading.Thread(target=lambda: answers.append(take_or_wait_sync(approval.wait(20, exclusive=True))))
@@ -185,7 +185,7 @@ async def test_d2_pump_ends_when_its_loop_closes_even_if_the_layer_turns_the_can
     while channels_redis read from Redis, redis-py reported it as its own read timeout,
     and the reader retried forever, so the loop never closed. The layer here is a stand-in
     that does exactly that (a real Redis does it only under a race); the reader must end."""
-    from core import waiting as waiting_module
+    from core.longpoll import loops
 
     class CancelSwallowingLayer:
         async def new_channel(self):
@@ -197,9 +197,9 @@ async def test_d2_pump_ends_when_its_loop_closes_even_if_the_layer_turns_the_can
             except asyncio.CancelledError:
                 raise TimeoutError("Timeout reading from 127.0.0.1:6390") from None
 
-    monkeypatch.setattr(waiting_module, "layer_is_remote", lambda: True)
-    monkeypatch.setattr(waiting_module, "get_channel_layer", lambda: CancelSwallowingLayer())
-    pump = waiting_module._Pump(asyncio.get_running_loop())
+    monkeypatch.setattr(loops, "layer_is_remote", lambda: True)
+    monkeypatch.setattr(loops, "get_channel_layer", lambda: CancelSwallowingLayer())
+    pump = loops.Pump(asyncio.get_running_loop())
     await asyncio.wait_for(pump.channel_ready.wait(), DEADLINE_S)
     tasks = set(pump.tasks)
     for task in tasks:
@@ -219,7 +219,7 @@ async def test_d2_long_poll_starts_are_admitted_a_few_at_a_time(settings, monkey
     them, not in front of the API's requests. Ten requests, two slots, real pool threads."""
     from django.http import JsonResponse
 
-    from core import longpoll
+    from core.longpoll import router
 
     settings.RUNSTEAD_LONGPOLL_START_SLOTS = 2
     lock, active, peak = threading.Lock(), [0], [0]
@@ -233,9 +233,9 @@ async def test_d2_long_poll_starts_are_admitted_a_few_at_a_time(settings, monkey
             active[0] -= 1
         return JsonResponse({"messages": []})
 
-    monkeypatch.setattr(longpoll, "_dispatch", view)
-    monkeypatch.setattr(longpoll, "_quick_start", lambda found, scope: None)  # every start goes to the view
-    monkeypatch.setattr(longpoll, "_warm", _nothing_to_warm)
+    monkeypatch.setattr(router, "_dispatch", view)
+    monkeypatch.setattr(router, "_quick_start", lambda found, scope: None)  # every start goes to the view
+    monkeypatch.setattr(router, "_warm", _nothing_to_warm)
     sent = []
 
     async def send(message):
@@ -244,7 +244,7 @@ async def test_d2_long_poll_starts_are_admitted_a_few_at_a_time(settings, monkey
     async def receive():
         await asyncio.Event().wait()  # the client stays
 
-    await asyncio.wait_for(asyncio.gather(*(longpoll.long_poll(None, {}, receive, send) for _ in range(10))), DEADLINE_S)
+    await asyncio.wait_for(asyncio.gather(*(router.long_poll(None, {}, receive, send) for _ in range(10))), DEADLINE_S)
     assert peak[0] == 2
     assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [200] * 10
 

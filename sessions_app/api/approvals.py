@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 
 from core import clock
 from core.errors import ApplicationError
-from core.longpoll import WaitResponse
+from core.longpoll import LongPoll
 from core.pagination import PageQuery
 from core.schema import errors, shape
 from core.strict import EmptyBody, NoQuery, QueryFloatField, StrictQuerySerializer, StrictSerializer, valid_body, valid_query
@@ -194,15 +194,18 @@ def _visible(request, approval_id) -> Approval:
 class ApprovalDetail(APIView):
     """``GET /api/approvals/{id}/`` (Q3): the approval, at once; with ``?wait=S`` and
     while it is pending, held until it is decided, expires or S seconds pass (a
-    long-poll of ``config.asgi.LONG_POLL_VIEWS``: no thread or connection held)."""
+    long-poll of ``config.asgi.LONG_POLL_VIEWS``, declared in ``long_poll``: no thread
+    or connection held)."""
 
     permission_classes = [IsOwnerOrTaskCredential]
+    long_poll = LongPoll(
+        wait=lambda approval, wait_s: approvals.approval_wait(approval=approval, wait_s=wait_s), render=approval_dict,
+    )
 
     @extend_schema(parameters=[ApprovalWaitQuery], responses={200: shape(ApprovalShape), **errors()})
     def get(self, request, approval_id):
         params = valid_query(ApprovalWaitQuery, request)
-        approval = _visible(request, approval_id)
-        return WaitResponse(approvals.approval_wait(approval=approval, wait_s=params["wait"]), render=approval_dict)
+        return self.long_poll.answer(_visible(request, approval_id), params["wait"])
 
 
 class ApprovalDecision(APIView):

@@ -5,19 +5,18 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.authtoken.models import Token
-from rest_framework.exceptions import ValidationError
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import clock
-from core.longpoll import WaitResponse, quick_response
+from core.longpoll import LongPoll
 from core.schema import errors, shape
 from core.pagination import PageQuery
 from core.strict import EmptyBody, NoQuery, valid_body, valid_query
 from tasks_app.api import serializers as s
 from tasks_app.api.throttling import OwnerAcceptRate
-from tasks_app.auth import IsMachine, TokenRevoked, machine_token_digest, machine_tokens, request_machine
+from tasks_app.auth import IsMachine, machine_tokens, request_machine
 from tasks_app.models import Budget, Grant, Machine, Task
 from tasks_app.services import (
     acceptance,
@@ -310,71 +309,24 @@ class WorkerPair(APIView):
 
 
 class WorkerMessages(MachineView):
-    """Long-poll the outbox (W2, W5, D1): answers with the service's wait, which the server
-    performs (``core.longpoll``)."""
+    """Long-poll the outbox (W2, W5, D1): parses and authorises; the wait it declares is
+    performed by the long-poll engine (``core.longpoll``), which also answers the idle
+    worker's usual pull on the event loop from these declarations (issue 22)."""
 
     # Every idle worker starts a pull every ~25 s: its token is looked up through this
-    # process's ``tasks_app.auth.MachineTokenCache`` (K1 as without it).
+    # process's ``tasks_app.auth.MachineTokenCache`` (K1 as without it), here and on the
+    # engine's fast path (``quick_auth``).
     machine_token_cached = True
     heard_by_service = True  # with the other pull starts of the event loop (messages_starts)
+    long_poll = LongPoll(
+        wait=lambda machine, wait_s: messages.messages_wait(machine=machine, wait_s=wait_s),
+        render=messages_dict, quick_auth=machine_tokens, query=s.MessagesQuery,
+    )
 
     @extend_schema(parameters=[s.MessagesQuery], responses={200: shape(MessagesShape), **errors()})
     def get(self, request):
         wait = valid_query(s.MessagesQuery, request)["wait"]
-        pull = messages.messages_wait(machine=request_machine(request), wait_s=wait)
-        return WaitResponse(pull, render=messages_dict)
-
-    @classmethod
-    def quick_start(cls, scope: dict):
-        """What ``get`` answers for the idle worker's usual pull (issue 22: 1,000 idle
-        workers start 40 a second), on the event loop without DRF's dispatch or a thread
-        (``core.longpoll.quick_response``): only the shape ``_usual_pull`` takes, with a
-        token this process holds under a fresh counter (``MachineTokenCache.cached``: K1
-        as for ``lookup``). None for anything else: the view answers it, with its error
-        codes."""
-        usual = _usual_pull(scope)
-        machine = None if usual is None else machine_tokens.cached(usual[1])
-        if machine is None:
-            return None
-        return quick_response(cls, messages.messages_wait(machine=machine, wait_s=usual[0]), messages_dict)
-
-    @staticmethod
-    def quick_key(scope: dict) -> str | None:
-        """The token digest of a usual pull that ``quick_start`` did not answer (its token
-        not cached, or the counter not fresh), for ``quick_warm``; None for any other
-        request, and wherever tokens are not cached."""
-        usual = _usual_pull(scope) if machine_tokens.enabled() else None
-        return None if usual is None else usual[1]
-
-    @staticmethod
-    def quick_warm(digests: list[str]) -> None:
-        """One read of the tokens of a batch of pull starts (``MachineTokenCache.warm``:
-        a wave of pull starts after a restart, issue 22)."""
-        machine_tokens.warm(digests)
-
-
-def _usual_pull(scope: dict) -> tuple | None:
-    """(wait in seconds, token digest) of the idle worker's usual pull: only ``?wait=S``
-    (S as ``MessagesQuery`` takes it), one ``Authorization: Machine <token>``, and no
-    ``Accept`` or one the JSON renderer answers; None for any other request."""
-    name, _, value = scope.get("query_string", b"").partition(b"=")
-    found = {}
-    for header, given in scope["headers"]:
-        if header in (b"authorization", b"accept"):
-            if header in found:
-                return None
-            found[header] = given
-    if name != b"wait" or found.get(b"accept", b"*/*") not in (b"*/*", b"application/json"):
-        return None
-    try:
-        wait = _WAIT.run_validation(value.decode("latin-1"))
-        digest = machine_token_digest(found.get(b"authorization", b""))
-    except (ValidationError, TokenRevoked):
-        return None
-    return None if digest is None else (wait, digest)
-
-
-_WAIT = s.MessagesQuery().fields["wait"]  # the view's own check of ``wait``, for ``quick_start``
+        return self.long_poll.answer(request_machine(request), wait)
 
 
 class WorkerMessageAck(MachineView):

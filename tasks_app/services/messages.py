@@ -9,7 +9,7 @@ from django.db.models import F
 
 from core import clock
 from core.errors import ApplicationError
-from core.waiting import Wait, notify
+from core.longpoll import Wait, notify
 from tasks_app.models import Machine, MessageKind, OutboxMessage, Task, TaskState
 from machine.protocol import LONG_POLL_MAX_S, PULL_END_JITTER
 from tasks_app.services.pairing import machines_heard
@@ -21,7 +21,7 @@ log = logging.getLogger("runstead.messages")
 
 
 def messages_wait(*, machine: Machine, wait_s: float) -> Wait:
-    """The worker's long-poll ``GET /api/worker/messages/?wait=S`` as a ``core.waiting.Wait``
+    """The worker's long-poll ``GET /api/worker/messages/?wait=S`` as a ``core.longpoll.Wait``
     on ``outbox_key(machine.pk)``, for ``take_or_wait`` (ASGI) or ``take_or_wait_sync``
     (WSGI); its result is a list of ``OutboxMessage`` (empty after ``wait_s`` seconds,
     at most ``LONG_POLL_MAX_S``, 25, less a random share of up to ``PULL_END_JITTER``

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db.models import F
 
 from core.broadcast import broadcast
-from core.waiting import notify_after_commit
+from core.longpoll import notify_after_commit
 from tasks_app.models import (
     FINAL_STATES,
     Budget,
@@ -238,7 +238,7 @@ def task_promote(task: Task, *, actor: str, now: datetime) -> Task:
 
 
 def outbox_key(machine_id) -> str:
-    """The ``core.waiting`` key of a machine's outbox: its long-poll waits on it, and
+    """The ``core.longpoll`` key of a machine's outbox: its long-poll waits on it, and
     whatever makes one of its messages visible notifies it (D1)."""
     return f"machine.{machine_id}"
 

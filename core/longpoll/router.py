@@ -1,103 +1,37 @@
-"""Long-poll endpoints: a view answers with a ``Wait``, the server performs it (D1, D2, Q3).
-
-A long-poll view parses and authorises as any DRF view does, then answers
-``WaitResponse(wait, render)``: the service's ``core.waiting.Wait`` and how to turn its
-result into the body. It does not know how the wait is performed:
-
-- ``route(django_app, views)`` (``config/asgi.py``) sends a ``GET`` that resolves to one
-  of ``views`` and carries ``?wait=`` around Django's request handler, whose per-request
-  thread-sensitive context would hold a thread for the whole wait. The view runs in a
-  pool thread (authentication, input checks; its database connection is given back at
-  once), then ``core.waiting.take_or_wait`` awaits the wait holding no thread and no
-  connection. A client that disconnects ends the wait at once, and what was taken for
-  it goes back through ``Wait.release``. While it waits, a space of the body goes out
-  every ``RUNSTEAD_LONGPOLL_KEEPALIVE_S`` seconds (the worker's pull gives up after
-  ``machine.protocol.PULL_IDLE_TIMEOUT_S`` of silence, D1). At most
-  ``RUNSTEAD_LONGPOLL_START_SLOTS`` waits start at once per process (``_Admission``).
-  Such requests pass no Django middleware: no session cookie is read (token
-  authentication only). A view class may answer the common request of its kind on the
-  event loop first, with no I/O and no thread (``quick_start``, below); whatever it does
-  not answer goes to the view. What that quick answer needs read first (the tokens of a
-  wave of pull starts) a view class may have read for a whole batch of requests at once
-  (``quick_key``, ``quick_warm``: ``_warm``).
-- Anywhere else (WSGI, the test client, a request without ``wait``) rendering the
-  response performs the wait in the request's thread (``take_or_wait_sync``), outside
-  the view's transaction.
-"""
+"""The ASGI router (``config/asgi.py``): a ``GET`` with ``?wait=`` for one of the declared
+long-poll views is performed here, around Django's request handler (whose per-request
+thread-sensitive context would hold a thread for the whole wait): the fast path or the
+view in a pool thread, then ``take_or_wait`` with keep-alives, a bounded number of starts
+at once, and the client's disconnect heard. See ``README.md``."""
 import asyncio
 import functools
 import io
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 from urllib.parse import parse_qs
 
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.urls import Resolver404, resolve
-from rest_framework.renderers import JSONRenderer
-from rest_framework.response import Response
 
-from core.waiting import Wait, batch, run_db, take_or_wait, take_or_wait_sync
+from core.longpoll.loops import batch
+from core.longpoll.perform import take_or_wait
+from core.longpoll.registry import run_db
+from core.longpoll.view import WaitResponse, quick_key, quick_start, quick_warm
 
 log = logging.getLogger("runstead.longpoll")
 
 
-class WaitResponse(Response):
-    """A long-poll view's answer: ``wait`` (a ``core.waiting.Wait``) and ``render``, which
-    turns the wait's result into the JSON body (a dict; called in a thread, so it may read
-    the database). Status 200 unless ``status`` says otherwise."""
-
-    def __init__(self, wait: Wait, render: Callable[[Any], dict], **kwargs):
-        super().__init__(None, **kwargs)
-        self.wait = wait
-        self.render_result = render
-        self._waited = False
-
-    def finish(self, result) -> "WaitResponse":
-        """Render the body from the wait's ``result``."""
-        self.data = self.render_result(result)
-        self._waited = True
-        return self.render()
-
-    @property
-    def rendered_content(self):
-        if not self._waited:  # not performed by ``route``: wait here, in this thread
-            self.data = self.render_result(take_or_wait_sync(self.wait))
-            self._waited = True
-        return super().rendered_content
-
-
-_JSON = JSONRenderer()
-
-
-def quick_response(view_class: type, wait: Wait, render: Callable[[Any], dict]) -> WaitResponse:
-    """The ``WaitResponse`` a DRF ``view_class`` would answer with ``wait`` and ``render``,
-    headers and renderer included (JSON), made without its dispatch: for a view's
-    ``quick_start(scope, *args, **kwargs) -> WaitResponse | None``, which ``route`` calls on
-    the event loop before the view and which must answer only what the view would answer
-    the same way (None: the view answers, errors included)."""
-    response = WaitResponse(wait, render)
-    response.accepted_renderer, response.accepted_media_type = _JSON, _JSON.media_type
-    response.renderer_context = {}
-    response["Vary"] = "Accept"
-    response["Allow"] = _allow(view_class)
-    return response
-
-
-@functools.cache
-def _allow(view_class: type) -> str:
-    view = view_class()
-    view.setup(None)  # as ``as_view`` does: HEAD where GET is
-    return ", ".join(view.allowed_methods)
-
-
 class LongPollRouter:
-    """ASGI app: long-polls of ``views`` (see the module docstring), all else to Django."""
+    """ASGI app: the waiting requests of ``views`` (view classes declaring ``long_poll``,
+    ``core.longpoll.LongPoll``) are performed here; all else goes to ``django_app``."""
 
     def __init__(self, django_app, views: Iterable[type]):
         self.django_app = django_app
         self.views = tuple(views)
+        for view in self.views:
+            if getattr(view, "long_poll", None) is None:
+                raise TypeError(f"{view.__name__} declares no long_poll (core.longpoll.LongPoll)")
 
     def match(self, scope):
         """The resolved view of a waiting request for one of ``views``, or None."""
@@ -125,11 +59,6 @@ def _resolve(path: str):
         return None
 
 
-def route(django_app, views: Iterable[type]) -> LongPollRouter:
-    """The HTTP side of ``config/asgi.py``: ``views`` are the long-poll view classes."""
-    return LongPollRouter(django_app, views)
-
-
 def _dispatch(found, scope):
     """Run the view in this (pool) thread; a ``WaitResponse`` comes back unperformed,
     anything else rendered."""
@@ -141,25 +70,23 @@ def _dispatch(found, scope):
 
 
 def _quick_start(found, scope) -> WaitResponse | None:
-    quick_start = getattr(getattr(found.func, "view_class", None), "quick_start", None)
-    return None if quick_start is None else quick_start(scope, *found.args, **found.kwargs)
+    return quick_start(found.func.view_class, scope)
 
 
 async def _warm(found, scope) -> bool:
-    """For a start ``quick_start`` did not answer: the view class's ``quick_key(scope)``
-    (None: nothing to read) joins the event loop's batch of such keys, which
-    ONE ``quick_warm(keys)`` reads in a pool thread (``core.waiting.batch``; the keys that
-    come while a read is under way go to the next, at once after it), so that
-    ``quick_start`` answers it: a wave of 1,000 pull starts makes a few reads, not 1,000
-    view dispatches. Whether it read (then ask ``quick_start`` again); a failure is left
-    to the view, which answers it with its errors."""
-    view_class = getattr(found.func, "view_class", None)
-    quick_key = getattr(view_class, "quick_key", None)
-    key = None if quick_key is None else quick_key(scope)
+    """For a start the fast path did not answer: its credential key (``quick_key``; None:
+    nothing to read) joins the event loop's batch of such keys, which ONE ``quick_warm``
+    reads in a pool thread (``batch``; the keys that come while a read is under way go to
+    the next, at once after it), so that the fast path answers it: a wave of 1,000 pull
+    starts makes a few reads, not 1,000 view dispatches. Whether it read (then ask the
+    fast path again); a failure is left to the view, which answers it with its errors."""
+    view_class = found.func.view_class
+    key = quick_key(view_class, scope)
     if key is None:
         return False
+    flush = functools.partial(run_db, quick_warm, view_class)
     try:
-        await asyncio.shield(batch((_warm, view_class), functools.partial(run_db, view_class.quick_warm), key, every_s=0))
+        await asyncio.shield(batch((_warm, view_class), flush, key, every_s=0))
     except Exception as exc:
         log.debug("%s: the batched read before quick starts failed (%s); the view answers", view_class.__name__, exc)
         return False
@@ -285,7 +212,7 @@ class _Admission:
 
 
 async def long_poll(found, scope, receive, send) -> None:
-    """One waiting request (``found``: its ``ResolverMatch``). Its quick start (no I/O)
+    """One waiting request (``found``: its ``ResolverMatch``). The fast path (no I/O)
     comes first, after one batched read if it needs one (``_warm``); whatever it does not
     answer goes to the view. The view and the first take wait for one of the loop's
     start slots (``_Admission``). While it waits, a space goes out every

@@ -1,0 +1,226 @@
+"""The waits of this process and their wake-ups (D1, D2, W5, Q3): ``Wait`` (what one
+long-poll waits for), the registry of waiters (any thread), ``notify`` /
+``notify_after_commit`` / ``wake``, ``stop_all``, ``waiting``. See ``README.md``."""
+import asyncio
+import functools
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import get_channel_layer
+from django.db import connections, transaction
+
+log = logging.getLogger("runstead.waiting")
+
+GROUP_PREFIX = "wait."
+KEY_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,90}")  # a channels group name once prefixed
+FINAL = ("superseded", "stopped")
+PROCESS = uuid.uuid4().hex  # tells this process's supersessions from the others'
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What one long-poll waits for (D1, D2, Q3).
+
+    - ``key``: what it waits on, such as ``machine.<uuid>`` (a machine's outbox) or
+      ``approval.<uuid>``; letters, digits, ``_``, ``.``, ``-``, at most 90 characters
+      (it names the channel layer group ``wait.<key>``), else ``ValueError``.
+    - ``take(first: bool) -> result``: looks and takes; called in a thread that may use
+      the database, outside any transaction, once at the start (``first=True``) and again
+      after each wake-up. A take that raises ends the wait with that exception.
+    - ``timeout_s``: seconds to wait at most (negative counts as 0: take once).
+    - ``done(result) -> bool``: whether the result answers the long-poll (default
+      ``bool``: a non-empty list of messages); otherwise, at timeout, when superseded or
+      when the server stops, the last result is returned as it is.
+    - ``exclusive``: one waiter per key; a newer one supersedes (W5), in any process.
+    - ``ready(keys: list[str]) -> Iterable[str]``: optional, the safety re-check for
+      many keys at once (which of them a take would now find something for), called in
+      a thread; without it the re-check wakes every waiter, whose take is the check.
+    - ``release(result)``: optional, gives back what a take took when its answer cannot
+      reach the client (the client went away, the server stopped during a take, or a
+      newer exclusive wait superseded this one while its take ran: by W5 its client is
+      gone), so it is not hidden for a visibility window (D1). Called in a thread.
+    - ``empty``: what a superseded wait answers once it gave back what it took, and a
+      wait whose ``starts`` found nothing for it as its first result.
+    - ``starts(waits: list[Wait]) -> Iterable[str]``: optional, the start of many waits
+      at once (``take_or_wait`` only): called in a thread with the waits that began on
+      one event loop within ``RUNSTEAD_LONGPOLL_START_BATCH_S`` of each other (at most
+      one call per that many seconds), does what each start needs and returns the keys
+      whose first take could find something; only those make it, the others begin
+      waiting with ``empty``. A start that raises ends each of those waits with it.
+    - ``subject``: what the wait is for, for ``starts`` (the pull's machine).
+    """
+
+    key: str
+    take: Callable[[bool], Any]
+    timeout_s: float
+    done: Callable[[Any], bool] = bool
+    exclusive: bool = False
+    ready: Callable[[list[str]], Iterable[str]] | None = None
+    release: Callable[[Any], Any] | None = None
+    empty: Any = None
+    starts: Callable[[list["Wait"]], Iterable[str]] | None = None
+    subject: Any = None
+
+    def __post_init__(self):
+        if not KEY_PATTERN.fullmatch(self.key):
+            raise ValueError(f"wait key {self.key!r}: letters, digits, '_', '.', '-', at most 90 characters")
+
+
+def group_name(key: str) -> str:
+    """The channel layer group whose messages wake ``key``'s waiters in other processes."""
+    return GROUP_PREFIX + key
+
+
+def layer_is_remote() -> bool:
+    """Whether the channel layer reaches other processes (Redis), not only this one."""
+    layer = get_channel_layer()
+    return layer is not None and not layer.__class__.__name__.startswith("InMemory")
+
+
+def run_db(fn, *args, **kwargs):
+    """Await ``fn(*args, **kwargs)`` run in the event loop's shared thread pool, its
+    database connections given back before it returns: a waiting long-poll holds neither
+    a thread nor a connection (D2)."""
+
+    def call():
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            connections.close_all()
+
+    return sync_to_async(call, thread_sensitive=False)()
+
+
+class Waiter:
+    """One wait in progress: ``loop`` is None when a thread waits (the sync form).
+    ``reason`` says why it was last woken; ``waiting`` whether it waits for a wake-up now."""
+
+    __slots__ = ("wait", "loop", "event", "reason", "waiting", "started")
+
+    def __init__(self, wait: Wait, loop):
+        self.wait = wait
+        self.loop = loop
+        self.started = time.time()  # UTC seconds: which of two processes' waits is newer
+        self.event = threading.Event() if loop is None else asyncio.Event()
+        self.reason = None
+        self.waiting = False
+
+    @property
+    def final(self) -> bool:
+        return self.reason in FINAL
+
+    def wake(self, reason: str) -> None:
+        """From any thread."""
+        if not self.final:
+            self.reason = reason
+        if self.loop is None:
+            self.event.set()
+        elif not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(self.event.set)
+            except RuntimeError:  # closed meanwhile: nobody waits on it any more
+                pass
+
+
+_lock = threading.Lock()
+_waiters: dict[str, set[Waiter]] = {}
+_stopping = False
+
+
+def register(wait: Wait, loop) -> Waiter:
+    """Add a waiter of ``wait`` (on ``loop``, or None for a thread): an exclusive wait
+    supersedes this process's older waiters of its key (W5); after ``stop_all`` it is
+    stopped at once."""
+    waiter = Waiter(wait, loop)
+    with _lock:
+        older = list(_waiters.get(wait.key, ())) if wait.exclusive else []
+        _waiters.setdefault(wait.key, set()).add(waiter)
+        stopping = _stopping
+    for other in older:
+        other.wake("superseded")
+    if stopping:
+        waiter.wake("stopped")
+    return waiter
+
+
+def unregister(waiter: Waiter) -> None:
+    with _lock:
+        group = _waiters.get(waiter.wait.key)
+        if group is not None:
+            group.discard(waiter)
+            if not group:
+                del _waiters[waiter.wait.key]
+
+
+def set_waiting(waiter: Waiter, flag: bool) -> None:
+    """Mark ``waiter`` as waiting for a wake-up (the fact tests poll for) or not."""
+    with _lock:
+        waiter.waiting = flag
+    if flag:
+        log.debug("wait %s: waiting for a wake-up", waiter.wait.key)
+
+
+def snapshot(key=None, loop=...) -> list[Waiter]:
+    """This process's waiters: of ``key`` (every key if None), of ``loop`` if given."""
+    with _lock:
+        groups = [_waiters.get(key, set())] if key is not None else list(_waiters.values())
+        return [w for group in groups for w in group if loop is ... or w.loop is loop]
+
+
+def waiting(key: str | None = None) -> int:
+    """How many waits of this process wait for a wake-up now (they took and found
+    nothing): of ``key``, or of every key. For tests and operators."""
+    return sum(1 for waiter in snapshot(key) if waiter.waiting)
+
+
+def wake(key: str, reason: str = "notified", *, loop=...) -> None:
+    """Wake this process's waiters of ``key`` (of one event loop's only, if given), from
+    any thread: each takes again."""
+    for waiter in snapshot(str(key), loop):
+        waiter.wake(reason)
+
+
+def supersede_older(key: str, started: float, *, loop=...) -> None:
+    """W5 across processes: end this process's exclusive waits of ``key`` that began
+    before ``started`` (UTC seconds), as a newer one elsewhere does."""
+    for waiter in snapshot(str(key), loop):
+        if waiter.wait.exclusive and waiter.started < started:
+            waiter.wake("superseded")
+
+
+def notify(key: str) -> None:
+    """Wake ``key``'s waiters: this process's directly, other processes' through the
+    channel layer group ``wait.<key>`` (Redis). Best effort: a layer failure is logged and
+    the safety re-check delivers instead (D1); nothing that calls this depends on Redis.
+    Call it from synchronous code (a service, an ``on_commit`` callback)."""
+    key = str(key)
+    wake(key)
+    if not layer_is_remote():
+        return
+    try:
+        async_to_sync(get_channel_layer().group_send)(group_name(key), {"type": "wait.wake", "key": key})
+    except Exception as exc:
+        log.warning("wake-up of %s over the channel layer failed (%s); the re-check delivers", key, exc)
+
+
+def notify_after_commit(key: str) -> None:
+    """``notify(key)`` once the current transaction commits, so the take it wakes sees
+    the change (D1). Call it in the transaction that changes what a take finds."""
+    transaction.on_commit(functools.partial(notify, str(key)), robust=True)
+
+
+def stop_all() -> None:
+    """The server is stopping: every wait returns its last take at once, and every wait
+    that starts from now on returns after its first take (D3: daphne exits in seconds)."""
+    global _stopping
+    with _lock:
+        _stopping = True
+    for waiter in snapshot():
+        waiter.wake("stopped")
