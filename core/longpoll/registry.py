@@ -151,6 +151,7 @@ def register(wait: Wait, loop) -> Waiter:
 
 
 def unregister(waiter: Waiter) -> None:
+    """Remove ``waiter`` (its wait ended, however)."""
     with _lock:
         group = _waiters.get(waiter.wait.key)
         if group is not None:
