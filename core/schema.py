@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, NotRequired, Required, Union, get_ar
 
 from drf_spectacular.plumbing import ResolvedComponent, build_mocked_view
 from drf_spectacular.settings import spectacular_settings
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema, extend_schema_view
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
@@ -92,6 +92,12 @@ def _field(hint, *, required: bool, where: str) -> serializers.Field:
     origin = get_origin(hint)
     if typing.is_typeddict(hint):
         return shape_serializer(hint)(**options)
+    if origin in (Union, UnionType) and all(typing.is_typeddict(arg) for arg in get_args(hint)):
+        # One of several shapes (a message's payload, told apart by a field beside it):
+        # ``oneOf``, named after the field ("MessageShape.payload" -> "MessageShapePayload").
+        return PolymorphicProxySerializer(
+            component_name="".join(part[:1].upper() + part[1:] for part in where.replace("_", ".").split(".")),
+            serializers=[shape_serializer(arg) for arg in get_args(hint)], resource_type_field_name=None, **options)
     if origin is list:
         (item,) = get_args(hint)
         if typing.is_typeddict(item):

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 
 from core.wire import BoardEvent, Doc, Time, Url, Uuid
+from machine.protocol.shapes import AnyPayload
 from tasks_app.models import IntegrationAction, IntegrationOutcome, TaskState
 
 ACTOR_SERVICE = "service"  # the service's own checks (L6 on a renewal, L5 refusals)
@@ -689,9 +690,8 @@ class MessageShape(TypedDict):
     id: Uuid
     kind: Literal["start", "cancel", "query", "integrate", "message", "interrupt", "end"]
     operation_id: Uuid
-    payload: Annotated[dict[str, Any], Doc("free-form per kind, see H: start, cancel, query, integrate (G7); "
-                                           "message {message_id, seq, text}, interrupt {interrupt_id}, "
-                                           "end {reason, last_seq} (C2-C5)")]
+    payload: Annotated[AnyPayload, Doc("the shape of its kind (machine.protocol.shapes): start, cancel, query, "
+                                       "integrate (G7), message, interrupt, end (C2-C5)")]
 
 
 def message_dict(message) -> MessageShape:

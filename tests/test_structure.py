@@ -11,11 +11,12 @@ inside functions alike become edges of one module graph. The rules:
 - services import no ``api`` module; the wire shapes import no DRF;
 - ``machine`` (what runs on the owner's machine: worker, hooks, launcher, protocol) is a
   program of its own below every layer: it imports no framework and nothing of the service
-  side, and the service side imports only ``machine.protocol`` from it, except the thin
+  side, and the service side imports only the ``machine.protocol`` package from it, except the thin
   commands that start the worker, pair it or install the hooks, and the hooks' old entry
   point (``sessions_app/hooks/__main__.py``, kept for entries older installs wrote);
-- ``machine.protocol`` (the contract's numbers, shapes and R4's ``Backoff``) imports only the
-  standard library, so the worker, the hooks and the service share it;
+- the ``machine.protocol`` package (the contract's numbers and R4's ``Backoff``, and in
+  ``machine.protocol.shapes`` its messages and receipts) imports only the standard library,
+  so the worker, the hooks and the service share it;
 - the agent hooks (``machine/hooks/``) import, of the project, only themselves and
   ``machine.protocol`` (a hook starts in milliseconds, I1).
 """
@@ -195,7 +196,8 @@ def test_wire_shapes_import_no_drf():
     models), import no DRF: the schema is generated from them (``core.schema``), not the
     other way round."""
     shapes = [name for name in EXTERNAL if name.split(".")[-1] == "shapes"]
-    assert sorted(shapes) == ["board.shapes", "notifications.shapes", "sessions_app.shapes", "tasks_app.shapes"]
+    assert sorted(shapes) == ["board.shapes", "machine.protocol.shapes", "notifications.shapes", "sessions_app.shapes",
+                              "tasks_app.shapes"]
     closure = reachable(shapes)
     assert "core.wire" in closure
     assert {name: sorted(EXTERNAL[name] & {"rest_framework", "drf_spectacular"}) for name in closure} == {
@@ -225,10 +227,10 @@ def test_layer_guard_sees_an_upward_import():
 
 def test_the_service_imports_only_the_protocol_from_machine():
     """Apart from the commands that start the owner's-machine program, the service side
-    knows ``machine`` by its protocol module alone."""
-    machine = _in("machine")
+    knows ``machine`` by its protocol package alone."""
+    machine, protocol = _in("machine"), _in("machine.protocol")
     assert offending(lambda name: not machine(name) and name not in MACHINE_STARTERS,
-                     lambda target: machine(target) and target != "machine.protocol") == []
+                     lambda target: machine(target) and not protocol(target)) == []
 
 
 def test_machine_imports_no_framework_and_no_app():
@@ -238,8 +240,12 @@ def test_machine_imports_no_framework_and_no_app():
     assert {name: sorted(EXTERNAL[name] & set(FRAMEWORKS)) for name in EXTERNAL if machine(name)} == {
         name: [] for name in EXTERNAL if machine(name)
     }
-    assert EXTERNAL["machine.protocol"] - sys.stdlib_module_names == set()
-    assert offending(lambda name: name == "machine.protocol", lambda target: True) == []
+    protocol = _in("machine.protocol")
+    assert {name for name in EXTERNAL if protocol(name)} >= {"machine.protocol", "machine.protocol.shapes"}
+    assert {name: EXTERNAL[name] - sys.stdlib_module_names for name in EXTERNAL if protocol(name)} == {
+        name: set() for name in EXTERNAL if protocol(name)
+    }
+    assert offending(protocol, lambda target: not protocol(target)) == []
 
 
 def test_hooks_import_only_the_hooks_and_the_protocol():

@@ -196,7 +196,8 @@ def test_r4_retry_same_event_id_backoff_capped(rig):
     worker = rig.worker(backoff=Backoff(base_s=1.0, cap_s=60.0, rng=random.Random(4).random))
     worker.ctx.store.enqueue([{"event_id": "ev-1", "kind": "final", "operation_id": "op-1", "method": "POST",
                            "path": "/api/worker/receipts/", "body": {"event_id": "ev-1", "generation": 1,
-                           "operation_id": "op-1", "kind": "report", "slept_s": 0, "facts": {}}}], wall=rig.clock.wall())
+                           "operation_id": "op-1", "kind": "report", "slept_s": 0,
+                           "facts": {"query_id": "q-1", "record": None}}}], wall=rig.clock.wall())
     result = rig.start(worker)
     steps = []
     for attempt in range(8):

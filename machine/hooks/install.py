@@ -117,7 +117,7 @@ def compile_hook_modules() -> None:
 
     quiet = 2  # no listing, no errors printed: a file that does not compile fails its hook's own log
     compileall.compile_dir(PROJECT_ROOT / "machine" / "hooks", maxlevels=0, quiet=quiet)
-    for path in (PROJECT_ROOT / "machine" / "__init__.py", PROJECT_ROOT / "machine" / "protocol.py"):
+    for path in (PROJECT_ROOT / "machine" / "__init__.py", PROJECT_ROOT / "machine" / "protocol" / "__init__.py"):
         compileall.compile_file(path, quiet=quiet)
 
 

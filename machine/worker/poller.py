@@ -12,7 +12,8 @@ The poller long-polls the service and handles each message in order:
   by the integrator (``integrate.py``) once, whatever the number of deliveries;
 - ``message``, ``interrupt``, ``end`` (C2-C5): committed as a conversation item, acknowledged,
   and the run woken: its watch thread writes it to the agent (``conversation.py``);
-- anything else: acknowledged and ignored.
+- anything else, or a payload that is not its kind's shape (``machine.protocol.shapes``,
+  checked here, where the message is received): acknowledged and ignored.
 
 A pull answered after draining began (W6) is neither committed nor acknowledged: the
 service delivers it again later. Pull failures back off (R4). It runs in its own thread,
@@ -27,6 +28,7 @@ from collections.abc import Callable
 
 from . import conversation, faults
 from machine.protocol import Backoff
+from machine.protocol.shapes import ProtocolError, ReportRecord, check_message
 
 from .client import MAX_POLL_WAIT_S, Service
 from .context import WorkerContext
@@ -95,6 +97,12 @@ class Poller:
         kind, payload = message.get("kind"), message.get("payload") or {}
         operation_id = str(message.get("operation_id") or payload.get("operation_id"))
         message_id = str(message["id"])
+        try:
+            check_message(kind, payload)
+        except ProtocolError as exc:
+            log.warning("message %s: %s: acknowledged and ignored", message_id, exc)
+            self.ack(service, message_id)
+            return
         if kind == "start":
             new = ctx.store.record_message(message_id=message_id, kind=kind, operation_id=operation_id,
                                            payload=payload, wall=ctx.clock.wall())
@@ -114,7 +122,7 @@ class Poller:
             if run is not None:
                 run.request_stop("cancel")
         elif kind == "query":
-            query_id = str(payload.get("query_id"))
+            query_id = str(payload["query_id"])
             ctx.enqueue([self.report_item(operation_id, query_id)])
             ctx.store.record_message(message_id=message_id, kind=kind, operation_id=operation_id,
                                      payload=payload, wall=ctx.clock.wall())
@@ -127,16 +135,13 @@ class Poller:
             if run is not None:
                 run.wake.set()
         elif kind == "integrate":
-            integration_id = str(payload.get("integration_id"))
+            integration_id = str(payload["integration_id"])
             new = ctx.store.record_integration(message_id=message_id, integration_id=integration_id,
                                                operation_id=operation_id, payload=payload, wall=ctx.clock.wall())
             self.ack(service, message_id)
             if not new:
                 log.info("integrate %s already known: acknowledged, carried out once (W3)", integration_id)
             self.start_integration(integration_id)  # a no-op when done or in flight
-        else:
-            log.warning("unknown message kind %r: acknowledged and ignored", kind)
-            self.ack(service, message_id)
 
     def ack(self, service: Service, message_id: str) -> None:
         answer = service.ack(message_id)
@@ -150,9 +155,9 @@ class Poller:
     def report_item(self, operation_id: str, query_id: str) -> dict:
         """U1: a ``report`` receipt from the local record, or ``record: null``."""
         record = self.ctx.store.get(operation_id)
-        if record is None:
-            body, slept = None, 0.0
-        else:
+        body: ReportRecord | None = None
+        slept = 0.0
+        if record is not None:
             body = {
                 "local_state": record["local_state"],
                 "pid": record["pid"],

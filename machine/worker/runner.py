@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 
 from machine.protocol import Backoff
+from machine.protocol.shapes import StartPayload
 
 from . import approvals, faults, process, worktrees
 from .conversation import Conversation
@@ -79,7 +80,7 @@ class Run:
     """One operation this worker process is handling."""
 
     operation_id: str
-    payload: dict
+    payload: StartPayload  # its ``start`` message's, read by key (H)
     op_dir: str
     deadline: Deadline | None = None
     granted: SentAt | None = None
@@ -158,7 +159,7 @@ class Runner:
 
     # --- threads ---------------------------------------------------------------------------
 
-    def start(self, operation_id: str, payload: dict) -> None:
+    def start(self, operation_id: str, payload: StartPayload) -> None:
         """Run ``operation_id`` in a new thread unless it is already in flight here."""
         ctx = self.ctx
         with ctx.runs_lock:

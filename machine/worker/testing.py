@@ -5,7 +5,10 @@ U1, M5, M8, B10), the way procrastinate tests its worker with ``InMemoryConnecto
 small: outbox messages with a visibility window (W2: not acknowledged in time ->
 delivered again), idempotent acks, leases (L1: one per operation, ever; the same live
 lease returned again; L5: a refused renewal stays refused), receipts deduplicated by
-``event_id`` with the first answer returned byte-equal (R1), and answers on demand
+``event_id`` with the first answer returned byte-equal (R1), messages and receipts
+checked against their shapes (``machine.protocol.shapes``: a test that gives a message
+a field its shape does not name fails at once; a receipt that is not its shape is
+refused 400, R3), and answers on demand
 (``script``: 401/409/429/5xx/network error for the next calls of a route;
 ``revoke_token``: every call answers 401 ``token_revoked``). Its own times are the
 given clock's *wall* readings (the service's clock, L7), so a worker that sleeps past a
@@ -25,13 +28,13 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from machine.protocol.shapes import RECEIPTS_PATH, ProtocolError, check_message, check_receipt
+
 from .client import MAX_POLL_WAIT_S, Answer
 
 ROUTES = ("pull", "ack", "grant", "renew", "receipt", "marker", "sweep", "profiles", "progress")
 MARKER_PATH = re.compile(r"^/api/sessions/(?P<session>[^/]+)/marker/$")
 SWEEP_PATH = re.compile(r"^/api/devices/(?P<device>[^/]+)/sweep/$")
-RECEIPT_KEYS = {"event_id", "generation", "operation_id", "kind", "slept_s", "facts"}
-RECEIPT_KINDS = {"starting", "running", "final", "unknown", "report"}
 
 
 def answer(status: int, body: dict | None = None) -> Answer:
@@ -111,9 +114,12 @@ class InMemoryService:
     # --- the service's side, driven by the test -----------------------------------------------
 
     def add_message(self, kind: str, operation_id: str, payload: dict) -> Message:
+        """A message of ``kind`` for ``operation_id``; ``payload`` (without the operation
+        id) must be that kind's shape (``ProtocolError`` otherwise)."""
+        payload = check_message(kind, {"operation_id": operation_id, **payload})
         with self._lock:
-            message = Message(id=str(uuid.uuid4()), kind=kind, operation_id=operation_id,
-                              payload={"operation_id": operation_id, **payload}, visible_at=self.clock.wall())
+            message = Message(id=str(uuid.uuid4()), kind=kind, operation_id=operation_id, payload=payload,
+                              visible_at=self.clock.wall())
             self.messages[message.id] = message
         self._arrived.set()
         return message
@@ -334,7 +340,7 @@ class InMemoryService:
         return answer(200, {"outcome": "applied"})
 
     def send(self, method: str, path: str, body: dict) -> Answer:
-        if method == "POST" and path == "/api/worker/receipts/":
+        if method == "POST" and path == RECEIPTS_PATH:
             return self._receipt(body)
         marker = MARKER_PATH.match(path)
         if method == "PUT" and marker:
@@ -378,10 +384,11 @@ class InMemoryService:
                 first = self.receipts[event_id][1]
                 self._record("receipt", first.status, event_id=event_id, body=body, repeat=True)
                 return first
-            if (set(body) != RECEIPT_KEYS or body.get("kind") not in RECEIPT_KINDS
-                    or not isinstance(body.get("facts"), dict)):
+            try:
+                check_receipt(body)
+            except ProtocolError as exc:
                 self._record("receipt", 400, event_id=event_id, body=body)
-                return error(400, "invalid", "malformed receipt")
+                return error(400, "invalid", f"malformed receipt: {exc}")
             already_final = any(b["kind"] == "final" for b in self.receipts_for(body["operation_id"]))
             if body["kind"] == "final" and already_final:
                 result = answer(200, {"outcome": "not_applied", "reason": "final"})

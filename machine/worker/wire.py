@@ -2,15 +2,25 @@
 
 An outbox row is ``{"event_id", "kind", "operation_id", "method", "path", "body"}``: the
 sender (``sender.py``) delivers ``method path body`` unchanged on every retry, so a
-receipt keeps its ``event_id`` (R1, R4). Seconds are rounded to milliseconds.
+receipt keeps its ``event_id`` (R1, R4). A receipt's body and facts are the shapes of
+``machine.protocol.shapes``, checked here where they are built. Seconds are rounded to
+milliseconds.
 """
 from __future__ import annotations
 
 import uuid
 
-from .store import Identity
+from machine.protocol.shapes import (
+    RECEIPTS_PATH,
+    FinalFacts,
+    ReceiptBody,
+    ReportFacts,
+    ReportRecord,
+    StopReason,
+    check_receipt,
+)
 
-RECEIPTS_PATH = "/api/worker/receipts/"
+from .store import Identity
 
 # J6 footnote: a refused renewal becomes the worker's stop_reason.
 REFUSAL_STOP_REASON = {"cancelled": "cancel", "max_runtime": "max_runtime"}
@@ -24,24 +34,26 @@ def refusal_stop_reason(reason: str | None) -> str:
 
 def receipt_item(identity: Identity, *, operation_id: str, kind: str, facts: dict, slept: float,
                  event_id: str | None = None) -> dict:
-    """An outbox row for ``POST /api/worker/receipts/`` (H, R1). ``kind`` is ``starting``,
-    ``running``, ``final``, ``unknown`` or ``report``; the event id defaults to
-    ``<operation id>:<kind>`` (one of each kind per operation)."""
+    """An outbox row for ``POST /api/worker/receipts/`` (H, R1): a ``ReceiptBody`` whose
+    ``facts`` are the shape of ``kind`` (``starting``, ``running``, ``final``, ``unknown``,
+    ``report``, ``integrated``, ``message``; ``ProtocolError`` otherwise); the event id
+    defaults to ``<operation id>:<kind>`` (one of each kind per operation)."""
     event_id = event_id or f"{operation_id}:{kind}"
+    body: ReceiptBody = {
+        "event_id": event_id,
+        "generation": identity.generation,
+        "operation_id": operation_id,
+        "kind": kind,
+        "slept_s": round(slept, 3),
+        "facts": facts,
+    }
     return {
         "event_id": event_id,
         "kind": kind,
         "operation_id": operation_id,
         "method": "POST",
         "path": RECEIPTS_PATH,
-        "body": {
-            "event_id": event_id,
-            "generation": identity.generation,
-            "operation_id": operation_id,
-            "kind": kind,
-            "slept_s": round(slept, 3),
-            "facts": facts,
-        },
+        "body": check_receipt(body),
     }
 
 
@@ -95,11 +107,13 @@ def profiles_item(config) -> dict:
 
 
 def final_facts(*, process_started, exit_code=None, signal_=None, lease_id=None, ended_within_lease=None,
-                runtime_s=None, stop_reason, survivors=(), output_tail="", extra: dict | None = None) -> dict:
-    """The ``final`` receipt's facts (J1). ``process_started`` is True, False or
-    ``"unknown"``; ``runtime_s`` is wall seconds from spawn. ``extra`` adds facts a run
-    collected beyond J1 (they never replace a J1 key)."""
-    facts = dict(extra or {})
+                runtime_s=None, stop_reason: StopReason, survivors=(), output_tail="",
+                extra: dict | None = None) -> FinalFacts:
+    """The ``final`` receipt's facts (J1, ``FinalFacts``). ``process_started`` is True,
+    False or ``"unknown"``; ``runtime_s`` is wall seconds from spawn. ``extra`` adds facts
+    a run collected beyond J1, the optional keys of ``FinalFacts`` (they never replace a
+    J1 key)."""
+    facts: FinalFacts = dict(extra or {})
     facts.update({
         "process_started": process_started,
         "exit_code": exit_code,
@@ -114,7 +128,7 @@ def final_facts(*, process_started, exit_code=None, signal_=None, lease_id=None,
     return facts
 
 
-def report_facts(query_id: str, record: dict | None) -> dict:
+def report_facts(query_id: str, record: ReportRecord | None) -> ReportFacts:
     """U1: the facts of a ``report`` receipt answering query ``query_id``: the local
     record (``local_state``, ``pid``, ``lease_id``, ``final``) or ``record: null``."""
     return {"query_id": query_id, "record": record}

@@ -10,14 +10,12 @@ from core.strict import QueryFloatField, StrictQuerySerializer, StrictSerializer
 from tasks_app.agent_facts import FactsError, clean_agent_facts
 from tasks_app.models import IntegrationAction, IntegrationOutcome, TaskState
 from machine.protocol import DEFAULT_MAX_RUNTIME_S, LONG_POLL_MAX_S
+from machine.protocol.shapes import RECEIPT_KINDS, STOP_REASONS
 from tasks_app.services.folders import folder_problem
 
 PROMPT_MAX_BYTES = 64 * 1024
 SEARCH_MAX_CHARS = 200  # B11: the longest prompt search (?q=)
 INT32_MAX = 2**31 - 1  # what the database's integer columns hold
-RECEIPT_KINDS = ("starting", "running", "final", "unknown", "report", "integrated", "message")
-# J1: why the process ended, as the worker reports it.
-STOP_REASONS = ("exit", "cancel", "deadline", "renewal_refused", "max_runtime", "worker_shutdown", "worker_restart", "refused")
 
 
 def _valid_folder(value: str) -> str:
@@ -133,6 +131,10 @@ class LeaseRenewSerializer(StrictSerializer):
 
 
 class ReceiptSerializer(StrictSerializer):
+    """``POST /api/worker/receipts/``: a ``machine.protocol.shapes.ReceiptBody`` (the same
+    fields, the same required ones: ``tests/test_protocol.py`` compares them), its facts
+    validated per kind (J1, U1, G7, C3)."""
+
     event_id = serializers.CharField(min_length=1, max_length=100)
     generation = serializers.IntegerField(min_value=0, max_value=INT32_MAX)
     operation_id = serializers.UUIDField()

@@ -13,6 +13,7 @@ from django.db.models import F
 
 from core.broadcast import broadcast
 from core.longpoll import notify_after_commit
+from machine.protocol.shapes import check_message
 from tasks_app.models import (
     FINAL_STATES,
     Budget,
@@ -25,6 +26,7 @@ from tasks_app.models import (
     TaskState,
 )
 from tasks_app.services.folders import folder_lock_holder
+from tasks_app.services.payloads import BUILDERS
 from tasks_app.shapes import task_event
 from tasks_app.signals import task_changed
 
@@ -244,31 +246,14 @@ def outbox_key(machine_id) -> str:
 
 
 def message_send(task: Task, *, kind: str, now: datetime, **extra) -> OutboxMessage:
-    """Queue an outbox message for the task's machine in the current transaction (W2)."""
-    operation = task.operation
-    payload = {"operation_id": str(operation.id), **extra}
-    if kind == MessageKind.START:
-        payload.update(
-            task_id=str(task.id),
-            folder=task.folder,
-            grant_root=task.grant.path,
-            agent=task.agent,
-            prompt=task.prompt,
-            max_runtime_s=task.max_runtime_s,
-            session_id=str(task.session_id) if task.session_id else None,
-            deep_research=task.deep_research,
-            isolation=task.isolation,  # G7: what acceptance decided (and locked by)
-        )
-        if task.conversation == "live":  # C1, C5: the agent stays open for messages
-            prompt_message = task.messages.filter(seq=0).values_list("id", flat=True).first()
-            payload.update(mode="conversation", idle_s=settings.RUNSTEAD_CONVERSATION_IDLE_S,
-                           prompt_message_id=str(prompt_message) if prompt_message else None)
-        if task.continued_from_id:  # G6: the agent session this follow-up continues
-            payload["agent_session_id"] = task.continued_from.agent_session_id
-            if task.branch_of_id:  # G7, G8: in the worktree of the task it follows
-                payload["worktree_of"] = str(task.continued_from.operation.id)
+    """Queue an outbox message of ``kind`` for the task's machine in the current
+    transaction (W2). Its payload is built by the kind's builder (``payloads.BUILDERS``,
+    called with ``extra``) and checked against the kind's shape in
+    ``machine.protocol.shapes`` (``ProtocolError`` on a field the shape does not name)."""
+    payload = check_message(kind, BUILDERS[kind](task, **extra))
     message = OutboxMessage.objects.create(
-        machine_id=task.machine_id, operation=operation, kind=kind, payload=payload, created_at=now, visible_at=now
+        machine_id=task.machine_id, operation=task.operation, kind=kind, payload=payload, created_at=now,
+        visible_at=now,
     )
     notify_after_commit(outbox_key(task.machine_id))  # D1: wake the machine's waiting pull
     return message

@@ -1,9 +1,12 @@
-"""Numbers and policies of the service <-> worker contract (SPEC H, R4), written once.
+"""Numbers and policies of the service <-> worker contract (SPEC H, R4), written once;
+the shapes of its messages and receipts are in ``machine.protocol.shapes``.
 
 No Django and nothing outside the standard library here: the worker
-(``machine/worker/``) imports this module, and it must run without Django (it may ship
+(``machine/worker/``) imports this package, and it must run without Django (it may ship
 alone one day); the hook sender (``machine/hooks/``), which imports no Django
-either, and the notify loop retry through the same ``Backoff``.
+either, and the notify loop retry through the same ``Backoff``. A hook imports this
+module and starts in milliseconds (I7): nothing heavier than it imports today (no
+``typing``), which is why the shapes live in a module of their own.
 """
 import hashlib
 import json
