@@ -144,19 +144,23 @@ def test_h_receipts_the_real_worker_writes_match_their_shapes(tmp_path, service)
         assert check_receipt(body) is body
 
 
-def test_h_worker_reader_ignores_a_message_that_is_not_its_shape(tmp_path, service):
-    """A ``start`` with a field its shape does not name, and one without a required field,
-    are acknowledged and never run; the well-formed one runs."""
+def test_h_worker_reader_leaves_out_unknown_fields_and_ignores_a_message_missing_one(tmp_path, service, caplog):
+    """A ``start`` with a field its shape does not name (a newer service) runs without that
+    field, and the worker logs it; one without a required field is acknowledged and never
+    run; the well-formed one runs."""
     extra = service.add_start(folder=str(tmp_path), grant_root=str(tmp_path), agent="instant")
     extra.payload["surprise"] = True
     missing = service.add_start(folder=str(tmp_path), grant_root=str(tmp_path), agent="instant")
     del missing.payload["grant_root"]
     good = service.add_start(folder=str(tmp_path), grant_root=str(tmp_path), agent="instant")
-    run_once(tmp_path, service)
+    with caplog.at_level("WARNING", logger="runstead.worker"):
+        run_once(tmp_path, service)
     assert extra.acks == missing.acks == good.acks == 1
-    assert service.receipts_for(extra.operation_id) == service.receipts_for(missing.operation_id) == []
+    assert service.receipts_for(missing.operation_id) == []
+    assert service.receipt(extra.operation_id, "final")["facts"]["stop_reason"] == "exit"
     assert service.receipt(good.operation_id, "final")["facts"]["stop_reason"] == "exit"
-    assert count_lines(tmp_path / "starts") == 1
+    assert count_lines(tmp_path / "starts") == 2
+    assert "left out: surprise" in caplog.text
 
 
 def test_h_both_sides_fail_on_a_field_the_shape_does_not_name(service):

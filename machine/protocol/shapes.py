@@ -133,11 +133,27 @@ AnyPayload = (StartPayload | CancelPayload | QueryPayload | IntegratePayload | M
 def check_message(kind: str, payload):
     """``payload`` itself when it is the shape of message ``kind`` (``PAYLOADS``); else
     ``ProtocolError`` (an unknown kind included). Called by the service before it writes
-    an outbox message and by the worker when it receives one."""
+    an outbox message, so it never sends a field the shape does not name."""
     shape = PAYLOADS.get(kind)
     if shape is None:
         raise ProtocolError(f"unknown message kind {kind!r}")
     return check_shape(shape, payload)
+
+
+def read_message(kind: str, payload) -> tuple[dict, list[str]]:
+    """The worker's reading of a message: ``(payload without the fields its shape does not
+    name, those fields' names)``. A field a newer service added is left out, not a reason
+    to refuse the message (an older worker keeps working through a rolling upgrade); an
+    unknown kind, a payload that is not an object or one missing a required field raises
+    ``ProtocolError``."""
+    shape = PAYLOADS.get(kind)
+    if shape is None:
+        raise ProtocolError(f"unknown message kind {kind!r}")
+    if not isinstance(payload, dict):
+        raise ProtocolError(f"{shape.__name__}: an object expected, not {type(payload).__name__}")
+    unknown = sorted(set(payload) - set(shape.__annotations__))
+    known = {key: value for key, value in payload.items() if key not in unknown}
+    return check_shape(shape, known), unknown
 
 
 # --- receipts: worker -> service, POST /api/worker/receipts/ (H, R1) ---------------------------------

@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 from . import conversation, faults
 from machine.protocol import Backoff
-from machine.protocol.shapes import ProtocolError, ReportRecord, check_message
+from machine.protocol.shapes import ProtocolError, ReportRecord, read_message
 
 from .client import MAX_POLL_WAIT_S, Service
 from .context import WorkerContext
@@ -98,11 +98,14 @@ class Poller:
         operation_id = str(message.get("operation_id") or payload.get("operation_id"))
         message_id = str(message["id"])
         try:
-            check_message(kind, payload)
+            payload, unknown = read_message(kind, payload)
         except ProtocolError as exc:
             log.warning("message %s: %s: acknowledged and ignored", message_id, exc)
             self.ack(service, message_id)
             return
+        if unknown:
+            log.warning("message %s (%s): fields this worker does not know, left out: %s", message_id, kind,
+                        ", ".join(unknown))
         if kind == "start":
             new = ctx.store.record_message(message_id=message_id, kind=kind, operation_id=operation_id,
                                            payload=payload, wall=ctx.clock.wall())
