@@ -8,17 +8,19 @@ from datetime import datetime
 from django.db import transaction
 from rest_framework.renderers import JSONRenderer
 
+from core.actors import actor_machine
+from core.deadlocks import retry_on_deadlock
 from core.errors import ErrorShape
 from tasks_app.agent_facts import clean_agent_facts
 from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Lease, Machine, Receipt, Task, TaskState
 from tasks_app.services.conversation import message_receipt_apply
 from tasks_app.services.integration import integration_apply
 from tasks_app.services.judging import RELEASE, judge
-from tasks_app.services.locking import lock_budget, retry_on_deadlock
+from tasks_app.services.locking import lock_budget
 from tasks_app.services.progress import transcript_append
 from tasks_app.services.transitions import task_finalize, task_publish, task_record, task_transition
 from machine.protocol import OUTPUT_TAIL_MAX_CHARS
-from tasks_app.shapes import ReceiptAnswerShape, actor_machine
+from tasks_app.shapes import ReceiptAnswerShape
 
 APPLIED: ReceiptAnswerShape = {"outcome": "applied"}
 SURVIVOR_KEEP_LIMIT = 50
