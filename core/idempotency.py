@@ -57,6 +57,12 @@ def body_digest(data) -> str:
     return json_digest(data)
 
 
+def rendered(body) -> str:
+    """The JSON text of ``body`` as DRF renders a response (compact, UTF-8): what an
+    idempotent answer stores and a replay repeats byte-equal (A2; the receipts' R1 too)."""
+    return JSONRenderer().render(body).decode()
+
+
 @retry_on_deadlock
 def respond_once(records: type[Model], *, owner, scope: str, key: str, digest: str, now: datetime,
                  work: Callable[[], Answer]) -> HttpResponse:
@@ -91,7 +97,7 @@ def respond_once(records: type[Model], *, owner, scope: str, key: str, digest: s
                 )
             return _http(record.response_status, record.response_body, replayed=True)
         status, answer, ties = work()
-        body = JSONRenderer().render(answer).decode()
+        body = rendered(answer)
         records.objects.filter(pk=record_id).update(response_status=status, response_body=body, **ties)
     return _http(status, body, replayed=False)
 
