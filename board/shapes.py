@@ -7,10 +7,11 @@ from typing import Annotated, TypedDict
 from django.conf import settings
 
 from core.wire import Doc, Time
+from core.wire import iso
 from sessions_app.models import Approval, ApprovalState, Marker, Session, SessionStatus
 from sessions_app.shapes import ApprovalShape, SessionShape, approval_dict, session_dict
 from tasks_app.models import FINAL_STATES, Grant, Machine, Task
-from tasks_app.shapes import BoardTaskShape, GrantShape, MachineShape, board_task_dict, grant_dict, iso, machine_dict
+from tasks_app.shapes import BoardTaskShape, GrantShape, MachineShape, board_task_dict, grant_dict, machine_dict
 
 # Bounds of one snapshot: every unfinished task is a live concern (capped defensively);
 # finished tasks and idle sessions are history, so only the most recent ones are shown.

@@ -5,13 +5,14 @@ type and, through ``core.schema.shape``, the OpenAPI component of that shape.
 No DRF here (the shapes modules import this; ``tests/test_structure.py`` checks it):
 
 - ``Uuid``, ``Time``, ``Url``: strings with an OpenAPI ``format`` (``uuid``, ``date-time``
-  as ISO-8601 UTC, ``uri``); on the wire they are plain strings;
+  as ISO-8601 UTC, ``uri``); on the wire they are plain strings; ``iso`` writes a ``Time``;
 - ``Doc("...")``: the field's description in the schema, as ``Annotated[T, Doc("...")]``;
 - ``X | None``: nullable; ``NotRequired[X]``: a key that may be absent; ``Literal[...]``
   or a ``TextChoices``: an enum; ``list[X]``; a nested ``TypedDict``; ``dict[str, Any]``:
   a free-form object (give it a ``Doc`` saying why it is free-form);
 - ``BoardEvent``: the base of every board event shape (``server_time``).
 """
+from datetime import datetime
 from typing import Annotated, NotRequired, TypedDict
 
 
@@ -26,6 +27,11 @@ class Doc(str):
 Uuid = Annotated[str, Format("uuid")]
 Time = Annotated[str, Format("date-time")]  # ISO-8601, UTC in this service
 Url = Annotated[str, Format("uri")]
+
+
+def iso(value: datetime | None) -> str | None:
+    """A ``Time``: ISO-8601 of an aware datetime (UTC in this service), or None."""
+    return value.isoformat() if value is not None else None
 
 
 class BoardEvent(TypedDict):

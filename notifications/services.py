@@ -265,7 +265,7 @@ def notify_task_state(task, *, now: datetime) -> Notification | None:
     """N1: a task is now in ``task.state``; announces ``unknown`` ("needs your decision")
     and the ends ``succeeded``, ``failed``, ``failed_lease_lost``, once per task and state
     (the event key); other states write nothing. Call from the transaction of the
-    transition (the ``tasks_app.signals.task_changed`` receiver)."""
+    transition (``sessions_app.receivers.notify_task_changed``)."""
     kind = TASK_STATE_KINDS.get(task.state)
     if kind is None:
         return None

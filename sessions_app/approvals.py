@@ -25,7 +25,9 @@ from django.db.models import F
 
 from core import clock
 from core.broadcast import broadcast
+from core.deadlocks import retry_on_deadlock
 from core.errors import ApplicationError
+from core.idempotency import Answer
 from core.longpoll import Wait, notify_after_commit
 from notifications.services import notify_approval
 from sessions_app.models import (
@@ -42,8 +44,6 @@ from sessions_app.shapes import approval_dict, approval_event, approval_title
 from tasks_app.models import FINAL_STATES, Task
 from machine.protocol import APPROVAL_INPUT_KEEP_BYTES, cut_json, json_digest
 from tasks_app.services.approvals import task_approval_noted, task_lock
-from tasks_app.services.idempotency import StoredResponse, body_digest, run_once
-from tasks_app.services.locking import retry_on_deadlock
 
 EXPIRE_BATCH = 200
 _SETTLED_WORDS = {
@@ -243,36 +243,36 @@ def decision_scope(approval_id) -> str:
     return f"approval:{approval_id}"
 
 
-def approval_decide(*, owner, approval_id, key: str, raw_body: dict, behavior: str, message: str, scope: str,
-                    actor: str, now: datetime) -> StoredResponse:
-    """``POST /api/approvals/{id}/decision/`` (Q2): ``behavior`` ``allow`` (``scope``
-    ``once`` or ``session``) or ``deny`` (with ``message``, the instruction to the agent),
-    exactly once: a compare-and-set from ``pending`` under the owner's Idempotency-Key
-    (A1's rules: the same key and body replay the stored 200 byte-equal; the same key
-    with another body is 422 ``idempotency_key_reused``). Any answer after the first,
-    from any key or device, is 409 ``already_decided`` with ``approval`` as it stands;
-    a pending approval past its ``expires_at`` expires first (so an answer after the
-    wait is ``already_decided`` with ``state: expired``). 404 for another owner's id."""
+def approval_to_decide(*, owner, approval_id, now: datetime) -> Approval:
+    """Q2, before the decision: the owner's approval ``approval_id``, expired first (in
+    its own transaction) when it is pending past its ``expires_at``, so an answer after
+    the wait is ``already_decided`` with ``state: expired``. 404 for another owner's id."""
     approval = Approval.objects.select_related("owner").filter(pk=approval_id, owner=owner).first()
     if approval is None:
         raise ApplicationError("not_found", "no such approval", status_code=404)
     approval_expire_due(approval, now=now)
+    return approval
+
+
+def approval_decide(approval: Approval, *, behavior: str, message: str, scope: str, actor: str,
+                    now: datetime) -> Answer:
+    """``POST /api/approvals/{id}/decision/`` (Q2): ``behavior`` ``allow`` (``scope``
+    ``once`` or ``session``) or ``deny`` (with ``message``, the instruction to the agent),
+    exactly once: a compare-and-set from ``pending``. The view runs this under the
+    owner's Idempotency-Key through ``core.idempotency.respond_once`` (scope
+    ``decision_scope``; A1's rules: the same key and body replay the stored 200
+    byte-equal; the same key with another body is 422 ``idempotency_key_reused``),
+    inside its transaction. Returns ``(200, approval shape, {"task": its task or None})``.
+    Any answer after the first, from any key or device, is 409 ``already_decided`` with
+    ``approval`` as it stands (``approval_to_decide`` expires it first when due)."""
     to = ApprovalState.ALLOWED if behavior == "allow" else ApprovalState.DENIED
-    return _decide(owner=owner, approval=approval, key=key, digest=body_digest(raw_body), to=to, message=message,
-                   scope=scope, actor=actor, now=now)
-
-
-def _decide(*, owner, approval, key, digest, to, message, scope, actor, now) -> StoredResponse:
-    def work():
-        session, task = _lock_target(approval)
-        if not _settle(approval, to=to, decided_by=actor, now=now, message=message, scope=scope):
-            raise ApplicationError("already_decided", f"this approval is already {approval.state}", status_code=409,
-                                   approval=approval_dict(approval))
-        _follow(approval, session=session, task=task, now=now, actor=actor,
-                allowed=int(to == ApprovalState.ALLOWED), denied=int(to == ApprovalState.DENIED))
-        return 200, approval_dict(approval), task
-
-    return run_once(owner=owner, scope=decision_scope(approval.pk), key=key, digest=digest, now=now, work=work)
+    session, task = _lock_target(approval)
+    if not _settle(approval, to=to, decided_by=actor, now=now, message=message, scope=scope):
+        raise ApplicationError("already_decided", f"this approval is already {approval.state}", status_code=409,
+                               approval=approval_dict(approval))
+    _follow(approval, session=session, task=task, now=now, actor=actor,
+            allowed=int(to == ApprovalState.ALLOWED), denied=int(to == ApprovalState.DENIED))
+    return 200, approval_dict(approval), {"task": task}
 
 
 def approval_answered_in_terminal(*, owner, approval_id, now: datetime) -> Approval:

@@ -13,9 +13,9 @@ from datetime import datetime
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from core.wire import BoardEvent, Doc, Time, Uuid
+from core.wire import iso
 from sessions_app.models import ApprovalState, JobMode, MarkerState, SessionStatus
 from sessions_app.rules import job_counts, marker_is_running
-from tasks_app.shapes import iso
 
 
 class MarkerShape(TypedDict):

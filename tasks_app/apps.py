@@ -21,15 +21,6 @@ def _forget_deleted_machines_token(sender, instance, **kwargs):
         machine_tokens_changed()
 
 
-def _conversation_follows_task(sender, task, now, **kwargs):
-    """C3: a conversation's messages follow its task's transitions
-    (``conversation.messages_follow_task``)."""
-    if task.mode == "conversation" or task.continued_from_id is not None:
-        from tasks_app.services.conversation import messages_follow_task
-
-        messages_follow_task(task, now=now)
-
-
 class TasksAppConfig(AppConfig):
     name = "tasks_app"
     verbose_name = "Tasks"
@@ -37,8 +28,6 @@ class TasksAppConfig(AppConfig):
 
     def ready(self):
         from tasks_app import schema  # noqa: F401 - registers the OpenAPI auth extension
-        from tasks_app.signals import task_changed
 
         post_save.connect(_give_new_owner_a_budget, sender=settings.AUTH_USER_MODEL, dispatch_uid="runstead-budget")
-        task_changed.connect(_conversation_follows_task, dispatch_uid="runstead-conversation")
         post_delete.connect(_forget_deleted_machines_token, sender="tasks_app.Machine", dispatch_uid="runstead-tokens")

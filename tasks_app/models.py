@@ -269,7 +269,7 @@ class Operation(models.Model):
 class IdempotencyRecord(models.Model):
     """Per owner, scope and key: digest of the canonical body and the stored response (A2,
     Q2). ``scope`` names the operation the key belongs to (``task`` for acceptance,
-    ``approval:<id>`` for a decision; ``tasks_app.services.idempotency``)."""
+    ``approval:<id>`` for a decision; ``core.idempotency``)."""
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
     scope = models.CharField(max_length=100, default="task")

@@ -20,11 +20,12 @@ from django.views.decorators.http import require_GET, require_POST
 
 from core import clock
 from core.errors import ApplicationError
+from core.wire import iso
 from tasks_app.agent_facts import describe_git
 from tasks_app.models import Task, TaskState
 from tasks_app.services.decisions import DECISIONS, task_ask_again, task_decide
 from tasks_app.services.progress import transcript_page
-from tasks_app.shapes import iso, task_dict
+from tasks_app.shapes import task_dict
 
 # L9: a receipt whose slept_s is at least this is shown as "paused by sleep".
 SLEEP_SHOWN_S = 5.0

@@ -3,16 +3,13 @@ and that ``task`` and ``machine`` board events carry, written once.
 
 Plain functions of model rows, no DRF: views, services (transitions, pairing, leases)
 and the board snapshot all render through them (healthchecks' ``Check.to_dict``). Times
-are ISO-8601 UTC strings from ``iso``; durations are seconds. Input validation stays in
+are ISO-8601 UTC strings from ``core.wire.iso``; durations are seconds. Input validation stays in
 ``tasks_app/api/serializers.py``.
 
 Each shape is declared once, as the ``TypedDict`` (``*Shape``, board events ``*BoardEvent``)
 that its builder returns, written with ``core.wire``; the OpenAPI schema is generated
 from it (``core.schema.shape``), and ``tests/test_api_schema.py`` validates every
 builder's real output against that schema.
-
-Actor strings (``TaskEvent.actor``, shown by the API and the admin) come from
-``actor_owner`` / ``actor_machine`` and the two constants below, nowhere else.
 """
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal, NotRequired, TypedDict
@@ -20,32 +17,12 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 
-from core.wire import BoardEvent, Doc, Time, Url, Uuid
+from core.wire import BoardEvent, Doc, Time, Url, Uuid, iso
 from machine.protocol.shapes import AnyPayload
 from tasks_app.models import IntegrationAction, IntegrationOutcome, TaskState
 
-ACTOR_SERVICE = "service"  # the service's own checks (L6 on a renewal, L5 refusals)
-ACTOR_SWEEP = "sweep"  # the periodic sweep (J5, L6)
-
 # GET /api/tasks/{id}/ lists at most this many receipts, newest last (H).
 DETAIL_RECEIPTS = 50
-
-
-def iso(value: datetime | None) -> str | None:
-    """ISO-8601 of an aware datetime (UTC in this service), or None."""
-    return value.isoformat() if value is not None else None
-
-
-def actor_owner(user) -> str:
-    """``owner:<username>``: an owner acting through the API, the board or the admin."""
-    return f"owner:{user.get_username()}"
-
-
-def actor_machine(machine) -> str:
-    """``machine:<machine id>``: a machine acting with its token. The id, not the name:
-    names are not unique and can change at a re-pair; the id is also the device id the
-    worker writes markers with (M5, M8)."""
-    return f"machine:{machine.pk}"
 
 
 # --- machines (B7) ----------------------------------------------------------------------

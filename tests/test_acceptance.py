@@ -21,7 +21,8 @@ from tasks_app.models import (
     Task,
     TaskEvent,
 )
-from tasks_app.services import acceptance, idempotency, transitions
+from core import idempotency
+from tasks_app.services import acceptance, transitions
 from tasks_app.services.sweeps import cleanup_idempotency_records
 from tests.conftest import machine_api, owner_api
 from tests.factories import grant_lease, submit
@@ -213,7 +214,9 @@ def test_a5_failure_while_rendering_the_stored_response_leaves_nothing(owner, ma
             "deep_research": False, "max_runtime_s": 60, "exclusive": True}
     monkeypatch.setattr(acceptance, "task_dict", _raise_injected)
     with pytest.raises(RuntimeError, match="injected fault"):
-        acceptance.task_accept(owner=owner, key="a5b", raw_body={"x": 1}, data=data, now=T0)
+        idempotency.respond_once(IdempotencyRecord, owner=owner, scope=acceptance.ACCEPT_SCOPE, key="a5b",
+                                 digest=idempotency.body_digest({"x": 1}), now=T0,
+                                 work=lambda: acceptance.task_accept(owner=owner, data=data, now=T0))
     assert_nothing_stored(owner)
 
 

@@ -15,6 +15,7 @@ import pytest
 from django.conf import settings
 from django.db import OperationalError, connection, transaction
 
+from core import deadlocks
 from tasks_app.models import Budget, Grant, IdempotencyRecord, Operation, OutboxMessage, Task
 from tasks_app.services import locking
 from tests.barrier import JOIN_TIMEOUT_S, race
@@ -386,7 +387,7 @@ def test_p2_deadlock_is_retried(owner, make_owner):
     meet = threading.Barrier(2)
 
     def make(i):
-        @locking.retry_on_deadlock
+        @deadlocks.retry_on_deadlock
         def crossed():
             attempts[i] += 1
             with transaction.atomic():
@@ -414,7 +415,7 @@ def test_p2_deadlock_inside_an_outer_transaction_is_not_retried(owner, make_owne
     meet = threading.Barrier(2)
     calls = []
 
-    @locking.retry_on_deadlock
+    @deadlocks.retry_on_deadlock
     def inner(first, second):
         calls.append(first)
         Budget.objects.select_for_update().get(pk=first)
@@ -427,7 +428,7 @@ def test_p2_deadlock_inside_an_outer_transaction_is_not_retried(owner, make_owne
                 inner(*(ids if i == 0 else ids[::-1]))
             return "ok"
         except OperationalError as exc:
-            assert locking._is_deadlock(exc)
+            assert deadlocks.is_deadlock(exc)
             return "deadlock"
 
     assert sorted(race(2, work)) == ["deadlock", "ok"]

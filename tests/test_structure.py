@@ -307,3 +307,141 @@ def test_test_import_guard_sees_every_form():
             "from tests.live import live_daphne\nfrom tests.test_self import z\n")
     assert imported_test_modules("tests.test_self", text) == [
         "tests.test_a", "tests.test_b", "tests.test_c", "tests.test_d", "tests.test_e"]
+
+
+# --- services return data; shared helpers live in core (issue 39) ------------------------
+
+HTTP_MODULES = ("django.http", "rest_framework.response")
+# Moved from tasks_app to core (``core.idempotency``, ``core.deadlocks``, ``core.wire``,
+# ``core.actors``): no app imports them from tasks_app, and tasks_app defines none of them.
+MOVED_TO_CORE = {
+    "parse_idempotency_key", "body_digest", "respond_once", "run_once", "StoredResponse", "retry_on_deadlock",
+    "iso", "actor_owner", "actor_machine", "ACTOR_SERVICE", "ACTOR_SWEEP",
+}
+
+
+def imported_names(text: str) -> list[tuple[str, str, int]]:
+    """Every ``(module, name, line)`` that ``text`` imports or reads as an attribute of an
+    imported module: ``from m import n`` gives ``(m, n)``; ``import m`` / ``import m as a`` /
+    ``from p import m`` followed by ``a.n`` gives ``(m, n)``; ``import m`` alone gives
+    ``(m, "")``. Relative imports are left out (the project uses none)."""
+    found: list[tuple[str, str, int]] = []
+    modules: dict[str, str] = {}  # local name -> module it stands for
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append((alias.name, "", node.lineno))
+                if alias.asname:
+                    modules[alias.asname] = alias.name
+                else:  # ``import a.b`` binds ``a``
+                    modules[alias.name.split(".")[0]] = alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for alias in node.names:
+                found.append((node.module, alias.name, node.lineno))
+                modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            parts, value = [node.attr], node.value
+            while isinstance(value, ast.Attribute):
+                parts.insert(0, value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id in modules:
+                dotted = ".".join([modules[value.id], *parts])
+                module, _, name = dotted.rpartition(".")
+                found.append((module, name, node.lineno))
+    return found
+
+
+def _is_service(name: str) -> bool:
+    """A service module: in a ``services`` package or named ``services``."""
+    return "services" in name.split(".")
+
+
+def http_in_services(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    return sorted(
+        f"{module}:{line} imports {(imported + '.' + name).strip('.')}"
+        for module, (text, _) in sources.items() if _is_service(module)
+        for imported, name, line in imported_names(text)
+        if any(f"{imported}.{name}".strip(".") == m or f"{imported}.{name}".startswith(m + ".")
+               or imported == m or imported.startswith(m + ".") for m in HTTP_MODULES)
+    )
+
+
+def shared_helpers_from_tasks_app(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    imports = sorted(
+        f"{module}:{line} takes {name} from {imported}"
+        for module, (text, _) in sources.items() if not _in("tasks_app")(module)
+        for imported, name, line in imported_names(text)
+        if _in("tasks_app")(imported) and name in MOVED_TO_CORE
+    )
+    definitions = sorted(
+        f"{module}:{node.lineno} defines {target}"
+        for module, (text, _) in sources.items() if _in("tasks_app")(module)
+        for node in ast.parse(text).body
+        for target in (
+            [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+            else [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign)
+            else []
+        )
+        if target in MOVED_TO_CORE
+    )
+    return imports + definitions
+
+
+SOURCES = project_sources()
+
+
+def test_services_speak_no_http():
+    """Services return data, ``(status, body, ties)`` or a domain object; the views
+    answer through ``core.idempotency.respond_once`` or DRF. No service module imports
+    ``django.http`` or ``rest_framework.response`` (STYLE 19)."""
+    assert http_in_services(SOURCES) == []
+
+
+def test_no_app_takes_the_shared_helpers_from_tasks_app():
+    """The idempotency machinery, ``retry_on_deadlock``, ``iso`` and the actor strings
+    live in ``core``: no other app imports them from tasks_app, and tasks_app defines
+    none of them again."""
+    assert shared_helpers_from_tasks_app(SOURCES) == []
+    assert {"core.idempotency", "core.deadlocks", "core.actors", "core.wire"} <= set(SOURCES)
+
+
+def test_http_and_helper_guards_see_every_form():
+    """The guards can fail: each way in is reported."""
+    sources = {
+        "tasks_app.services.a": ("from django.http import HttpResponse\n", False),
+        "tasks_app.services.b": ("def f():\n    from rest_framework.response import Response\n", False),
+        "tasks_app.services.c": ("from django import http\n", False),
+        "notifications.services": ("import rest_framework.response as r\n", False),
+        "tasks_app.api.views": ("from django.http import HttpResponse\n", False),
+        "sessions_app.shapes": ("from tasks_app.shapes import iso, task_dict\n", False),
+        "board.x": ("from tasks_app.services import locking\nlocking.retry_on_deadlock\n", False),
+        "sessions_app.y": ("import tasks_app.shapes\ntasks_app.shapes.actor_owner(None)\n", False),
+        "tasks_app.shapes": ("def iso(value):\n    return value\n", False),
+        "tasks_app.services.z": ("from core.actors import actor_owner\n", False),
+    }
+    assert http_in_services(sources) == [
+        "notifications.services:1 imports rest_framework.response",
+        "tasks_app.services.a:1 imports django.http.HttpResponse",
+        "tasks_app.services.b:2 imports rest_framework.response.Response",
+        "tasks_app.services.c:1 imports django.http",
+    ]
+    assert shared_helpers_from_tasks_app(sources) == [
+        "board.x:2 takes retry_on_deadlock from tasks_app.services.locking",
+        "sessions_app.shapes:1 takes iso from tasks_app.shapes",
+        "sessions_app.y:2 takes actor_owner from tasks_app.shapes",
+        "tasks_app.shapes:1 defines iso",
+    ]
+
+
+def test_the_task_seam_calls_exactly_the_listed_receivers():
+    """``sessions_app/receivers.py`` is the one list of who hears the task core: each
+    signal of ``tasks_app/signals.py`` calls exactly its ``RECEIVERS``, in their order."""
+    from sessions_app.receivers import RECEIVERS
+    from tasks_app import signals
+    from tasks_app.models import Task
+
+    for signal in (signals.task_changed, signals.task_session_claimed):
+        sync, asynchronous = signal._live_receivers(Task)
+        assert (sync, asynchronous) == ([r for s, r, _ in RECEIVERS if s is signal], [])

@@ -22,7 +22,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import clock
+from core.actors import actor_owner
 from core.errors import ApplicationError
+from core.idempotency import body_digest, parse_idempotency_key, respond_once
 from core.longpoll import LongPoll
 from core.pagination import PageQuery
 from core.schema import errors, shape
@@ -33,9 +35,8 @@ from sessions_app.api.serializers import SESSION_AGENTS, absolute_or_blank
 from sessions_app.models import Approval, ApprovalScope, ApprovalState
 from sessions_app.shapes import ApprovalShape, approval_dict
 from tasks_app.auth import IsOwnerOrTaskCredential, request_task_credential
+from tasks_app.models import IdempotencyRecord
 from machine.protocol import APPROVAL_INPUT_MAX_BYTES, APPROVAL_WAIT_MAX_S, json_bytes
-from tasks_app.services.idempotency import parse_idempotency_key
-from tasks_app.shapes import actor_owner
 
 KEY_RE = r"^[\x21-\x7e]{1,255}$"  # printable ASCII without spaces, as the hooks derive it
 SUGGESTIONS_MAX_BYTES = 16 * 1024
@@ -222,11 +223,14 @@ class ApprovalDecision(APIView):
         valid_query(NoQuery, request)
         key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
         data = valid_body(DecisionIn, request)
-        stored = approvals.approval_decide(
-            owner=request.user, approval_id=approval_id, key=key, raw_body=request.data, behavior=data["behavior"],
-            message=data["message"], scope=data.get("scope", ""), actor=actor_owner(request.user), now=clock.now(),
-        )
-        return stored.http()
+        now = clock.now()
+        approval = approvals.approval_to_decide(owner=request.user, approval_id=approval_id, now=now)
+        return respond_once(
+            IdempotencyRecord, owner=request.user, scope=approvals.decision_scope(approval.pk), key=key,
+            digest=body_digest(request.data), now=now,
+            work=lambda: approvals.approval_decide(approval, behavior=data["behavior"], message=data["message"],
+                                                   scope=data.get("scope", ""), actor=actor_owner(request.user),
+                                                   now=now))
 
 
 class ApprovalTerminal(APIView):

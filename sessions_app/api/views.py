@@ -6,6 +6,7 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.views import APIView
 
 from core import clock
+from core.actors import actor_machine, actor_owner
 from core.errors import ApplicationError
 from core.pagination import PageQuery
 from core.schema import errors, shape
@@ -27,7 +28,6 @@ from sessions_app.shapes import (
     stop_dict,
 )
 from tasks_app.auth import IsOwnerOrMachine, request_machine
-from tasks_app.shapes import actor_machine, actor_owner
 
 
 def actor_of(request) -> str:

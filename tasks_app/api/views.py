@@ -10,6 +10,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import clock
+from core.actors import actor_owner
+from core.idempotency import body_digest, parse_idempotency_key, respond_once
 from core.longpoll import LongPoll
 from core.schema import errors, shape
 from core.pagination import PageQuery
@@ -17,12 +19,11 @@ from core.strict import EmptyBody, NoQuery, valid_body, valid_query
 from tasks_app.api import serializers as s
 from tasks_app.api.throttling import OwnerAcceptRate
 from tasks_app.auth import IsMachine, machine_tokens, request_machine
-from tasks_app.models import Budget, Grant, Machine, Task
+from tasks_app.models import Budget, Grant, IdempotencyRecord, Machine, Task
 from tasks_app.services import (
     acceptance,
     cancel,
     conversation,
-    idempotency,
     integration,
     leases,
     messages,
@@ -45,7 +46,6 @@ from tasks_app.shapes import (
     TaskShape,
     TokenShape,
     WorkerPairShape,
-    actor_owner,
     budget_dict,
     conversation_message_dict,
     grant_dict,
@@ -111,13 +111,12 @@ class TaskListCreate(generics.GenericAPIView):
     )
     def post(self, request):
         valid_query(NoQuery, request)
-        key = idempotency.parse_idempotency_key(request.headers.get("Idempotency-Key"))
+        key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
         data = valid_body(s.TaskCreateSerializer, request)
-        stored = acceptance.task_accept(
-            owner=request.user, key=key, raw_body=request.data, data=data,
-            now=clock.now(),
-        )
-        return stored.http()
+        now = clock.now()
+        return respond_once(IdempotencyRecord, owner=request.user, scope=acceptance.ACCEPT_SCOPE, key=key,
+                            digest=body_digest(request.data), now=now,
+                            work=lambda: acceptance.task_accept(owner=request.user, data=data, now=now))
 
 
 class TaskDetail(APIView):
@@ -148,11 +147,13 @@ class TaskIntegrate(APIView):
     )
     def post(self, request, task_id):
         valid_query(NoQuery, request)
-        key = idempotency.parse_idempotency_key(request.headers.get("Idempotency-Key"))
+        key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
         data = valid_body(s.IntegrateSerializer, request)
-        stored = integration.task_integrate(owner=request.user, task_id=task_id, key=key, raw_body=request.data,
-                                            action=data["action"], now=clock.now())
-        return stored.http()
+        now = clock.now()
+        return respond_once(
+            IdempotencyRecord, owner=request.user, scope=acceptance.ACCEPT_SCOPE, key=key,
+            digest=integration.decision_digest(task_id, request.data), now=now,
+            work=lambda: integration.task_integrate(owner=request.user, task_id=task_id, action=data["action"], now=now))
 
 
 class TaskMessages(APIView):
@@ -170,11 +171,13 @@ class TaskMessages(APIView):
                    parameters=[_IDEMPOTENCY_KEY])
     def post(self, request, task_id):
         valid_query(NoQuery, request)
-        key = idempotency.parse_idempotency_key(request.headers.get("Idempotency-Key"))
+        key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
         data = valid_body(s.MessageCreateSerializer, request)
-        stored = conversation.message_accept(owner=request.user, task_id=task_id, key=key, raw_body=request.data,
-                                             text=data["text"], now=clock.now())
-        return stored.http()
+        now = clock.now()
+        return respond_once(
+            IdempotencyRecord, owner=request.user, scope=conversation.message_scope(task_id), key=key,
+            digest=body_digest(request.data), now=now,
+            work=lambda: conversation.message_accept(owner=request.user, task_id=task_id, text=data["text"], now=now))
 
 
 class TaskInterrupt(APIView):

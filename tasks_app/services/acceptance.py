@@ -4,8 +4,10 @@ from datetime import datetime
 
 from django.db.models import Q
 
+from core.actors import actor_owner
 from core.broadcast import broadcast
 from core.errors import ApplicationError
+from core.idempotency import Answer
 from tasks_app.models import (
     FINAL_STATES,
     Budget,
@@ -18,32 +20,31 @@ from tasks_app.models import (
     TaskState,
 )
 from tasks_app.services.folders import folder_lock_holder, folder_locked_error, normalize_folder, path_within
-from tasks_app.services.idempotency import StoredResponse, body_digest, run_once
 from tasks_app.services.locking import for_key_share
 from tasks_app.services.transitions import budget_reserve, task_created
-from tasks_app.shapes import actor_owner, message_event, task_dict
+from tasks_app.shapes import message_event, task_dict
 from tasks_app.signals import task_session_claimed
 
 
-def task_accept(*, owner, key: str, raw_body: dict, data: dict, now: datetime) -> StoredResponse:
-    """Accept a task exactly once per (owner, idempotency key) (A1-A5); a follow-up of an
-    unfinished task is accepted in ``queued`` behind it (G8: no budget, no folder lock,
-    no ``start`` message until its turn).
+# A1: the idempotency scope of acceptance (``core.idempotency``), and of a G7 decision,
+# whose digest names its task (``integration.decision_digest``).
+ACCEPT_SCOPE = "task"
 
-    ``raw_body`` is the parsed JSON as sent (for the digest, A2); ``data`` the validated
-    fields (machine, folder, agent, prompt, session, deep_research, max_runtime_s,
-    exclusive, continue_task?, isolation?). The 201 body is the task shape (``task_dict``). One transaction writes
-    the task, operation, idempotency record, budget reservation, folder lock and outbox
-    ``start`` message, or nothing (A5). Refusals (A6) raise ApplicationError and store
-    nothing. Returns the stored response (a replay for a known key with the same body).
+
+def task_accept(*, owner, data: dict, now: datetime) -> Answer:
+    """Accept a task (A1-A8); the view runs this once per (owner, Idempotency-Key) through
+    ``core.idempotency.respond_once`` (scope ``ACCEPT_SCOPE``), inside its transaction. A
+    follow-up of an unfinished task is accepted in ``queued`` behind it (G8: no budget,
+    no folder lock, no ``start`` message until its turn).
+
+    ``data``: the validated fields (machine, folder, agent, prompt, session,
+    deep_research, max_runtime_s, exclusive, continue_task?, isolation?). Writes the task,
+    operation, budget reservation, folder lock and outbox ``start`` message (with the
+    idempotency record: all or nothing, A5). Refusals (A6) raise ApplicationError.
+    Returns ``(201, task shape, {"task": task})`` (``task_dict``; the task ties the record).
     """
-    return run_once(owner=owner, key=key, digest=body_digest(raw_body), now=now,
-                    work=lambda: _accepted(owner=owner, data=data, now=now))
-
-
-def _accepted(*, owner, data, now) -> tuple[int, dict, Task]:
     task = create_task(owner=owner, data=data, now=now)
-    return 201, task_dict(task), task
+    return 201, task_dict(task), {"task": task}
 
 
 CONTINUE_INVALID = "continue_task must be a task of yours on this machine: unfinished, or final with an agent session id"
@@ -172,7 +173,8 @@ def create_task(*, owner, data, now) -> Task:
 
     session_id = data.get("session")
     if session_id:
-        # The sessions app makes sure the owner's session exists, or refuses (K2).
+        # The sessions app makes sure the owner's session exists, or refuses (K2):
+        # ``sessions_app/receivers.py`` lists what hears this and ``task_changed``.
         task_session_claimed.send(sender=Task, owner=owner, session_id=session_id, now=now)
 
     task = Task.objects.create(

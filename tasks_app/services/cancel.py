@@ -3,9 +3,10 @@ from datetime import datetime
 
 from django.db import transaction
 
+from core.deadlocks import retry_on_deadlock
 from core.errors import ApplicationError
 from tasks_app.models import FINAL_STATES, NEVER_LEASED_STATES, MessageKind, OutboxMessage, Task, TaskState
-from tasks_app.services.locking import lock_budget, retry_on_deadlock
+from tasks_app.services.locking import lock_budget
 from tasks_app.services.transitions import (
     TransitionConflict,
     followers_cancel,

@@ -5,14 +5,14 @@ A task accepted with ``"mode": "conversation"`` keeps its agent open between tur
 follow-up of the conversation (``"resume"``, G6). Here:
 
 - ``message_accept``: ``POST /api/tasks/{id}/messages/`` under the Idempotency-Key rules
-  (A1-A4, ``run_once`` with scope ``message:<task id>``): the message is numbered in
+  (A1-A4, ``core.idempotency`` with scope ``message:<task id>``): the message is numbered in
   acceptance order (``seq``, under the task's row lock, C2) and in the same transaction a
   ``message`` outbox message goes to the worker (live) or a follow-up task is accepted for
   it (resume, as ``POST /api/tasks/`` with ``continue_task``);
 - ``task_interrupt`` and ``task_end``: the ``interrupt`` (C4) and ``end`` (C5) messages;
 - ``message_receipt_apply``: the worker's ``message`` receipts (C3): a message's state only
   moves forward, ``sent`` -> ``delivered`` -> ``answered``, or ``sent`` -> ``undelivered``;
-- ``messages_follow_task``: called by every task transition (``transitions``): a live
+- ``message_states.messages_follow_task``: called by every task transition: a live
   conversation that ends leaves its unwritten messages ``undelivered``; a resume
   conversation's message follows the follow-up that carries it.
 
@@ -23,28 +23,15 @@ import uuid
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import F
 
-from core.broadcast import broadcast
+from core.actors import actor_owner
 from core.errors import ApplicationError
-from tasks_app.models import (
-    FINAL_STATES,
-    ConversationMessage,
-    ConversationMessageState,
-    MessageKind,
-    Task,
-    TaskState,
-)
+from core.idempotency import Answer
+from tasks_app.models import FINAL_STATES, ConversationMessage, MessageKind, Task, TaskState
 from tasks_app.services.acceptance import create_task
-from tasks_app.services.idempotency import StoredResponse, body_digest, run_once
+from tasks_app.services.message_states import RESUME_DEAD_STATES, message_advance, message_publish
 from tasks_app.services.transitions import message_send, task_publish, task_record
-from tasks_app.shapes import actor_owner, conversation_message_dict, message_event, task_dict
-
-S = ConversationMessageState
-# C3: the order of a message's states; ``undelivered`` only from ``sent``.
-STATE_RANK = {S.SENT: 0, S.DELIVERED: 1, S.ANSWERED: 2}
-# A resume conversation whose first task ended thus is over: nothing to resume.
-RESUME_DEAD_STATES = frozenset({TaskState.CANCELLED, TaskState.NOT_STARTED, TaskState.ABANDONED})
+from tasks_app.shapes import conversation_message_dict, task_dict
 
 
 def message_scope(task_id) -> str:
@@ -52,16 +39,35 @@ def message_scope(task_id) -> str:
     return f"message:{task_id}"
 
 
-def message_accept(*, owner, task_id, key: str, raw_body: dict, text: str, now: datetime) -> StoredResponse:
-    """C2: accept message ``text`` into conversation task ``task_id`` once per key; 201
-    with the message (``conversation_message_dict``). Refusals store nothing (A5):
+def message_accept(*, owner, task_id, text: str, now: datetime) -> Answer:
+    """C2: accept message ``text`` into conversation task ``task_id``; the view runs this
+    once per Idempotency-Key through ``core.idempotency.respond_once`` (scope
+    ``message_scope(task_id)``), inside its transaction. Returns ``(201, message shape,
+    {"task": task})`` (``conversation_message_dict``). Refusals store nothing (A5):
     404 ``not_found`` (not the owner's), 409 ``not_conversation``, ``already_final``,
     ``task_unknown`` (the outcome is not known: decide it first, U3),
     ``cancel_requested``, ``conversation_ended`` (C5), and in a resume conversation what
-    acceptance refuses (``budget_exhausted``, ``folder_not_granted``, ...); 422
-    ``idempotency_key_reused``. Size and emptiness are checked by the view (C7)."""
-    return run_once(owner=owner, key=key, digest=body_digest(raw_body), now=now, scope=message_scope(task_id),
-                    work=lambda: _accepted(owner=owner, task_id=task_id, text=text, now=now))
+    acceptance refuses (``budget_exhausted``, ``folder_not_granted``, ...). Size and
+    emptiness are checked by the view (C7)."""
+    carrier = None
+    task = _open_task(owner, task_id, lock=False)
+    if task.conversation == "resume":
+        if task.state in RESUME_DEAD_STATES:
+            raise ApplicationError("already_final", f"the conversation's task is {task.state}: there is no agent "
+                                   "session to continue", status_code=409)
+        carrier = _follow_up(owner, task, text, now)  # P2: machine, grant, budget, then the task below
+    task = _open_task(owner, task_id, lock=True)
+    if task.conversation == "live" and (refusal := _live_refusal(task)) is not None:
+        raise refusal
+    seq = task.message_seq + 1
+    Task.objects.filter(pk=task.pk).update(message_seq=seq)
+    message = ConversationMessage.objects.create(task=task, seq=seq, text=text, carrier=carrier, created_at=now)
+    if task.conversation == "live":
+        message_send(task, kind=MessageKind.MESSAGE, now=now, message_id=str(message.id), seq=seq, text=text)
+    task_record(task, reason=f"message {seq} sent", actor=actor_owner(owner), now=now)
+    task_publish(task, now=now)  # its ``messages_sent`` changed: board rows follow
+    message_publish(message)
+    return 201, conversation_message_dict(message), {"task": task}
 
 
 def _open_task(owner, task_id, *, lock: bool) -> Task:
@@ -85,28 +91,6 @@ def _live_refusal(task: Task) -> ApplicationError | None:
     if task.cancel_requested_at is not None:
         return ApplicationError("cancel_requested", "the task is being cancelled", status_code=409)
     return None
-
-
-def _accepted(*, owner, task_id, text: str, now: datetime) -> tuple[int, dict, Task]:
-    carrier = None
-    task = _open_task(owner, task_id, lock=False)
-    if task.conversation == "resume":
-        if task.state in RESUME_DEAD_STATES:
-            raise ApplicationError("already_final", f"the conversation's task is {task.state}: there is no agent "
-                                   "session to continue", status_code=409)
-        carrier = _follow_up(owner, task, text, now)  # P2: machine, grant, budget, then the task below
-    task = _open_task(owner, task_id, lock=True)
-    if task.conversation == "live" and (refusal := _live_refusal(task)) is not None:
-        raise refusal
-    seq = task.message_seq + 1
-    Task.objects.filter(pk=task.pk).update(message_seq=seq)
-    message = ConversationMessage.objects.create(task=task, seq=seq, text=text, carrier=carrier, created_at=now)
-    if task.conversation == "live":
-        message_send(task, kind=MessageKind.MESSAGE, now=now, message_id=str(message.id), seq=seq, text=text)
-    task_record(task, reason=f"message {seq} sent", actor=actor_owner(owner), now=now)
-    task_publish(task, now=now)  # its ``messages_sent`` changed: board rows follow
-    _publish(message)
-    return 201, conversation_message_dict(message), task
 
 
 def _follow_up(owner, task: Task, text: str, now: datetime) -> Task:
@@ -168,48 +152,10 @@ def message_receipt_apply(task: Task, facts: dict, *, actor: str, now: datetime)
     if message is None:
         task_record(task, reason="message receipt for an unknown message", actor=actor, now=now)
         return {"outcome": "not_applied", "reason": "unknown_message"}
-    if not _advance(message, facts["state"], now=now):
+    if not message_advance(message, facts["state"], now=now):
         return {"outcome": "not_applied", "reason": "stale"}
     task_record(task, reason=f"message {message.seq} {facts['state']}", actor=actor, now=now)
     return {"outcome": "applied"}
-
-
-def _advance(message: ConversationMessage, to: str, *, now: datetime) -> bool:
-    """Move ``message`` to state ``to`` when that is forward of where it stands (C3)."""
-    if to == S.UNDELIVERED:
-        earlier = [S.SENT]
-    else:
-        earlier = [state for state, rank in STATE_RANK.items() if rank < STATE_RANK[to]]
-    stamps = {"delivered_at": now} if to == S.DELIVERED else {"answered_at": now} if to == S.ANSWERED else {}
-    if to == S.ANSWERED:
-        stamps["delivered_at"] = message.delivered_at or now
-    if not ConversationMessage.objects.filter(pk=message.pk, state__in=earlier).update(
-            state=to, version=F("version") + 1, **stamps):
-        return False
-    message.refresh_from_db()
-    _publish(message)
-    return True
-
-
-def messages_follow_task(task: Task, *, now: datetime) -> None:
-    """Called in every task transition (``transitions.task_transition``). A live
-    conversation that became final leaves its messages never written ``undelivered``
-    (C3); a resume conversation's message follows its carrier: ``delivered`` when the
-    follow-up runs, then ``answered`` (it ended with its agent's answer) or
-    ``undelivered`` (it never started, or was cancelled)."""
-    if task.conversation == "live":
-        if task.state in FINAL_STATES:
-            for message in ConversationMessage.objects.filter(task=task, state=S.SENT):
-                _advance(message, S.UNDELIVERED, now=now)
-        return
-    message = ConversationMessage.objects.filter(carrier=task).first()
-    if message is not None:
-        if task.state in (TaskState.STARTING, TaskState.RUNNING):
-            _advance(message, S.DELIVERED, now=now)
-        elif task.state in RESUME_DEAD_STATES:
-            _advance(message, S.UNDELIVERED, now=now)
-        elif task.state in FINAL_STATES:
-            _advance(message, S.ANSWERED, now=now)
 
 
 def conversation_messages(task: Task) -> list[ConversationMessage]:
@@ -219,7 +165,3 @@ def conversation_messages(task: Task) -> list[ConversationMessage]:
 
 
 MESSAGES_LISTED = 500
-
-
-def _publish(message: ConversationMessage) -> None:
-    broadcast(message.task.owner_id, message_event(message))

@@ -4,11 +4,11 @@ from datetime import datetime
 
 from django.db import transaction
 
+from core.actors import actor_owner
 from core.errors import ApplicationError
 from tasks_app.models import MessageKind, Task, TaskState
 from tasks_app.services.locking import lock_budget
 from tasks_app.services.transitions import message_send, task_finalize, task_record
-from tasks_app.shapes import actor_owner
 
 DECISIONS = {
     "succeeded": TaskState.SUCCEEDED,

@@ -1,9 +1,9 @@
 """Merge or discard a worktree task's branch, once (SPEC G7, A1-A4, H).
 
 The owner decides once per task: ``POST /api/tasks/{id}/integrate/`` with an
-Idempotency-Key runs ``task_integrate`` through the A1 machinery, so the same key replays
-the first answer byte-equal. In one transaction the decision is recorded (an
-``Integration`` row: action, who, when; its one-per-task constraint is the
+Idempotency-Key runs ``task_integrate`` through the A1 machinery (``core.idempotency``),
+so the same key replays the first answer byte-equal. In one transaction the decision is
+recorded (an ``Integration`` row: action, who, when; its one-per-task constraint is the
 compare-and-set), the ``integrate`` message for the worker is written to the outbox and
 the task is published. The outcome comes back as an ``integrated`` receipt
 (``integration_apply``), applied exactly once (R1).
@@ -12,36 +12,38 @@ from datetime import datetime
 
 from django.db.models import Q
 
+from core.actors import actor_owner
 from core.errors import ApplicationError
+from core.idempotency import Answer, body_digest
 from tasks_app.models import FINAL_STATES, Integration, IntegrationAction, MessageKind, Task
-from tasks_app.services.idempotency import StoredResponse, body_digest, run_once
 from tasks_app.services.locking import lock_budget
 from tasks_app.services.transitions import message_send, task_publish, task_record
-from tasks_app.shapes import actor_owner, task_dict
+from tasks_app.shapes import task_dict
 
 INTEGRATION_PATHS_MAX = 1000
 INTEGRATION_DETAIL_MAX = 500
 
 
-def task_integrate(*, owner, task_id, key: str, raw_body: dict, action: str, now: datetime) -> StoredResponse:
+def decision_digest(task_id, raw_body) -> str:
+    """A1 for G7: the digest of a decision covers the task id (its scope is acceptance's,
+    ``ACCEPT_SCOPE``), so one key names one decision on one task."""
+    return body_digest({"integrate": str(task_id), "body": raw_body})
+
+
+def task_integrate(*, owner, task_id, action: str, now: datetime) -> Answer:
     """Record the owner's ``merge`` or ``discard`` of final worktree task ``task_id``
     and send the worker an ``integrate`` message ``{operation_id, integration_id, action,
     branch, base, base_branch, head}`` (``head``: the reviewed commit, the branch's head
-    in the final evidence). Answers 202 with the task (its ``integration`` pending).
+    in the final evidence). The view runs this once per Idempotency-Key through
+    ``core.idempotency.respond_once`` (``decision_digest``), inside its transaction.
+    Returns ``(202, task shape with its integration pending, {"task": task})``.
 
     Refusals (nothing stored, A5), in this order: 404 ``not_found`` (not the owner's),
     409 ``not_final``, ``not_worktree``, ``follow_up_pending`` (G8: a follow-up on the
     same branch is unfinished; ``task_id`` names it), ``no_branch`` (it never made one),
     ``already_decided`` (on any task of the branch), ``superseded`` (a later follow-up
     worked on the branch: decide on that one, ``task_id``), ``no_base_branch`` (a merge of a task started on a detached
-    HEAD), ``machine_unpaired``; 422 ``idempotency_key_reused``. The digest covers the
-    task id, so one key names one decision on one task."""
-    digest = body_digest({"integrate": str(task_id), "body": raw_body})
-    return run_once(owner=owner, key=key, digest=digest, now=now,
-                    work=lambda: _decide(owner=owner, task_id=task_id, action=action, now=now))
-
-
-def _decide(*, owner, task_id, action: str, now: datetime) -> tuple[int, dict, Task]:
+    HEAD), ``machine_unpaired``."""
     # P2: the owner's budget row first, as acceptance takes it: a follow-up accepted on
     # this branch (G8) and this decision serialize, so neither misses the other.
     lock_budget(owner.pk)
@@ -83,7 +85,7 @@ def _decide(*, owner, task_id, action: str, now: datetime) -> tuple[int, dict, T
     task_record(task, reason=f"owner decision: {action} branch {git['branch']}", actor=actor_owner(owner), now=now)
     task_publish(task, now=now)
     task = Task.objects.select_related("integration").get(pk=task.pk)
-    return 202, task_dict(task), task
+    return 202, task_dict(task), {"task": task}
 
 
 def _later_on_branch(branch, task: Task, name: str) -> Task | None:

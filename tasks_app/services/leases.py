@@ -10,10 +10,12 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import transaction
 
+from core.actors import ACTOR_SERVICE, actor_machine
+from core.deadlocks import retry_on_deadlock
 from core.errors import ApplicationError
 from tasks_app.models import FINAL_STATES, NEVER_LEASED_STATES, Budget, Grant, Lease, Machine, Task, TaskState
 from tasks_app.services.approvals import task_credential_issue
-from tasks_app.services.locking import for_key_share, lock_budget, retry_on_deadlock
+from tasks_app.services.locking import for_key_share, lock_budget
 from tasks_app.services.transitions import (
     start_window_deadline,
     task_finalize,
@@ -21,7 +23,6 @@ from tasks_app.services.transitions import (
     task_transition,
 )
 from machine.protocol import OUTPUT_TAIL_MAX_CHARS
-from tasks_app.shapes import ACTOR_SERVICE, actor_machine
 
 
 

@@ -1,4 +1,4 @@
-"""Row locks and retries shared by the services (P1, P2).
+"""Row locks of the task services (P1, P2); their deadlock retry is ``core.deadlocks``.
 
 Lock order everywhere: idempotency key -> machine -> grant -> budget -> task -> lease.
 The per-machine folder-lock (``advisory_xact_lock("folder-lock:<machine>")``, A8) comes
@@ -8,18 +8,11 @@ followed task's row.
 On SQLite every transaction is ``BEGIN IMMEDIATE`` (settings), so writers serialize and
 the row-lock helpers below have nothing to add there.
 """
-import functools
 import hashlib
-import logging
-import time
 
-from django.db import OperationalError, connection, transaction
+from django.db import connection, transaction
 
 from tasks_app.models import Budget
-
-log = logging.getLogger("runstead.locking")
-
-DEADLOCK_RETRIES = 3
 
 
 def is_postgres() -> bool:
@@ -57,26 +50,3 @@ def lock_budget(owner_id) -> None:
     """``FOR UPDATE`` on the owner's budget row. Taken before any task row by every
     transaction that may settle a budget, keeping the P2 order budget -> task."""
     Budget.objects.select_for_update().filter(owner_id=owner_id).first()
-
-
-def _is_deadlock(exc: BaseException) -> bool:
-    cause = exc.__cause__
-    return getattr(cause, "sqlstate", None) == "40P01"
-
-
-def retry_on_deadlock(func):
-    """Run ``func`` (which opens its own atomic block) again on a PostgreSQL deadlock
-    (40P01), at most ``DEADLOCK_RETRIES`` times (P2)."""
-
-    @functools.wraps(func)
-    def wrapper(*args, **kwargs):
-        for attempt in range(DEADLOCK_RETRIES + 1):
-            try:
-                return func(*args, **kwargs)
-            except OperationalError as exc:
-                if not _is_deadlock(exc) or attempt == DEADLOCK_RETRIES or connection.in_atomic_block:
-                    raise
-                log.warning("deadlock in %s, retry %d", func.__name__, attempt + 1)
-                time.sleep(0.01 * (attempt + 1))
-
-    return wrapper

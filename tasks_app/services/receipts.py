@@ -6,19 +6,21 @@ delivery gets the first answer byte-equal and changes nothing (R1).
 from datetime import datetime
 
 from django.db import transaction
-from rest_framework.renderers import JSONRenderer
 
+from core.actors import actor_machine
+from core.deadlocks import retry_on_deadlock
 from core.errors import ErrorShape
+from core.idempotency import rendered
 from tasks_app.agent_facts import clean_agent_facts
 from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Lease, Machine, Receipt, Task, TaskState
 from tasks_app.services.conversation import message_receipt_apply
 from tasks_app.services.integration import integration_apply
 from tasks_app.services.judging import RELEASE, judge
-from tasks_app.services.locking import lock_budget, retry_on_deadlock
+from tasks_app.services.locking import lock_budget
 from tasks_app.services.progress import transcript_append
 from tasks_app.services.transitions import task_finalize, task_publish, task_record, task_transition
 from machine.protocol import OUTPUT_TAIL_MAX_CHARS
-from tasks_app.shapes import ReceiptAnswerShape, actor_machine
+from tasks_app.shapes import ReceiptAnswerShape
 
 APPLIED: ReceiptAnswerShape = {"outcome": "applied"}
 SURVIVOR_KEEP_LIMIT = 50
@@ -46,13 +48,13 @@ def receipt_apply(*, machine: Machine, receipt: dict, now: datetime) -> tuple[in
         if task is None:
             # Not stored: a refusal changes nothing (K3), and the answer is the same
             # bytes on every delivery anyway (R1).
-            return 404, JSONRenderer().render(ErrorShape(error="not_found", detail="no such operation for this machine")).decode()
+            return 404, rendered(ErrorShape(error="not_found", detail="no such operation for this machine"))
         if receipt["generation"] < current.generation:
             task_record(task, reason=f"{receipt['kind']} receipt of old generation {receipt['generation']}", actor=actor_machine(machine), now=now)
             status, answer = 200, not_applied("old_generation")  # R2
         else:
             status, answer = 200, _apply(task, machine=machine, receipt=receipt, now=now)
-        body = JSONRenderer().render(answer).decode()
+        body = rendered(answer)
         Receipt.objects.create(
             machine=machine,
             event_id=receipt["event_id"],

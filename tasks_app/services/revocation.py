@@ -3,11 +3,12 @@ from datetime import datetime
 
 from django.db import IntegrityError, transaction
 
+from core.deadlocks import retry_on_deadlock
 from core.errors import ApplicationError
 from tasks_app.auth import machine_tokens_changed
 from tasks_app.models import NEVER_LEASED_STATES, Grant, Machine, Task, TaskState
 from tasks_app.services.folders import normalize_folder
-from tasks_app.services.locking import lock_budget, retry_on_deadlock
+from tasks_app.services.locking import lock_budget
 from tasks_app.services.pairing import machine_publish
 from tasks_app.services.transitions import followers_settle, task_finalize
 

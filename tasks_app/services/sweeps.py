@@ -13,11 +13,11 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 
+from core.actors import ACTOR_SWEEP
 from tasks_app.models import NEVER_LEASED_STATES, IdempotencyRecord, Lease, Task, TaskState
 from tasks_app.services.leases import lease_expire
 from tasks_app.services.locking import lock_budget
 from tasks_app.services.transitions import TransitionConflict, start_window_deadline, task_finalize
-from tasks_app.shapes import ACTOR_SWEEP
 
 BATCH = 100
 

@@ -1,9 +1,11 @@
 """The one place where a Task changes state (SPEC 2).
 
 Every transition is a compare-and-set on the current state, appends a TaskEvent (old
-state, new state, reason, actor, time), bumps ``version``, sends ``task_changed``
-(``tasks_app/signals.py``: the sessions app re-evaluates the session's busy/idle there,
-S1) and broadcasts the task after commit (B2). Callers hold the transaction.
+state, new state, reason, actor, time), bumps ``version``, moves the task's conversation
+messages along (``message_states.messages_follow_task``, C3), sends ``task_changed``
+(``tasks_app/signals.py``: what hears it in the other apps is listed in
+``sessions_app/receivers.py``) and broadcasts the task after commit (B2). Callers hold the
+transaction.
 """
 import uuid
 from datetime import datetime, timedelta
@@ -26,6 +28,7 @@ from tasks_app.models import (
     TaskState,
 )
 from tasks_app.services.folders import folder_lock_holder
+from tasks_app.services.message_states import messages_follow_task
 from tasks_app.services.payloads import BUILDERS
 from tasks_app.shapes import task_event
 from tasks_app.signals import task_changed
@@ -53,7 +56,8 @@ def task_created(task: Task, *, actor: str, now: datetime) -> None:
     TaskEvent.objects.create(task=task, old_state="", new_state=task.state, reason=reason, actor=actor, at=now)
     if task.state != TaskState.QUEUED:
         message_send(task, kind=MessageKind.START, now=now)
-    task_changed.send(sender=Task, task=task, now=now)
+    messages_follow_task(task, now=now)  # C3
+    task_changed.send(sender=Task, task=task, now=now)  # the other apps (sessions_app/receivers.py)
     _announce(task)
 
 
@@ -91,7 +95,8 @@ def task_transition(
     TaskEvent.objects.create(task=task, old_state=old_state, new_state=to, reason=reason[:300], actor=actor, at=now)
     if to == TaskState.UNKNOWN:
         message_send(task, kind=MessageKind.QUERY, now=now, query_id=str(uuid.uuid4()))  # U1
-    task_changed.send(sender=Task, task=task, now=now)
+    messages_follow_task(task, now=now)  # C3
+    task_changed.send(sender=Task, task=task, now=now)  # the other apps (sessions_app/receivers.py)
     _announce(task)
     return task
 

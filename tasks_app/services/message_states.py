@@ -1,0 +1,67 @@
+"""A conversation message's states (SPEC C3), below ``transitions``, which calls
+``messages_follow_task`` in every task transition (a plain call: the task core follows
+its own conversations; other apps hear the task through ``tasks_app/signals.py``).
+
+A message's state only moves forward, ``sent`` -> ``delivered`` -> ``answered``, or
+``sent`` -> ``undelivered``; every change bumps its ``version`` and sends a ``message``
+board event after commit (B2).
+"""
+from datetime import datetime
+
+from django.db.models import F
+
+from core.broadcast import broadcast
+from tasks_app.models import FINAL_STATES, ConversationMessage, ConversationMessageState, Task, TaskState
+from tasks_app.shapes import message_event
+
+S = ConversationMessageState
+# C3: the order of a message's states; ``undelivered`` only from ``sent``.
+STATE_RANK = {S.SENT: 0, S.DELIVERED: 1, S.ANSWERED: 2}
+# A resume conversation whose first task ended thus is over: nothing to resume.
+RESUME_DEAD_STATES = frozenset({TaskState.CANCELLED, TaskState.NOT_STARTED, TaskState.ABANDONED})
+
+
+def message_advance(message: ConversationMessage, to: str, *, now: datetime) -> bool:
+    """Move ``message`` to state ``to`` when that is forward of where it stands (C3)."""
+    if to == S.UNDELIVERED:
+        earlier = [S.SENT]
+    else:
+        earlier = [state for state, rank in STATE_RANK.items() if rank < STATE_RANK[to]]
+    stamps = {"delivered_at": now} if to == S.DELIVERED else {"answered_at": now} if to == S.ANSWERED else {}
+    if to == S.ANSWERED:
+        stamps["delivered_at"] = message.delivered_at or now
+    if not ConversationMessage.objects.filter(pk=message.pk, state__in=earlier).update(
+            state=to, version=F("version") + 1, **stamps):
+        return False
+    message.refresh_from_db()
+    message_publish(message)
+    return True
+
+
+def messages_follow_task(task: Task, *, now: datetime) -> None:
+    """Called in every task transition (``transitions``), inside its transaction; acts
+    on a conversation task or a follow-up (which may carry a resume conversation's
+    message). A live conversation that became final leaves its messages never written
+    ``undelivered`` (C3); a resume conversation's message follows its carrier:
+    ``delivered`` when the follow-up runs, then ``answered`` (it ended with its agent's
+    answer) or ``undelivered`` (it never started, or was cancelled)."""
+    if task.mode != "conversation" and task.continued_from_id is None:
+        return
+    if task.conversation == "live":
+        if task.state in FINAL_STATES:
+            for message in ConversationMessage.objects.filter(task=task, state=S.SENT):
+                message_advance(message, S.UNDELIVERED, now=now)
+        return
+    message = ConversationMessage.objects.filter(carrier=task).first()
+    if message is not None:
+        if task.state in (TaskState.STARTING, TaskState.RUNNING):
+            message_advance(message, S.DELIVERED, now=now)
+        elif task.state in RESUME_DEAD_STATES:
+            message_advance(message, S.UNDELIVERED, now=now)
+        elif task.state in FINAL_STATES:
+            message_advance(message, S.ANSWERED, now=now)
+
+
+def message_publish(message: ConversationMessage) -> None:
+    """B2: the message's ``message`` board event, sent after commit."""
+    broadcast(message.task.owner_id, message_event(message))
