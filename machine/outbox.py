@@ -7,7 +7,7 @@ with this module:
 
 - ``connect``: a connection with W1's settings (``journal_mode=WAL``,
   ``synchronous=FULL``, ``fullfsync=ON``, ``checkpoint_fullfsync=ON``): every commit is
-  durable, on macOS through the drive cache; ``pragmas`` reads them back.
+  durable, on macOS through the drive cache; ``Outbox.pragmas`` reads them back.
 - ``Immediate``: one ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction (``ROLLBACK`` on an
   exception), issued by hand (``isolation_level=None``).
 - ``Outbox``: the table. Rows are queued in order (``seq``) inside the caller's
@@ -52,15 +52,6 @@ def connect(path: str, *, busy_timeout_s: float, threads: bool = False):
     for pragma in W1_PRAGMAS:
         db.execute(f"PRAGMA {pragma}")
     return db
-
-
-def pragmas(db) -> dict:
-    """W1's durability settings as SQLite reports them: ``{"journal_mode": "wal",
-    "synchronous": 2, "fullfsync": 1, "checkpoint_fullfsync": 1}`` when set."""
-    cursor = db.cursor()
-    cursor.row_factory = None
-    return {name: cursor.execute(f"PRAGMA {name}").fetchone()[0]
-            for name in ("journal_mode", "synchronous", "fullfsync", "checkpoint_fullfsync")}
 
 
 class _NoLock:
@@ -113,14 +104,23 @@ class Outbox:
     hooks). ``columns``/``row``: what ``head`` and ``rows`` select and how a selected
     tuple becomes a row (None: as the connection returns it). A row is read by column
     name: ``row["seq"]``, ``row["attempts"]``. ``lock``: as for ``Immediate``. Every
-    method but ``append`` is its own transaction (or a single read)."""
+    method but ``insert`` is its own transaction (or a single read)."""
 
     def __init__(self, db, *, keep_answered: bool, lock=NO_LOCK, columns: str = "*", row=None):
         self.db, self.lock, self.keep_answered = db, lock, keep_answered
         self.columns, self.row = columns, row
         self.waiting = "status = 'pending'" if keep_answered else "1"  # the rows still to send
 
-    def append(self, rows: list[dict]) -> list[int]:
+    def pragmas(self) -> dict:
+        """W1's durability settings as SQLite reports them: ``{"journal_mode": "wal",
+        "synchronous": 2, "fullfsync": 1, "checkpoint_fullfsync": 1}`` when set."""
+        with self.lock:
+            cursor = self.db.cursor()
+            cursor.row_factory = None
+            return {name: cursor.execute(f"PRAGMA {name}").fetchone()[0]
+                    for name in ("journal_mode", "synchronous", "fullfsync", "checkpoint_fullfsync")}
+
+    def insert(self, rows: list[dict]) -> list[int]:
         """Queue ``rows`` (column -> value; ``body`` as JSON text) in order, inside the
         caller's transaction; a row whose unique key (the worker's ``event_id``) is queued
         already is left as it is (R1). Returns the ``seq`` of each row added."""

@@ -31,7 +31,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 
-from machine.outbox import Immediate, Outbox, connect, pragmas
+from machine.outbox import Immediate, Outbox, connect
 from machine.files import write_atomic
 
 SCHEMA_VERSION = 4
@@ -240,8 +240,7 @@ class Store:
 
     def pragmas(self) -> dict:
         """Read back the durability settings (W1)."""
-        with self._lock:
-            return pragmas(self.conn)
+        return self.outbox.pragmas()
 
     def transaction(self) -> Immediate:
         """``with store.transaction() as c:`` one ``BEGIN IMMEDIATE`` transaction under the lock."""
@@ -486,7 +485,7 @@ class Store:
         """Queue ``items`` (``{"event_id", "kind", "path", "body"[, "operation_id", "method"]}``,
         ``body`` a JSON value) inside the caller's transaction; an ``event_id`` queued
         before is not queued again (R1)."""
-        self.outbox.append([
+        self.outbox.insert([
             {"event_id": item["event_id"], "kind": item["kind"], "operation_id": item.get("operation_id"),
              "method": item.get("method", "POST"), "path": item["path"], "body": json.dumps(item["body"]),
              "created_wall": wall}
