@@ -26,7 +26,6 @@ byte-equal. A malformed existing file is left untouched and raises InstallError.
 owner token goes only into the hook state directory's 0600 ``config.json``.
 """
 import json
-import os
 import shlex
 import sys
 import time
@@ -34,6 +33,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from machine.files import write_atomic
 from machine.hooks import AGENTS, store
 from machine.hooks.approval import DEFAULT_WAIT_S
 from machine.protocol import HOOK_SCRIPT, hook_python
@@ -209,11 +209,7 @@ def _write(path: Path, old: bytes | None, new: bytes | None, detail: str) -> Cha
         path.unlink()
         return Change(path, "removed", detail, backup)
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    tmp = path.with_name(path.name + ".runstead-tmp")
-    tmp.write_bytes(new)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_atomic(path, new, mode=path.stat().st_mode & 0o777 if path.exists() else 0o644)
     return Change(path, "updated" if old is not None else "created", detail, backup)
 
 
