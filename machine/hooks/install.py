@@ -107,8 +107,8 @@ def _ours(text: str) -> bool:
 
 
 def compile_hook_modules() -> None:
-    """Writes the bytecode of every module a hook imports (``machine.hooks`` and
-    ``machine.protocol``), as ``pip`` does at install: a hook runs in a fresh
+    """Writes the bytecode of every module a hook imports (``machine.hooks``,
+    ``machine.protocol`` and the shared ``outbox``, ``files``, ``settings``), as ``pip`` does at install: a hook runs in a fresh
     interpreter each time, and where ``PYTHONDONTWRITEBYTECODE`` is set it would
     otherwise compile them from source on every call, 7 ms of each (I1, I7). Python
     recompiles a stale file in memory itself. Raises nothing (a read-only checkout just
@@ -117,8 +117,8 @@ def compile_hook_modules() -> None:
 
     quiet = 2  # no listing, no errors printed: a file that does not compile fails its hook's own log
     compileall.compile_dir(PROJECT_ROOT / "machine" / "hooks", maxlevels=0, quiet=quiet)
-    for path in (PROJECT_ROOT / "machine" / "__init__.py", PROJECT_ROOT / "machine" / "protocol.py"):
-        compileall.compile_file(path, quiet=quiet)
+    for name in ("__init__", "protocol", "outbox", "files", "settings"):
+        compileall.compile_file(PROJECT_ROOT / "machine" / f"{name}.py", quiet=quiet)
 
 
 def default_config_dir(agent: str) -> Path:

@@ -31,14 +31,14 @@ for ``SESSION_RETENTION_S`` (7 days) are pruned by the sender (at its start and 
   before (its removal not yet on disk): an older committed state, replaced at the
   session's next write (its ``SessionStart`` when resumed).
 
-No Django here (I1), and no ``pathlib`` either: it imports ``urllib.parse`` and ``fnmatch``, a
+Every hook loads ``machine.outbox`` (``os`` alone until an outbox is opened); one that
+writes, ``machine.files`` too. No Django here (I1), and no ``pathlib`` either: it imports ``urllib.parse`` and ``fnmatch``, a
 few milliseconds of every hook (I7). A state directory is a ``str`` or any path-like.
 """
 import os
 import time
 
 import machine.outbox
-from machine.files import write_atomic
 from machine.hooks import DEFAULT_MARKER_CLASS_S, Record, json_dumps, json_loads
 
 CONFIG_NAME = "config.json"
@@ -111,6 +111,8 @@ def write_config(state_dir: StateDir, *, server: str, token: str, extra: dict | 
     further settings (``approval_wait_s``). Returns the file's ``pathlib.Path``."""
     from pathlib import Path
 
+    from machine.files import write_atomic
+
     ensure_state_dir(state_dir)
     path = Path(state_dir) / CONFIG_NAME
     write_atomic(path, json_dumps({"server": server, "token": token, **(extra or {})}, indent=2) + "\n")
@@ -128,6 +130,8 @@ def marker_class_s(state_dir: StateDir) -> float:
 
 def write_marker_class(state_dir: StateDir, class_s: float) -> None:
     """Records the class of a ``running`` marker the service answered (atomic; never raises)."""
+    from machine.files import write_atomic  # here, not above: a tool hook with nothing due writes nothing (I7)
+
     try:
         path = os.path.join(state_dir, MARKER_CLASS_NAME)
         if marker_class_s(state_dir) == class_s and os.path.exists(path):
@@ -316,6 +320,8 @@ class Outbox(machine.outbox.Outbox):
         """After the commit (``committed``) or the rollback: writes the snapshots (each
         to a temporary file, then renamed over), then lets go of ``sessions.lock``. A
         snapshot that cannot be written stays absent (the outbox has the state)."""
+        from machine.files import write_atomic
+
         try:
             for path, text in self._snapshots.items() if committed else ():
                 try:
