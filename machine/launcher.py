@@ -21,7 +21,11 @@ launcher skips nothing and never takes a number twice, so a line reaches the age
 once whatever the worker's crashes. Files are looked for every ``RUNSTEAD_INBOX_POLL_S``
 seconds (0.02).
 
-Standard library only: this file runs as a script, outside Django and the package.
+Runs as a script (``python -I``, by its path: no environment, no current folder on the
+import path), outside Django; it puts the checkout root at the END of ``sys.path`` itself
+to load ``machine.files`` and ``machine.settings`` (standard library only): the standard
+library still wins any name, and neither the agent's environment nor its folder can put a
+module in (``machine`` comes from the checkout, as for the worker that started it).
 """
 import json
 import os
@@ -31,24 +35,17 @@ import sys
 import threading
 import time
 
-INBOX_POLL_S = float(os.environ.get("RUNSTEAD_INBOX_POLL_S") or 0.02)
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from machine.files import write_atomic  # noqa: E402
+from machine.settings import env_float  # noqa: E402
+
+INBOX_POLL_S = env_float("RUNSTEAD_INBOX_POLL_S", 0.02, minimum=0)
 
 
-def _write_atomic(path, data):
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    try:
-        dir_fd = os.open(os.path.dirname(path), os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
+def _write_json(path, data):
+    """``data`` as the JSON file ``path`` (mode 0600), atomic and durable."""
+    write_atomic(path, json.dumps(data))
 
 
 def _feed(op_dir, child):
@@ -95,14 +92,14 @@ def main(argv):
     try:
         child = subprocess.Popen(command, close_fds=True, stdin=subprocess.PIPE if inbox else None)
     except OSError as exc:
-        _write_atomic(
+        _write_json(
             os.path.join(op_dir, "exit.json"),
             {"exit_code": 127, "signal": None, "exit_wall": time.time(), "exit_mono": time.monotonic(),
              "agent_pid": None, "spawn_error": f"{type(exc).__name__}: {exc}"},
         )
         sys.stderr.write(f"runstead launcher: cannot start agent: {exc}\n")
         return 127
-    _write_atomic(os.path.join(op_dir, "launcher.json"), {"launcher_pid": os.getpid(), "agent_pid": child.pid})
+    _write_json(os.path.join(op_dir, "launcher.json"), {"launcher_pid": os.getpid(), "agent_pid": child.pid})
     if inbox:
         threading.Thread(target=_feed, args=(op_dir, child), daemon=True).start()
     code = child.wait()
@@ -114,7 +111,7 @@ def main(argv):
         "exit_mono": exit_mono,
         "agent_pid": child.pid,
     }
-    _write_atomic(os.path.join(op_dir, "exit.json"), facts)
+    _write_json(os.path.join(op_dir, "exit.json"), facts)
     return code if code >= 0 else 128 + (-code)
 
 

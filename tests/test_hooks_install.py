@@ -2,7 +2,10 @@
 config, keeps the user's, backs up, is idempotent (byte-equal second run), uninstalls
 only its own entries, and leaves a malformed config untouched."""
 import json
+import shlex
 import stat
+import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -10,8 +13,12 @@ from django.core.management import CommandError, call_command
 
 from machine.hooks import approval as hook_approval
 from machine.hooks import store
-from machine.hooks.install import PROJECT_ROOT, InstallError, install
-from machine.protocol import HOOK_SCRIPT
+from machine.hooks.install import (
+    CLAUDE_EVENTS, CODEX_COMMENT, CODEX_EVENTS, GEMINI_EVENTS, OPENCODE_PLUGIN, PROJECT_ROOT, InstallError, hook_argv,
+    install,
+)
+from machine.protocol import HOOK_SCRIPT, hook_python
+from tests.hooks_support import fixture, hook_env, stop_sender
 
 SCRIPT = str(PROJECT_ROOT.joinpath(*HOOK_SCRIPT))  # what the installed command runs (not -m: I7)
 
@@ -244,3 +251,129 @@ def test_i5_i7_installed_command_skips_site_and_finds_its_bytecode_written(dirs)
     assert cached.exists()
     command = json.loads((config_dir / "settings.json").read_text())["hooks"]["Stop"][0]["hooks"][0]["command"]
     assert f"{sys.executable} -S -P {SCRIPT} claude" in command
+
+
+# --- I5: entries an older install wrote (before the hooks moved to machine/) ----------------
+
+OLD_SCRIPT = str(PROJECT_ROOT / "sessions_app" / "hooks" / "__main__.py")
+
+
+def old_argv(agent: str, state_dir, form: str) -> list[str]:
+    """The command an older ``install_hooks`` wrote: the script by its path (``script``)
+    or, before that, the module (``module``)."""
+    head = ["/usr/bin/env", f"PYTHONPATH={PROJECT_ROOT}", f"RUNSTEAD_HOOK_DIR={state_dir}", sys.executable]
+    return head + (["-S", "-P", OLD_SCRIPT] if form == "script" else ["-m", "sessions_app.hooks"]) + [agent]
+
+
+FOREIGN = {"type": "command", "command": "/usr/local/bin/audit", "timeout": 5}
+JSON_AGENTS = {  # agent -> (file, events)
+    "claude": ("settings.json", CLAUDE_EVENTS),
+    "codex": ("hooks.json", CODEX_EVENTS),
+    "gemini": ("settings.json", GEMINI_EVENTS),
+}
+
+
+def old_hooks(agent: str, state_dir, events) -> dict:
+    """A hooks object as an older install left it, among the user's own: every event with
+    the old entry (the script form, or the module form for every other one), the first
+    event's in a group shared with a foreign entry, and the second's twice (both forms),
+    beside a foreign group of the user's."""
+    hooks = {}
+    for n, (event, matcher) in enumerate(events.items()):
+        old = {"type": "command", "command": shlex.join(old_argv(agent, state_dir, ("script", "module")[n % 2])),
+               "timeout": 10}
+        groups = [{"matcher": "Bash", "hooks": [dict(FOREIGN, command=f"/usr/local/bin/audit {event}")]}]
+        if n == 0:
+            groups.append({"hooks": [FOREIGN, old]})
+        else:
+            groups.append({**({"matcher": matcher} if matcher else {}), "hooks": [old]})
+        if n == 1:
+            groups.append({"hooks": [dict(old, command=shlex.join(old_argv(agent, state_dir, "script")))]})
+        hooks[event] = groups
+    return hooks
+
+
+def foreign_entries(hooks: dict) -> list[tuple[str, dict]]:
+    return [(event, entry) for event, groups in hooks.items() for group in groups for entry in group["hooks"]
+            if entry["command"].startswith(FOREIGN["command"])]
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex", "gemini"])
+def test_i5_install_rewrites_entries_older_installs_wrote(dirs, agent):
+    """I5: a config holding the entries an older install wrote (``sessions_app/hooks/__main__.py``
+    or ``-m sessions_app.hooks``, alone, twice, or in a group with a foreign entry) is
+    upgraded in one run: exactly one RunStead entry per event, running the current
+    command, and every foreign entry kept; a second run changes nothing."""
+    config_dir, state_dir = dirs
+    config_dir.mkdir()
+    name, events = JSON_AGENTS[agent]
+    before = {"theme": "dark", "hooks": old_hooks(agent, state_dir, events)}
+    (config_dir / name).write_text(json.dumps(before, indent=2))
+    if agent == "codex":
+        toml = f'{CODEX_COMMENT}\nnotify = {json.dumps(old_argv(agent, state_dir, "script"))}\nmodel = "o4-mini"\n'
+        (config_dir / "config.toml").write_text(toml)
+
+    install(agent, server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
+
+    command = shlex.join(hook_argv(agent, state_dir))
+    after = json.loads((config_dir / name).read_text())
+    assert after["theme"] == "dark" and set(after["hooks"]) == set(events)
+    for event in events:
+        ours = [e for g in after["hooks"][event] for e in g["hooks"] if "__main__.py" in e["command"]
+                or "-m " in e["command"]]
+        assert [e["command"] for e in ours] == [command], event
+    assert foreign_entries(after["hooks"]) == foreign_entries(before["hooks"])
+    assert "sessions_app" not in (config_dir / name).read_text()
+    files = [config_dir / name]
+    if agent == "codex":
+        toml = tomllib.loads((config_dir / "config.toml").read_text())
+        assert toml == {"model": "o4-mini", "notify": hook_argv(agent, state_dir)}
+        assert (config_dir / "config.toml").read_text().count("notify") == 1 + CODEX_COMMENT.count("notify")
+        files.append(config_dir / "config.toml")
+
+    upgraded = [f.read_bytes() for f in files]
+    report = install(agent, server="http://s", config_dir=config_dir, state_dir=state_dir)
+    assert [f.read_bytes() for f in files] == upgraded
+    assert {c.action for c in report.changes} == {"unchanged"}
+
+
+def test_i5_install_rewrites_the_opencode_plugin_an_older_install_wrote(dirs):
+    """I5: the plugin file holds RunStead's command alone: an older one (``-m
+    sessions_app.hooks``) is replaced by the current one in one run, then left as it is."""
+    config_dir, state_dir = dirs
+    plugin = config_dir / "plugins" / "runstead.js"
+    plugin.parent.mkdir(parents=True)
+    template = OPENCODE_PLUGIN.read_text()
+    current = 'const HOOK_COMMAND = ["python3", "-m", "machine.hooks", "opencode"]'
+    plugin.write_text(template.replace(current, "const HOOK_COMMAND = " + json.dumps(
+        old_argv("opencode", state_dir, "module"))))
+    install("opencode", server="http://s", token="t", config_dir=config_dir, state_dir=state_dir)
+    text = plugin.read_text()
+    assert "sessions_app" not in text and text.count("const HOOK_COMMAND = ") == 1
+    assert "const HOOK_COMMAND = " + json.dumps(hook_argv("opencode", state_dir)) in text
+    upgraded = plugin.read_bytes()
+    install("opencode", server="http://s", config_dir=config_dir, state_dir=state_dir)
+    assert plugin.read_bytes() == upgraded
+
+
+@pytest.mark.parametrize("form", ["script", "module"])
+def test_i5_i1_the_command_older_installs_wrote_still_records_like_the_new_one(tmp_path, form):
+    """I1, I5: until ``install_hooks`` rewrites it, an old entry still answers: the
+    payload a CLI sends gives the same outbox rows through ``sessions_app/hooks/__main__.py``
+    (or ``-m sessions_app.hooks``) as through ``machine/hooks/__main__.py``."""
+    payload = json.dumps(fixture("claude", "user_prompt_submit", session_id="old-entry")).encode()
+    recorded = {}
+    for which, state_dir in (("old", tmp_path / "old"), ("new", tmp_path / "new")):
+        argv = old_argv("claude", state_dir, form)[3:] if which == "old" else hook_python(
+            sys.executable, str(PROJECT_ROOT)) + ["claude"]
+        try:
+            done = subprocess.run(argv, input=payload, capture_output=True, timeout=30, env=hook_env(state_dir),
+                                  cwd="/")
+            assert (done.returncode, done.stdout, done.stderr) == (0, b"", b""), which
+            assert not (state_dir / store.HOOK_LOG).exists(), (state_dir / store.HOOK_LOG).read_text()
+            with store.Outbox(state_dir) as outbox:
+                recorded[which] = [(r.method, r.path, {k: v for k, v in (r.body or {}).items() if k != "turn_id"})
+                                   for r in outbox.rows()]
+        finally:
+            stop_sender(state_dir)
+    assert recorded["old"] == recorded["new"] and len(recorded["new"]) == 3

@@ -181,7 +181,7 @@ def test_r3_malformed_receipt_and_not_applied_are_not_resent(live):
                     "body": b} for b in (bad, late)], wall=time.time())
     store.close()
     assert live.run_once() == 0, live.log()
-    rows = {r["event_id"]: r for r in Store(str(live.state_dir / "worker.sqlite3")).outbox_rows()}
+    rows = {r["event_id"]: r for r in Store(str(live.state_dir / "worker.sqlite3")).outbox.rows()}
     assert rows["bad-1"]["status"] == "given_up" and rows["bad-1"]["attempts"] == 1
     assert rows["bad-1"]["answer"].startswith("400")
     assert rows["late-1"]["status"] == "done" and rows["late-1"]["attempts"] == 1
@@ -190,7 +190,7 @@ def test_r3_malformed_receipt_and_not_applied_are_not_resent(live):
     # Not resent: a second --once run (it sends whatever is still queued, then exits) sent
     # neither again; their outbox rows and the service's receipts are unchanged.
     assert live.run_once() == 0, live.log()
-    after = {r["event_id"]: r for r in Store(str(live.state_dir / "worker.sqlite3")).outbox_rows()}
+    after = {r["event_id"]: r for r in Store(str(live.state_dir / "worker.sqlite3")).outbox.rows()}
     assert {event_id: after[event_id] for event_id in rows} == rows
     # What the second run queued is its own start-up (M5 sweep, B10 profiles), nothing for this operation.
     assert [r for event_id, r in after.items() if event_id not in rows and r["operation_id"] is not None] == []

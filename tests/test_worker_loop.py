@@ -214,7 +214,7 @@ def test_r4_retry_same_event_id_backoff_capped(rig):
         assert ceiling / 2 <= step <= ceiling, (n, step)
     assert max(steps) <= 60 and steps[-1] >= 30 and steps[-2] >= 30  # capped at 60 s
     assert [round(b.at - a.at, 6) for a, b in zip(calls, calls[1:])] == [round(s, 6) for s in steps]
-    row = [r for r in worker.ctx.store.outbox_rows() if r["event_id"] == "ev-1"][0]
+    row = [r for r in worker.ctx.store.outbox.rows() if r["event_id"] == "ev-1"][0]
     assert row["status"] == "done" and row["attempts"] == 9
     worker.on_signal()
     wait_for(lambda: result, what="worker exit")
@@ -230,9 +230,9 @@ def test_r3_final_answers_never_retried(rig):
     wait_for(lambda: len(rig.service.calls_to("receipt")) == 2, what="both sent")
     for _ in range(5):
         rig.clock.advance(60)
-    wait_for(lambda: all(r["status"] != "pending" for r in worker.ctx.store.outbox_rows()), what="rows settled")
+    wait_for(lambda: all(r["status"] != "pending" for r in worker.ctx.store.outbox.rows()), what="rows settled")
     assert [c.status for c in rig.service.calls_to("receipt")] == [400, 409]
-    out = {r["event_id"]: r for r in worker.ctx.store.outbox_rows()}
+    out = {r["event_id"]: r for r in worker.ctx.store.outbox.rows()}
     assert out["ev-1"]["status"] == out["ev-2"]["status"] == "given_up"
     assert out["ev-1"]["attempts"] == out["ev-2"]["attempts"] == 1
     worker.on_signal()
@@ -389,7 +389,7 @@ def test_w1_worker_prunes_final_acknowledged_records_at_start_and_daily(rig):
 
     later = rig.submit("instant")
     rig.receipt(later.operation_id, "final")
-    wait_for(lambda: not worker.ctx.store.pending_outbox(), what="the final report answered")
+    wait_for(lambda: not worker.ctx.store.outbox.pending(), what="the final report answered")
     rig.clock.advance(week + 60)  # past the retention, and past the next daily prune
     wait_for(lambda: worker.ctx.store.get(later.operation_id) is None and not (ops / later.operation_id).exists(),
              what="pruned by the daily prune: rows and files")

@@ -169,7 +169,7 @@ def run_scenario(side, tmp_path: Path) -> dict:
 
     def final_sent(operation_id):
         return any(r["operation_id"] == operation_id and r["kind"] == "final" and r["status"] == "done"
-                   for r in store.outbox_rows())
+                   for r in store.outbox.rows())
 
     ops = {}
     try:
@@ -193,7 +193,7 @@ def run_scenario(side, tmp_path: Path) -> dict:
 
     receipts = {}
     for name, operation_id in ops.items():
-        rows = [r for r in store.outbox_rows() if r["operation_id"] == operation_id]
+        rows = [r for r in store.outbox.rows() if r["operation_id"] == operation_id]
         receipts[name] = []
         for row in rows:
             facts = json.loads(row["body"])["facts"]

@@ -124,7 +124,7 @@ def test_l3_l4_l9_sleep_stops_agent_at_once_and_reports_slept_600(tmp_path):
     final = json.loads(worker.ctx.store.get(op)["final"])
     assert final["stop_reason"] == "deadline" and final["process_started"] is True
     assert final["ended_within_lease"] is False
-    body = json.loads([r for r in worker.ctx.store.outbox_rows() if r["event_id"] == f"{op}:final"][0]["body"])
+    body = json.loads([r for r in worker.ctx.store.outbox.rows() if r["event_id"] == f"{op}:final"][0]["body"])
     assert body["slept_s"] == pytest.approx(600, abs=1)
     assert count_lines(tmp_path / "starts") == 1
 
@@ -155,8 +155,8 @@ def _ended_operation(store, *, wall, acked=True, report_pending=False, state="en
         store.mark_ended(op, final={"exit_code": 0}, wall=wall, outbox=[
             {"event_id": f"{op}:final", "kind": "final", "operation_id": op, "path": "/api/worker/receipts/", "body": {}}])
         if not report_pending:
-            seq = [r["seq"] for r in store.outbox_rows() if r["event_id"] == f"{op}:final"][0]
-            store.outbox_done(seq, status="done", answer="{}")
+            seq = [r["seq"] for r in store.outbox.rows() if r["event_id"] == f"{op}:final"][0]
+            store.outbox.settle(seq, status="done", answer="{}")
     return op
 
 
@@ -178,7 +178,7 @@ def test_w1_prune_removes_only_final_acknowledged_records_older_than_7_days(tmp_
     }
     store.enqueue([{"event_id": "sweep-old", "kind": "sweep", "path": "/api/devices/d/sweep/", "body": {}},
                    {"event_id": "marker-old", "kind": "marker", "path": "/api/sessions/s/marker/", "body": {}}], old)
-    store.outbox_done([r["seq"] for r in store.outbox_rows() if r["event_id"] == "sweep-old"][0], status="done",
+    store.outbox.settle([r["seq"] for r in store.outbox.rows() if r["event_id"] == "sweep-old"][0], status="done",
                       answer="{}")
     store.record_message(message_id="q-old", kind="query", operation_id=str(uuid.uuid4()), payload={}, wall=old)
 
@@ -187,7 +187,7 @@ def test_w1_prune_removes_only_final_acknowledged_records_older_than_7_days(tmp_
     assert sorted(pruned) == sorted(prunable)
     remaining = {r["operation_id"] for r in store.conn.execute("SELECT operation_id FROM operations")}
     assert remaining == set(kept.values())
-    events = {r["event_id"] for r in store.outbox_rows()}
+    events = {r["event_id"] for r in store.outbox.rows()}
     assert events == {f"{kept[k]}:final" for k in kept if k != "still running"} | {"marker-old"}  # answered, old, no op: gone
     messages = {r["operation_id"] for r in store.conn.execute("SELECT operation_id FROM messages")}
     assert messages == set(kept.values())  # W3 still recognises every kept operation's start

@@ -32,7 +32,9 @@ Settings (environment first, then ``config.json``, then the default):
 ``RUNSTEAD_HOOK_APPROVAL_WAIT_S`` / ``approval_wait_s`` (600 s; ``install_hooks`` sets the
 CLI's hook ``timeout`` above it), ``RUNSTEAD_HOOK_UNREACHABLE_S`` (10 s, fractional: how
 long the service may fail before the hook gives up), ``RUNSTEAD_HOOK_APPROVAL_POLL_S``
-(25 s, each long-poll's ``wait``). The tool input is never logged (Q7).
+(25 s, each long-poll's ``wait``). The variables are read strictly
+(``machine.settings``): a bad value is an error in ``hook.log`` and the terminal decides.
+The tool input is never logged (Q7).
 """
 import http.client
 import json
@@ -46,6 +48,7 @@ from urllib.parse import urlsplit
 
 from machine.hooks import store, uuid5
 from machine.protocol import APPROVAL_INPUT_MAX_BYTES, APPROVAL_WAIT_MAX_S, cut_json, json_digest
+from machine.settings import env_float
 
 DEFAULT_WAIT_S = 600.0
 DEFAULT_UNREACHABLE_S = 10.0
@@ -83,10 +86,14 @@ def _number(value, default: float) -> float:
 
 def load_settings(config: dict, env=os.environ) -> Settings:
     """The hook's settings from ``env`` and the state directory's ``config`` (see the
-    module docstring); unusable values fall back to the defaults."""
-    wait_s = _number(env.get("RUNSTEAD_HOOK_APPROVAL_WAIT_S"), _number(config.get("approval_wait_s"), DEFAULT_WAIT_S))
-    unreachable_s = _number(env.get("RUNSTEAD_HOOK_UNREACHABLE_S"), DEFAULT_UNREACHABLE_S)
-    poll_s = min(_number(env.get("RUNSTEAD_HOOK_APPROVAL_POLL_S"), APPROVAL_WAIT_MAX_S), APPROVAL_WAIT_MAX_S)
+    module docstring): a variable that is set must hold a number of seconds, at least 0
+    (``machine.settings.SettingError`` otherwise); an unusable ``approval_wait_s`` in the
+    config falls back to the default."""
+    wait_s = env_float("RUNSTEAD_HOOK_APPROVAL_WAIT_S", _number(config.get("approval_wait_s"), DEFAULT_WAIT_S),
+                       environ=env, minimum=0)
+    unreachable_s = env_float("RUNSTEAD_HOOK_UNREACHABLE_S", DEFAULT_UNREACHABLE_S, environ=env, minimum=0)
+    poll_s = min(env_float("RUNSTEAD_HOOK_APPROVAL_POLL_S", APPROVAL_WAIT_MAX_S, environ=env, minimum=0),
+                 APPROVAL_WAIT_MAX_S)
     return Settings(wait_s=wait_s, unreachable_s=unreachable_s, poll_s=max(poll_s, 0.1))
 
 

@@ -26,7 +26,6 @@ byte-equal. A malformed existing file is left untouched and raises InstallError.
 owner token goes only into the hook state directory's 0600 ``config.json``.
 """
 import json
-import os
 import shlex
 import sys
 import time
@@ -34,6 +33,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from machine.files import write_atomic
 from machine.hooks import AGENTS, store
 from machine.hooks.approval import DEFAULT_WAIT_S
 from machine.protocol import HOOK_SCRIPT, hook_python
@@ -107,8 +107,8 @@ def _ours(text: str) -> bool:
 
 
 def compile_hook_modules() -> None:
-    """Writes the bytecode of every module a hook imports (``machine.hooks`` and
-    ``machine.protocol``), as ``pip`` does at install: a hook runs in a fresh
+    """Writes the bytecode of every module a hook imports (``machine.hooks``,
+    ``machine.protocol`` and the shared ``outbox``, ``files``, ``settings``), as ``pip`` does at install: a hook runs in a fresh
     interpreter each time, and where ``PYTHONDONTWRITEBYTECODE`` is set it would
     otherwise compile them from source on every call, 7 ms of each (I1, I7). Python
     recompiles a stale file in memory itself. Raises nothing (a read-only checkout just
@@ -117,8 +117,8 @@ def compile_hook_modules() -> None:
 
     quiet = 2  # no listing, no errors printed: a file that does not compile fails its hook's own log
     compileall.compile_dir(PROJECT_ROOT / "machine" / "hooks", maxlevels=0, quiet=quiet)
-    for path in (PROJECT_ROOT / "machine" / "__init__.py", PROJECT_ROOT / "machine" / "protocol" / "__init__.py"):
-        compileall.compile_file(path, quiet=quiet)
+    for name in ("__init__", "protocol/__init__", "outbox", "files", "settings"):
+        compileall.compile_file(PROJECT_ROOT / "machine" / f"{name}.py", quiet=quiet)
 
 
 def default_config_dir(agent: str) -> Path:
@@ -209,11 +209,7 @@ def _write(path: Path, old: bytes | None, new: bytes | None, detail: str) -> Cha
         path.unlink()
         return Change(path, "removed", detail, backup)
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    tmp = path.with_name(path.name + ".runstead-tmp")
-    tmp.write_bytes(new)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+    write_atomic(path, new, mode=path.stat().st_mode & 0o777 if path.exists() else 0o644)
     return Change(path, "updated" if old is not None else "created", detail, backup)
 
 

@@ -2,13 +2,16 @@
 
 ``python -m machine.hooks.sender --state-dir DIR``. One sender per state directory
 (an ``flock`` on ``sender.lock``, which holds its pid); a second one exits at once. It
-sends the oldest write, deletes it once the service answered finally (2xx, or a 4xx
-other than 429: logged and dropped, never retried), and otherwise retries the same write
-(the writes are idempotent on the service) after ``machine.protocol.Backoff`` (R4:
+delivers with ``machine.outbox.deliver`` (the worker's loop too): the oldest write,
+deleted once the service answered finally (2xx, or a 4xx other than 429: logged and
+dropped, never retried), and otherwise the same write retried (the writes are idempotent
+on the service) after ``machine.protocol.Backoff`` (R4, by the write's failed tries:
 exponential with equal jitter from ``RUNSTEAD_HOOK_BACKOFF_BASE_S``, 0.5 s, capped at
 ``RUNSTEAD_HOOK_BACKOFF_MAX_S``, 60 s), so later writes never overtake it. It exits once
 the outbox has been empty for ``RUNSTEAD_HOOK_SENDER_IDLE_S`` (30 s), or after failing
 for ``RUNSTEAD_HOOK_SENDER_GIVE_UP_S`` (24 h) with the writes kept for the next sender.
+These variables are read strictly (``machine.settings``): a bad value ends the sender
+with its reason in ``sender.log``.
 At its start and every ``PRUNE_EVERY_S`` (a day) while it runs it prunes the agent
 session states untouched for 7 days (I1, ``store.Outbox.prune_sessions``).
 
@@ -25,7 +28,9 @@ from pathlib import Path
 
 from machine.hooks import store
 from machine.hooks.launch import try_lock
+from machine.outbox import deliver
 from machine.protocol import BACKOFF_CAP_S, Backoff
+from machine.settings import env_float
 
 BACKOFF_BASE_S = 0.5
 IDLE_EXIT_S = 30.0
@@ -33,13 +38,6 @@ GIVE_UP_S = 86400.0
 POLL_S = 0.05
 HTTP_TIMEOUT_S = 10.0
 PRUNE_EVERY_S = 86400.0
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 class Sender:
@@ -52,17 +50,20 @@ class Sender:
         self.state_dir = Path(state_dir)
         self.prune_every_s, self.session_retention_s = prune_every_s, session_retention_s
         self.next_prune = 0.0  # monotonic: at once when the run starts
-        self.idle_exit_s = idle_exit_s if idle_exit_s is not None else _env_float(
+        self.idle_exit_s = idle_exit_s if idle_exit_s is not None else env_float(
             "RUNSTEAD_HOOK_SENDER_IDLE_S", IDLE_EXIT_S)
         self.backoff = Backoff(
-            base_s=backoff_base_s if backoff_base_s is not None else _env_float(
+            base_s=backoff_base_s if backoff_base_s is not None else env_float(
                 "RUNSTEAD_HOOK_BACKOFF_BASE_S", BACKOFF_BASE_S),
-            cap_s=backoff_max_s if backoff_max_s is not None else _env_float(
+            cap_s=backoff_max_s if backoff_max_s is not None else env_float(
                 "RUNSTEAD_HOOK_BACKOFF_MAX_S", BACKOFF_CAP_S),
         )
-        self.give_up_s = give_up_s if give_up_s is not None else _env_float("RUNSTEAD_HOOK_SENDER_GIVE_UP_S", GIVE_UP_S)
+        self.give_up_s = give_up_s if give_up_s is not None else env_float("RUNSTEAD_HOOK_SENDER_GIVE_UP_S", GIVE_UP_S)
         self._transport = transport
         self._http = None
+        self.lock: int | None = None  # sender.lock, held while running
+        self.delivered = 0
+        self.idle_since = self.failing_since = None  # monotonic
 
     def log(self, message: str) -> None:
         store.log_line(self.state_dir, store.SENDER_LOG, f"sender[{os.getpid()}] {message}")
@@ -107,7 +108,7 @@ class Sender:
             self.log(f"pruned {pruned} agent session state(s) untouched for {self.session_retention_s:.0f} s")
 
     def deliver(self, row: store.Row) -> str:
-        """One attempt: ``done``, ``dropped`` (a final refusal) or ``retry``."""
+        """One attempt: ``done``, ``dropped`` (a final refusal), ``retry`` or ``no_config``."""
         config = store.read_config(self.state_dir)
         server = row.server or config.get("server")
         token = row.token or config.get("token")
@@ -129,63 +130,69 @@ class Sender:
 
     def run(self) -> int:
         """Holds the lock and delivers until idle. Returns how many writes it delivered."""
-        lock = try_lock(self.state_dir)
-        if lock is None:
+        if not self._lock():
             return 0
-        os.ftruncate(lock, 0)
-        os.write(lock, str(os.getpid()).encode())
         outbox = store.Outbox(self.state_dir)
-        delivered = 0
+        self.idle_since = time.monotonic()
         try:
-            failures = 0  # of the head write in a row
-            idle_since = time.monotonic()
-            failing_since = None
-            while True:
-                self.prune(outbox)
-                row = outbox.head()
-                if row is None:
-                    if time.monotonic() - idle_since < self.idle_exit_s:
-                        time.sleep(POLL_S)
-                        continue
-                    # Release, then look once more: a hook that queued a write while we
-                    # held the lock saw a sender running and started none.
-                    os.close(lock)
-                    lock = None
-                    if outbox.head() is None:
-                        return delivered
-                    lock = try_lock(self.state_dir)
-                    if lock is None:
-                        return delivered
-                    os.ftruncate(lock, 0)
-                    os.write(lock, str(os.getpid()).encode())
-                    continue
-                outcome = self.deliver(row)
-                if outcome in ("done", "dropped"):
-                    outbox.delete(row.seq)
-                    delivered += outcome == "done"
-                    failures = 0
-                    failing_since = None
-                    idle_since = time.monotonic()
-                    continue
-                if outcome == "no_config":
-                    self.log("no server or token configured (run manage.py install_hooks); writes kept")
-                    return delivered
-                outbox.count_attempt(row.seq)
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if now - failing_since >= self.give_up_s:
-                    self.log(f"giving up for now after {now - failing_since:.0f} s: {self.last_error}; writes kept")
-                    return delivered
-                if row.attempts == 0:
-                    self.log(f"{row.method} {row.path}: {self.last_error}; retrying")
-                time.sleep(self.backoff.delay(failures))
-                failures += 1
+            deliver(outbox, lambda row: self.send(outbox, row), backoff=self.backoff, pause=self.pause,
+                    idle=lambda: self.wait_for_writes(outbox))
+            return self.delivered
         finally:
             outbox.close()
-            if lock is not None:
-                os.close(lock)
+            if self.lock is not None:
+                os.close(self.lock)
             if self._http is not None:
                 self._http.close()
+
+    def _lock(self) -> bool:
+        """Take ``sender.lock`` and write this pid into it; False when another sender holds it."""
+        self.lock = try_lock(self.state_dir)
+        if self.lock is None:
+            return False
+        os.ftruncate(self.lock, 0)
+        os.write(self.lock, str(os.getpid()).encode())
+        return True
+
+    def send(self, outbox: store.Outbox, row: store.Row) -> tuple[str, str]:
+        """``deliver`` as ``machine.outbox.deliver`` takes it (after pruning when due)."""
+        self.prune(outbox)
+        outcome = self.deliver(row)
+        if outcome == "no_config":
+            self.log("no server or token configured (run manage.py install_hooks); writes kept")
+            return "stop", ""
+        if outcome == "retry":
+            return "retry", ""
+        self.delivered += outcome == "done"
+        self.failing_since = None
+        self.idle_since = time.monotonic()
+        return ("done" if outcome == "done" else "final"), ""
+
+    def pause(self, delay: float, row: store.Row) -> bool:
+        """R4's wait before the same write again; False (stop, writes kept) once failing
+        for ``give_up_s``."""
+        now = time.monotonic()
+        self.failing_since = self.failing_since or now
+        if now - self.failing_since >= self.give_up_s:
+            self.log(f"giving up for now after {now - self.failing_since:.0f} s: {self.last_error}; writes kept")
+            return False
+        if row.attempts == 0:
+            self.log(f"{row.method} {row.path}: {self.last_error}; retrying")
+        time.sleep(delay)
+        return True
+
+    def wait_for_writes(self, outbox: store.Outbox) -> bool:
+        """Nothing queued: look again every ``POLL_S`` until idle for ``idle_exit_s``;
+        then False (exit), unless a write came while the lock was let go."""
+        self.prune(outbox)
+        if time.monotonic() - self.idle_since < self.idle_exit_s:
+            time.sleep(POLL_S)
+            return True
+        # Release, then look once more: a hook that queued a write while we held the lock
+        # saw a sender running and started none.
+        os.close(self.lock)
+        self.lock = None
+        return outbox.head() is not None and self._lock()
 
 
 def main(argv=None) -> int:

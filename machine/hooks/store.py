@@ -1,5 +1,8 @@
 """The hook state directory, its config file and the durable outbox (SPEC I1, W1, R4).
 
+The outbox is ``machine.outbox``'s (the worker's is the same code), with what only the
+hooks have: per-row targets, I1's caps and each agent session's state and snapshot.
+
 Layout of the state directory (default ``~/.runstead/hooks``, or ``RUNSTEAD_HOOK_DIR``;
 mode 0700):
 
@@ -28,12 +31,14 @@ for ``SESSION_RETENTION_S`` (7 days) are pruned by the sender (at its start and 
   before (its removal not yet on disk): an older committed state, replaced at the
   session's next write (its ``SessionStart`` when resumed).
 
-No Django here (I1), and no ``pathlib`` either: it imports ``urllib.parse`` and ``fnmatch``, a
+Every hook loads ``machine.outbox`` (``os`` alone until an outbox is opened); one that
+writes, ``machine.files`` too. No Django here (I1), and no ``pathlib`` either: it imports ``urllib.parse`` and ``fnmatch``, a
 few milliseconds of every hook (I7). A state directory is a ``str`` or any path-like.
 """
 import os
 import time
 
+import machine.outbox
 from machine.hooks import DEFAULT_MARKER_CLASS_S, Record, json_dumps, json_loads
 
 CONFIG_NAME = "config.json"
@@ -106,17 +111,11 @@ def write_config(state_dir: StateDir, *, server: str, token: str, extra: dict | 
     further settings (``approval_wait_s``). Returns the file's ``pathlib.Path``."""
     from pathlib import Path
 
+    from machine.files import write_atomic
+
     ensure_state_dir(state_dir)
     path = Path(state_dir) / CONFIG_NAME
-    tmp = Path(state_dir) / (CONFIG_NAME + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(json_dumps({"server": server, "token": token, **(extra or {})}, indent=2))
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    write_atomic(path, json_dumps({"server": server, "token": token, **(extra or {})}, indent=2) + "\n")
     return path
 
 
@@ -131,26 +130,15 @@ def marker_class_s(state_dir: StateDir) -> float:
 
 def write_marker_class(state_dir: StateDir, class_s: float) -> None:
     """Records the class of a ``running`` marker the service answered (atomic; never raises)."""
+    from machine.files import write_atomic  # here, not above: a tool hook with nothing due writes nothing (I7)
+
     try:
         path = os.path.join(state_dir, MARKER_CLASS_NAME)
         if marker_class_s(state_dir) == class_s and os.path.exists(path):
             return
-        tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(json_dumps({"class_s": class_s}))
-        os.replace(tmp, path)
+        write_atomic(path, json_dumps({"class_s": class_s}), sync=False)
     except OSError:
         pass
-
-
-def _sqlite():
-    """``_sqlite3``, what ``sqlite3`` re-exports (``connect``, ``Error``), imported on first
-    use: the package adds only its date adapters (and the 2 ms of ``datetime``), which
-    nothing here uses, and a tool hook that reads a snapshot needs neither (I7)."""
-    import _sqlite3
-
-    return _sqlite3
 
 
 def snapshot_path(state_dir: StateDir, key: str) -> str | None:
@@ -174,7 +162,8 @@ def peek_session_state(state_dir: StateDir, key: str) -> dict:
     path = os.path.join(state_dir, DB_NAME)
     if not os.path.exists(path):
         return {}
-    sqlite3 = _sqlite()
+    import _sqlite3 as sqlite3  # what ``sqlite3`` re-exports, without its date adapters (I7)
+
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
         try:
@@ -243,31 +232,35 @@ def refresh_only(write: dict) -> bool:
 
 class Row(Record):
     """One queued write: seq (int), method, path, body (dict or None), server and token
-    (str or None: the config's at send time), attempts (int)."""
+    (str or None: the config's at send time), attempts (int). ``row["seq"]`` reads a field
+    too (``machine.outbox.deliver``)."""
 
     __slots__ = ("seq", "method", "path", "body", "server", "token", "attempts")
 
+    def __getitem__(self, name: str):
+        return getattr(self, name)
 
-class Outbox:
-    """The durable outbox (SQLite: ``journal_mode=WAL``, ``synchronous=FULL``,
-    ``fullfsync=ON``, ``checkpoint_fullfsync=ON``; W1). Every method is one short
-    ``BEGIN IMMEDIATE`` transaction; a committed write survives a crash or power loss."""
+
+def _row(values: tuple) -> Row:
+    seq, method, path, body, server, token, attempts = values
+    return Row(seq, method, path, json_loads(body) if body else None, server, token, attempts)
+
+
+class Outbox(machine.outbox.Outbox):
+    """The hooks' durable outbox (``machine.outbox.Outbox`` in W1's settings; an answered
+    write is deleted): its ``head``, ``rows``, ``pending``, ``attempted``, ``settle`` are
+    the shared ones, in ``Row``s. Every method is one short ``BEGIN IMMEDIATE``
+    transaction (``append`` and the session states: in the caller's ``transaction()``); a
+    committed write survives a crash or power loss."""
 
     def __init__(self, state_dir: StateDir, *, max_rows: int = MAX_ROWS, max_bytes: int = MAX_BYTES):
         self.state_dir = ensure_state_dir(state_dir)
         self.max_rows, self.max_bytes = max_rows, max_bytes
         self._snapshot_lock: int | None = None
         self._snapshots: dict[str, str] = {}  # path -> state JSON, written once committed
-        sqlite3 = _sqlite()
-        path = os.path.join(state_dir, DB_NAME)
-        if not os.path.exists(path):
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-        self.db = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
-        self.db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        if self.db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            self.db.execute("PRAGMA journal_mode = WAL")
-        for pragma in ("synchronous = FULL", "fullfsync = ON", "checkpoint_fullfsync = ON"):
-            self.db.execute(f"PRAGMA {pragma}")
+        db = machine.outbox.connect(os.path.join(state_dir, DB_NAME), busy_timeout_s=BUSY_TIMEOUT_MS / 1000)
+        super().__init__(db, keep_answered=False, columns="seq, method, path, body, server, token, attempts",
+                         row=_row)
         self.db.executescript(SCHEMA)
         columns = {row[1] for row in self.db.execute("PRAGMA table_info(outbox)")}
         if "refresh" not in columns:  # an outbox made before the caps
@@ -282,18 +275,11 @@ class Outbox:
     def __exit__(self, *exc):
         self.close()
 
-    def pragmas(self) -> dict:
-        """The durability settings as SQLite reports them (for W1's read-back test)."""
-        return {
-            name: self.db.execute(f"PRAGMA {name}").fetchone()[0]
-            for name in ("journal_mode", "synchronous", "fullfsync", "checkpoint_fullfsync")
-        }
-
-    def transaction(self):
+    def transaction(self) -> machine.outbox.Immediate:
         """``with outbox.transaction():`` one ``BEGIN IMMEDIATE`` transaction, committed
         at the end of the block (rolled back on an exception), and then the snapshots of
         the session states it saved written."""
-        return _Immediate(self)
+        return machine.outbox.Immediate(self.db, after=self._end_snapshots)
 
     def session_state(self, key: str) -> dict:
         """The local state of one agent session (``{}`` when new); call inside ``transaction()``."""
@@ -334,16 +320,14 @@ class Outbox:
         """After the commit (``committed``) or the rollback: writes the snapshots (each
         to a temporary file, then renamed over), then lets go of ``sessions.lock``. A
         snapshot that cannot be written stays absent (the outbox has the state)."""
+        from machine.files import write_atomic
+
         try:
             for path, text in self._snapshots.items() if committed else ():
-                tmp = f"{path}.{os.getpid()}.tmp"
                 try:
-                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                    with os.fdopen(fd, "w") as handle:
-                        handle.write(text)
-                    os.replace(tmp, path)
+                    write_atomic(path, text, sync=False)  # a power loss may take it: the outbox has the state
                 except OSError:
-                    _unlink(tmp)
+                    pass
         finally:
             self._snapshots.clear()
             if self._snapshot_lock is not None:
@@ -353,15 +337,12 @@ class Outbox:
     def append(self, writes: list[dict], *, server: str | None = None, token: str | None = None) -> list[int]:
         """Queues ``writes`` (``{"method", "path", "body"}``) in order; call inside
         ``transaction()``. Returns their sequence numbers."""
-        seqs = []
         now = time.time()
-        for write in writes:
-            cursor = self.db.execute(
-                "INSERT INTO outbox (method, path, body, server, token, created_at, refresh) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (write["method"], write["path"], json_dumps(write.get("body")), server, token, now,
-                 int(refresh_only(write))),
-            )
-            seqs.append(cursor.lastrowid)
+        seqs = self.insert([
+            {"method": write["method"], "path": write["path"], "body": json_dumps(write.get("body")),
+             "server": server, "token": token, "created_at": now, "refresh": int(refresh_only(write))}
+            for write in writes
+        ])
         self._trim()
         return seqs
 
@@ -427,57 +408,8 @@ class Outbox:
         with self.transaction():
             return self.append(writes, server=server, token=token)
 
-    def head(self) -> Row | None:
-        """The oldest queued write, or None."""
-        row = self.db.execute(
-            "SELECT seq, method, path, body, server, token, attempts FROM outbox ORDER BY seq LIMIT 1"
-        ).fetchone()
-        if row is None:
-            return None
-        return Row(row[0], row[1], row[2], json_loads(row[3]) if row[3] else None, row[4], row[5], row[6])
-
-    def delete(self, seq: int) -> None:
-        with self.transaction():
-            self.db.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
-
-    def count_attempt(self, seq: int) -> None:
-        with self.transaction():
-            self.db.execute("UPDATE outbox SET attempts = attempts + 1 WHERE seq = ?", (seq,))
-
-    def pending(self, seqs: list[int] | None = None) -> int:
-        """How many writes are queued (of ``seqs`` when given)."""
-        if seqs is None:
-            return self.db.execute("SELECT count(*) FROM outbox").fetchone()[0]
-        marks = ",".join("?" * len(seqs))
-        return self.db.execute(f"SELECT count(*) FROM outbox WHERE seq IN ({marks})", seqs).fetchone()[0]
-
-    def rows(self) -> list[Row]:
-        """Every queued write, in order (tests and diagnostics)."""
-        result = []
-        for row in self.db.execute("SELECT seq, method, path, body, server, token, attempts FROM outbox ORDER BY seq"):
-            result.append(Row(row[0], row[1], row[2], json_loads(row[3]) if row[3] else None, row[4], row[5], row[6]))
-        return result
-
 
 def _path_shape(path: str) -> str:
     """A path with its ids left out, for the drop log (``/api/sessions/*/marker/``)."""
     parts = path.split("/")
     return "/".join("*" if len(part) > 20 or ":" in part else part for part in parts)
-
-
-class _Immediate:
-    def __init__(self, outbox: Outbox):
-        self.outbox = outbox
-
-    def __enter__(self):
-        self.outbox.db.execute("BEGIN IMMEDIATE")
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        committed = False
-        try:
-            self.outbox.db.execute("ROLLBACK" if exc_type else "COMMIT")
-            committed = not exc_type
-        finally:
-            self.outbox._end_snapshots(committed)
-        return False

@@ -31,10 +31,11 @@ import logging
 import os
 import uuid
 
+from machine.files import write_atomic
+
 from . import faults
 from .lease import slept_s
 from .process import OutputFollower
-from .store import write_file_atomic
 from .wire import marker_item, receipt_item
 
 log = logging.getLogger("runstead.worker")
@@ -234,4 +235,4 @@ class Conversation:
 
     def _write(self, item: dict) -> None:
         body = {"close": True} if item["kind"] == "end" else {"line": item["line"]}
-        write_file_atomic(self._path(item["placement"]), json.dumps(body).encode())
+        write_atomic(self._path(item["placement"]), json.dumps(body))

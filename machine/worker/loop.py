@@ -206,14 +206,14 @@ class Worker:
         ctx, clock = self.ctx, self.clock
         flush = self.options.once_flush_s if self.options.once else self.options.drain_flush_s
         end = clock.monotonic() + flush
-        while (ctx.store.pending_outbox() and clock.monotonic() < end and not ctx.revoked.is_set()
+        while (ctx.store.outbox.pending() and clock.monotonic() < end and not ctx.revoked.is_set()
                and not self.sender.failing.is_set()):
             ctx.wake_sender()
             clock.wait(ctx.changed, FLUSH_CHECK_S)
             ctx.changed.clear()
         if ctx.revoked.is_set():
             return EXIT_REVOKED
-        left = ctx.store.pending_outbox()
+        left = ctx.store.outbox.pending()
         if left:
             log.warning("exiting with %d report(s) still queued; the next start sends them", left)
         return EXIT_OK

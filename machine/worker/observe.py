@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 
+from machine.files import write_atomic
 from machine.protocol import ENTRIES_PER_POST
 
 from . import git_evidence, worktrees
@@ -159,11 +160,9 @@ def recovered_extras(*, parser: str, op_dir: str, folder: str | None, worktree: 
 
 
 def _write_json(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp"
+    """``data`` as the JSON file ``path``, atomic, not fsynced; a failure is ignored (the file stays as it was)."""
     try:
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(data), sync=False)
     except OSError:
         pass
 

@@ -17,10 +17,9 @@ task's only after its integration is done, G7); so are seen
 messages and answered outbox rows of that age that belong to no kept operation
 (``Store.prune``, run by the worker at start and daily).
 
-The database runs WAL + synchronous=FULL + fullfsync + checkpoint_fullfsync (W1): every
-commit is durable (on macOS, through the drive cache). Transactions are ``BEGIN IMMEDIATE``
-/ ``COMMIT`` issued by hand (``isolation_level=None``). One connection, shared by the
-worker's threads under a lock.
+The database, its W1 settings, its transactions and its ``outbox`` table are
+``machine.outbox``'s (the hooks' outbox is the same code): every commit is durable. One
+connection, shared by the worker's threads under a lock.
 """
 from __future__ import annotations
 
@@ -30,21 +29,16 @@ import os
 import sqlite3
 import threading
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
+
+from machine.outbox import Immediate, Outbox, connect
+from machine.files import write_atomic
 
 SCHEMA_VERSION = 4
 DB_NAME = "worker.sqlite3"
 RECORD_RETENTION_S = 7 * 86400.0
 
-PRAGMAS = (
-    "PRAGMA journal_mode=WAL",
-    "PRAGMA synchronous=FULL",
-    "PRAGMA fullfsync=ON",
-    "PRAGMA checkpoint_fullfsync=ON",
-    "PRAGMA busy_timeout=10000",
-    "PRAGMA foreign_keys=ON",
-)
+BUSY_TIMEOUT_S = 10.0
 
 SCHEMA_V1 = """
 CREATE TABLE operations (
@@ -201,9 +195,9 @@ class StateDir:
     def write_identity(self, *, machine_id: str, generation: int, name: str, server: str, token: str) -> None:
         """Store the pairing result: the token in a 0600 file, the rest in machine.json."""
         self.ensure()
-        write_file_atomic(os.path.join(self.path, "token"), token.encode(), mode=0o600)
+        write_atomic(os.path.join(self.path, "token"), token)
         meta = {"machine_id": machine_id, "generation": generation, "name": name, "server": server}
-        write_file_atomic(os.path.join(self.path, "machine.json"), json.dumps(meta).encode(), mode=0o600)
+        write_atomic(os.path.join(self.path, "machine.json"), json.dumps(meta))
 
     def read_identity(self) -> Identity | None:
         try:
@@ -222,33 +216,22 @@ class StateDir:
         )
 
 
-def write_file_atomic(path: str, data: bytes, mode: int = 0o600) -> None:
-    """Write ``data`` to ``path`` via a temporary file, fsync and rename."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
 def _row(cursor, row):
     return {d[0]: row[i] for i, d in enumerate(cursor.description)}
 
 
 class Store:
-    """The local database. Every public method is one durable transaction."""
+    """The local database. Every public method is one durable transaction. ``outbox``:
+    its queue of reports (``machine.outbox.Outbox``; rows are dicts, answered rows kept
+    until ``prune``), which the sender delivers."""
 
     def __init__(self, path: str):
         self.path = path
         self._lock = threading.RLock()
-        self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=10)
+        self.conn = connect(path, busy_timeout_s=BUSY_TIMEOUT_S, threads=True)
         self.conn.row_factory = _row
-        for pragma in PRAGMAS:
-            self.conn.execute(pragma)
+        self.conn.execute("PRAGMA foreign_keys = ON")
+        self.outbox = Outbox(self.conn, keep_answered=True, lock=self._lock)
         self._migrate()
 
     def close(self) -> None:
@@ -257,23 +240,11 @@ class Store:
 
     def pragmas(self) -> dict:
         """Read back the durability settings (W1)."""
-        with self._lock:
-            out = {}
-            for name in ("journal_mode", "synchronous", "fullfsync", "checkpoint_fullfsync"):
-                out[name] = list(self.conn.execute(f"PRAGMA {name}").fetchone().values())[0]
-            return out
+        return self.outbox.pragmas()
 
-    @contextmanager
-    def transaction(self):
-        with self._lock:
-            self.conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self.conn
-            except BaseException:
-                self.conn.execute("ROLLBACK")
-                raise
-            else:
-                self.conn.execute("COMMIT")
+    def transaction(self) -> Immediate:
+        """``with store.transaction() as c:`` one ``BEGIN IMMEDIATE`` transaction under the lock."""
+        return Immediate(self.conn, lock=self._lock)
 
     def _migrate(self) -> None:
         with self.transaction() as c:
@@ -390,7 +361,7 @@ class Store:
             )
             if cur.rowcount != 1:
                 raise sqlite3.IntegrityError(f"operation {operation_id} is not in state received")
-            self._enqueue(c, outbox, wall)
+            self._enqueue(outbox, wall)
 
     def mark_running(
         self, operation_id: str, *, pid: int, pgid: int, start_time: float, spawned_mono: float, spawned_wall: float,
@@ -403,7 +374,7 @@ class Store:
                 " spawned_mono = ?, spawned_wall = ?, updated_wall = ? WHERE operation_id = ?",
                 (pid, pgid, start_time, spawned_mono, spawned_wall, spawned_wall, operation_id),
             )
-            self._enqueue(c, outbox, spawned_wall)
+            self._enqueue(outbox, spawned_wall)
 
     def save_descendants(self, operation_id: str, descendants: list) -> None:
         with self.transaction() as c:
@@ -419,7 +390,7 @@ class Store:
                 "UPDATE operations SET local_state = 'ended', final = ?, updated_wall = ? WHERE operation_id = ?",
                 (json.dumps(final) if final is not None else None, wall, operation_id),
             )
-            self._enqueue(c, outbox, wall)
+            self._enqueue(outbox, wall)
 
     # --- live conversations (C3) -------------------------------------------------------------
 
@@ -455,7 +426,7 @@ class Store:
             if turn_id is not None:
                 c.execute("UPDATE operations SET turn_id = ? WHERE operation_id ="
                           " (SELECT operation_id FROM conversation_items WHERE item_id = ?)", (turn_id, item_id))
-            self._enqueue(c, list(outbox), wall)
+            self._enqueue(list(outbox), wall)
             return True
 
     # --- integrations (G7) ----------------------------------------------------------------
@@ -501,44 +472,22 @@ class Store:
         with self.transaction() as c:
             c.execute("UPDATE integrations SET state = 'done', outcome = ?, updated_wall = ? WHERE integration_id = ?",
                       (json.dumps(outcome), wall, integration_id))
-            self._enqueue(c, outbox, wall)
+            self._enqueue(outbox, wall)
 
     # --- outbox (R4) --------------------------------------------------------------------
 
     def enqueue(self, items: list[dict], wall: float) -> None:
-        with self.transaction() as c:
-            self._enqueue(c, items, wall)
+        """Queue reports (``_enqueue``) in their own transaction."""
+        with self.transaction():
+            self._enqueue(items, wall)
 
-    @staticmethod
-    def _enqueue(c, items: list[dict], wall: float) -> None:
-        for item in items:
-            c.execute(
-                "INSERT OR IGNORE INTO outbox (event_id, kind, operation_id, method, path, body, created_wall)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    item["event_id"], item["kind"], item.get("operation_id"), item.get("method", "POST"),
-                    item["path"], json.dumps(item["body"]), wall,
-                ),
-            )
-
-    def next_outbox(self) -> dict | None:
-        with self._lock:
-            return self.conn.execute(
-                "SELECT * FROM outbox WHERE status = 'pending' ORDER BY seq LIMIT 1"
-            ).fetchone()
-
-    def pending_outbox(self) -> int:
-        with self._lock:
-            return self.conn.execute("SELECT COUNT(*) AS n FROM outbox WHERE status = 'pending'").fetchone()["n"]
-
-    def outbox_attempt(self, seq: int) -> None:
-        with self.transaction() as c:
-            c.execute("UPDATE outbox SET attempts = attempts + 1 WHERE seq = ?", (seq,))
-
-    def outbox_done(self, seq: int, *, status: str, answer: str) -> None:
-        with self.transaction() as c:
-            c.execute("UPDATE outbox SET status = ?, answer = ? WHERE seq = ?", (status, answer, seq))
-
-    def outbox_rows(self) -> list[dict]:
-        with self._lock:
-            return self.conn.execute("SELECT * FROM outbox ORDER BY seq").fetchall()
+    def _enqueue(self, items: list[dict], wall: float) -> None:
+        """Queue ``items`` (``{"event_id", "kind", "path", "body"[, "operation_id", "method"]}``,
+        ``body`` a JSON value) inside the caller's transaction; an ``event_id`` queued
+        before is not queued again (R1)."""
+        self.outbox.insert([
+            {"event_id": item["event_id"], "kind": item["kind"], "operation_id": item.get("operation_id"),
+             "method": item.get("method", "POST"), "path": item["path"], "body": json.dumps(item["body"]),
+             "created_wall": wall}
+            for item in items
+        ])

@@ -23,16 +23,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from machine.protocol import LONG_POLL_MAX_S
-
-
-def _env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise CommandError(f"{name} must be a number of seconds, got {raw!r}")
+from machine.settings import SettingError, env_float
 
 
 class Command(BaseCommand):
@@ -81,13 +72,16 @@ class Command(BaseCommand):
             report, ok = check_profiles(config, path=os.environ.get("PATH"))
             self.stdout.write(f"config {config_path or '(none)'}\n{report}")
             sys.exit(0 if ok else 1)
-        worker_options = WorkerOptions(
-            server=options["server"] or "",
-            poll_wait_s=min(LONG_POLL_MAX_S, _env_float("RUNSTEAD_WORKER_POLL_S", LONG_POLL_MAX_S)),
-            pull_idle_s=_env_float("RUNSTEAD_WORKER_PULL_IDLE_S", WorkerOptions.pull_idle_s),
-            once=options["once"],
-            backoff_base_s=_env_float("RUNSTEAD_WORKER_BACKOFF_BASE_S", WorkerOptions.backoff_base_s),
-        )
+        try:
+            worker_options = WorkerOptions(
+                server=options["server"] or "",
+                poll_wait_s=min(LONG_POLL_MAX_S, env_float("RUNSTEAD_WORKER_POLL_S", LONG_POLL_MAX_S)),
+                pull_idle_s=env_float("RUNSTEAD_WORKER_PULL_IDLE_S", WorkerOptions.pull_idle_s),
+                once=options["once"],
+                backoff_base_s=env_float("RUNSTEAD_WORKER_BACKOFF_BASE_S", WorkerOptions.backoff_base_s),
+            )
+        except SettingError as exc:
+            raise CommandError(str(exc))
         try:
             worker = open_worker(state_dir=state_dir, config=config, options=worker_options)
         except StateDirLocked as exc:
