@@ -11,7 +11,8 @@ The poller long-polls the service and handles each message in order:
 - ``integrate`` (G7): committed with its integration record, acknowledged, carried out
   by the integrator (``integrate.py``) once, whatever the number of deliveries;
 - ``message``, ``interrupt``, ``end`` (C2-C5): committed as a conversation item, acknowledged,
-  and the run woken: its watch thread writes it to the agent (``conversation.py``);
+  and handed to the run's conversation part, which writes it to the agent on its next
+  step (``conversation.py``);
 - anything else: acknowledged and ignored.
 
 A pull answered after draining began (W6) is neither committed nor acknowledged: the
@@ -124,8 +125,8 @@ class Poller:
                                 wall=ctx.clock.wall(), message_id=message_id)
             self.ack(service, message_id)
             run = ctx.run_for(operation_id)
-            if run is not None:
-                run.wake.set()
+            if run is not None and run.conversation is not None:
+                run.conversation.take(kind, message_id)
         elif kind == "integrate":
             integration_id = str(payload.get("integration_id"))
             new = ctx.store.record_integration(message_id=message_id, integration_id=integration_id,
