@@ -52,10 +52,6 @@ class LeasePart:
         self.term_sent = False
         self.released = False
 
-    def granted_at(self, terms: dict, sent: SentAt) -> None:
-        """L1: the grant answered ``terms`` (a lease reply) to the request sent at ``sent``."""
-        self.deadline, self.granted = Deadline(LeaseTerms.from_reply(terms), sent), sent
-
     # --- the run loop's check (L4) ----------------------------------------------------------------
 
     def step(self, now: float) -> bool:
