@@ -85,7 +85,7 @@ class Run:
         self.work_arrived.set()
 
     def parts(self) -> list:
-        """The parts in the order the run loop steps them."""
+        """The parts, in the order the run loop steps them (the lease after the exit check)."""
         return [p for p in (self.process, self.progress, self.conversation, self.lease) if p is not None]
 
     def next_due(self, now: float) -> float:
