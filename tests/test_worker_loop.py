@@ -340,7 +340,7 @@ def test_u1_query_answered_from_local_record_or_no_record(rig):
 def test_j1_run_hooks_get_every_output_line_and_add_facts_without_replacing_j1_keys(rig):
     """The seam for stream parsers (issue 11): per-run hooks see the agent's lines in
     order, and their extra facts reach the final receipt."""
-    from machine.worker.runner import RunHooks
+    from machine.worker.run import RunHooks
 
     class Collect(RunHooks):
         wants_output = True

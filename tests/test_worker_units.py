@@ -18,7 +18,6 @@ from machine.worker import process
 from machine.worker.clock import FakeClock
 from machine.worker.config import ConfigError, check_start, parse_config
 from machine.worker.lease import KILL, OK, TERM, Deadline, LeaseTerms, SentAt, slept_s
-from machine.worker.runner import Run
 from machine.worker.store import Store
 from tests.worker_harness import AGENT, count_lines, live_pids, make_worker, recorded_pids, wait_for
 
@@ -104,9 +103,9 @@ def test_l3_l4_l9_sleep_stops_agent_at_once_and_reports_slept_600(tmp_path):
                "agent": "tree", "prompt": "p", "max_runtime_s": 100, "session_id": None, "deep_research": False}
     worker.ctx.store.record_message(message_id=str(uuid.uuid4()), kind="start", operation_id=op, payload=payload,
                                 wall=clock.wall())
-    run = Run(operation_id=op, payload=payload, op_dir=worker.ctx.state.op_dir(op))
-    run.granted = SentAt.now(clock)
-    run.deadline = Deadline(TERMS, run.granted)
+    run = worker.runner.new_run(op, payload)
+    run.lease.granted = SentAt.now(clock)
+    run.lease.deadline = Deadline(TERMS, run.lease.granted)
     profile, folder = check_start(worker.ctx.config, payload)
     env = process.agent_env(dict(os.environ), profile_env=profile.env, operation_id=op, task_id="t", token="x")
     thread = threading.Thread(target=worker.runner.spawn_and_watch, name="watch",

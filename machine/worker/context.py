@@ -1,9 +1,10 @@
 """What the parts of one worker process share (SPEC W6, W8, R3).
 
-The poller, the runners, the renewers, the sender and recovery each get one
-``WorkerContext``: the local store, the identity, the clock, a ``connect()`` factory for
-the service (one ``Service`` per thread), the runs in flight, and the flags the
-coordinator (``loop.py``) sets. Nothing here starts a thread.
+The poller, the runners (and their runs' renewal threads), the sender and recovery each
+get one ``WorkerContext``: the local store, the identity, the clock, a ``connect()``
+factory for the service (one ``Service`` per thread), the runs in flight, and the flags
+the coordinator (``loop.py``) sets. Nothing here starts a thread (the thread model:
+``runner.py``).
 """
 from __future__ import annotations
 
@@ -30,12 +31,12 @@ class WorkerContext:
     boot: str
     server: str = ""
     draining: threading.Event = field(default_factory=threading.Event)  # W6 first signal: no new work
-    stopping: threading.Event = field(default_factory=threading.Event)  # W6 second signal: stop agents
     revoked: threading.Event = field(default_factory=threading.Event)  # R3 401: stop everything
     outbox_wake: threading.Event = field(default_factory=threading.Event)  # the sender has rows to send
-    changed: threading.Event = field(default_factory=threading.Event)  # wakes the coordinator's loop
+    # the coordinator has something to look at: a run or integration ended, a signal, a send
+    coordinator_wake: threading.Event = field(default_factory=threading.Event)
     exiting: threading.Event = field(default_factory=threading.Event)  # run() is returning: threads end
-    runs: dict = field(default_factory=dict)  # operation id -> runner.Run
+    runs: dict = field(default_factory=dict)  # operation id -> run.Run
     integrations: set = field(default_factory=set)  # integration ids in flight (G7), under runs_lock
     runs_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -49,7 +50,7 @@ class WorkerContext:
 
     def wake(self) -> None:
         """Tell the coordinator something changed (a run ended, a flag was set)."""
-        self.changed.set()
+        self.coordinator_wake.set()
 
     def run_for(self, operation_id: str):
         with self.runs_lock:

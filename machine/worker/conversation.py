@@ -3,12 +3,15 @@
 The agent (Claude Code ``-p --input-format stream-json``, docs/claude-stream-input.md)
 reads its input from the launcher's inbox (``launcher.py``): numbered files the launcher
 writes to the agent's stdin in order, each once, noting each number in ``written.log``.
-Here, per run, called from the run's watch thread (the only writer, so no two threads
-ever place an item):
+Here, per run, a ``ConversationPart`` of the run (``run.py``), stepped by the run's thread
+(the only writer, so no two threads ever place an item):
 
 - ``record`` (poller): a pulled ``message``, ``interrupt`` or ``end`` becomes a
-  conversation item in the local database before its ack (W2; known again: W3);
-- ``step``: each new ``written.log`` number moves its item to ``written``: for a message,
+  conversation item in the local database before its ack (W2; known again: W3); after
+  the ack the poller hands it to the run's part (``take``), which queues it and wakes the
+  run; a run without its part yet reads its items from the database when it opens;
+- ``step``: the messages taken since the last step, then each new ``written.log`` number
+  moves its item to ``written``: for a message,
   the ``message`` receipt ``delivered`` and the session's ``running`` marker of its turn
   go in the same commit; the k-th ``result`` line of the agent's stream answers the k-th
   written message (``answered`` receipt, ``ended`` marker: B5 and N fire at the turn's true
@@ -30,6 +33,7 @@ import json
 import logging
 import os
 import uuid
+from collections import deque
 
 from machine.files import write_atomic
 
@@ -69,24 +73,34 @@ def record(store, *, kind: str, operation_id: str, payload: dict, wall: float, m
                              message_id=message_id)
 
 
-class Conversation:
-    """One live conversation's input (module docstring). ``run`` is the runner's ``Run``."""
+class ConversationPart:
+    """One live conversation's input (module docstring), a part of ``run`` (``run.Run``).
+    ``idle_s``: seconds with no turn open and nothing to write before stdin closes (C5).
+    ``step(now)`` is True when it took a message or moved an item."""
 
-    def __init__(self, ctx, run, *, idle_s: float):
-        self.ctx, self.run = ctx, run
+    def __init__(self, run, *, idle_s: float):
+        self.ctx, self.run = run.ctx, run
         self.idle_s = idle_s
         self.inbox = os.path.join(run.op_dir, "inbox")
         os.makedirs(self.inbox, mode=0o700, exist_ok=True)
         self.written_path = os.path.join(run.op_dir, "written.log")
         self.results = 0  # ``result`` lines in the agent's stream so far
         self.follower = OutputFollower(run.op_dir)
-        self.last_activity = ctx.clock.monotonic()
+        self.last_activity = self.ctx.clock.monotonic()
+        self.idle_due: float | None = None  # when C5 closes stdin, if nothing happens first
+        self.taken: deque[tuple[str, str]] = deque()  # (kind, message id) handed over by the poller
+
+    def take(self, kind: str, message_id: str) -> None:
+        """The poller's hand-over (its thread): a ``message``, ``interrupt`` or ``end``
+        recorded (W2) and acknowledged; the next step gives it its place."""
+        self.taken.append((kind, message_id))
+        self.run.work_arrived.set()
 
     def open(self, *, prompt_message_id: str, prompt: str) -> None:
         """Before the spawn: the prompt is message 0, the first line the agent reads."""
         record(self.ctx.store, kind="message", operation_id=self.run.operation_id, wall=self.ctx.clock.wall(),
                payload={"message_id": prompt_message_id, "seq": 0, "text": prompt}, message_id=None)
-        self.step()
+        self.step(self.ctx.clock.monotonic())
 
     def adopted(self) -> None:
         """After a restart (``Runner.adopt``): the device sweep closed the markers this
@@ -97,15 +111,26 @@ class Conversation:
             self.run.turn_id = markers[0]["body"]["turn_id"]
             self.ctx.enqueue(markers)
 
-    def step(self) -> None:
-        """Receipts for what was written and answered, then the next item placed."""
-        self.settle()
-        self._place()
+    def step(self, now: float) -> bool:
+        """The messages taken, receipts for what was written and answered, then the next
+        item placed. True when any of these found something."""
+        found = False
+        while self.taken:
+            kind, message_id = self.taken.popleft()
+            log.debug("operation %s: %s %s taken", self.run.operation_id, kind, message_id)
+            found = True
+        found = self.settle() or found
+        return self._place() or found
 
-    def settle(self) -> None:
-        """The receipts (and markers) of what was written and answered so far."""
-        self._written()
-        self._answered()
+    def next_due(self, now: float) -> float | None:
+        """C5: when an idle conversation ends, if nothing happens first."""
+        return self.idle_due
+
+    def settle(self) -> bool:
+        """The receipts (and markers) of what was written and answered so far; True when
+        an item moved."""
+        written = self._written()
+        return self._answered() or written
 
     # --- what happened ------------------------------------------------------------------------
 
@@ -115,7 +140,7 @@ class Conversation:
     def _receipt(self, item: dict, state: str) -> dict:
         return receipt_item(self.ctx.identity, operation_id=self.run.operation_id, kind="message",
                             facts={"message_id": item["item_id"], "state": state},
-                            slept=slept_s(self.run.granted, self.ctx.clock), event_id=f"message:{item['item_id']}:{state}")
+                            slept=slept_s(self.run.lease.granted, self.ctx.clock), event_id=f"message:{item['item_id']}:{state}")
 
     def _marker(self, turn_id: str, state: str) -> list[dict]:
         session_id = self.run.payload.get("session_id")
@@ -124,13 +149,14 @@ class Conversation:
         return [marker_item(self.ctx.identity, session_id=str(session_id), turn_id=turn_id, state=state,
                             deep_research=self.run.payload.get("deep_research", False))]
 
-    def _written(self) -> None:
+    def _written(self) -> bool:
         try:
             with open(self.written_path) as f:
                 written = {int(n) for n in f.read().split()}
         except (OSError, ValueError):
             written = set()
         ctx, run = self.ctx, self.run
+        moved = False
         for item in self._items():
             if item["state"] != "placed" or item["placement"] not in written:
                 continue
@@ -147,8 +173,10 @@ class Conversation:
                 run.turn_id = turn_id or run.turn_id
                 self.last_activity = ctx.clock.monotonic()
                 ctx.wake_sender()
+                moved = True
+        return moved
 
-    def _answered(self) -> None:
+    def _answered(self) -> bool:
         for line in self.follower.read_lines():
             if '"result"' in line:
                 try:
@@ -160,6 +188,7 @@ class Conversation:
         ctx, run = self.ctx, self.run
         messages = sorted((i for i in self._items() if i["kind"] == "message" and i["state"] in ("written", "answered")),
                           key=lambda i: i["placement"])
+        moved = False
         for item in messages[:self.results]:
             if item["state"] != "written":
                 continue
@@ -168,6 +197,8 @@ class Conversation:
                                     wall=ctx.clock.wall()):
                 self.last_activity = ctx.clock.monotonic()
                 ctx.wake_sender()
+                moved = True
+        return moved
 
     def final_extras(self, extra: dict) -> dict:
         """The run's final facts (J1) as a conversation reports them: a last turn that
@@ -187,17 +218,22 @@ class Conversation:
 
     # --- what comes next ----------------------------------------------------------------------
 
-    def _place(self) -> None:
+    def _place(self) -> bool:
+        """Give the next item its place (module docstring); True when one was placed or
+        skipped. Notes ``idle_due`` (C5) while nothing is open or waiting."""
+        self.idle_due = None
         items = self._items()
         placed = [i for i in items if i["placement"] is not None]
         for item in placed:
             if item["state"] == "placed" and not os.path.exists(self._path(item["placement"])):
                 self._write(item)  # recorded, never written: a crash between the two (C3)
         if any(i["kind"] == "end" and i["placement"] is not None for i in items):
-            return  # stdin is closed (or about to be): nothing more
+            return False  # stdin is closed (or about to be): nothing more
+        found = False
         turn_open = any(i["kind"] == "message" and i["state"] in OPEN for i in items)
         for item in items:
             if item["kind"] == "interrupt" and item["state"] == "received":
+                found = True
                 if turn_open:
                     self._give_place(item, placed)
                 else:
@@ -208,19 +244,24 @@ class Conversation:
         done_seqs = [i["seq"] for i in items if i["kind"] == "message" and i["state"] in DONE]
         if waiting and not turn_open and waiting[0]["seq"] == (max(done_seqs) + 1 if done_seqs else 0):
             self._give_place(waiting[0], placed)
-            return
+            return True
         end = next((i for i in items if i["kind"] == "end"), None)
         if end is not None:
             last_seq = end["seq"] if end["seq"] is not None else -1
             if all(i["seq"] > last_seq for i in waiting):
                 self._give_place(end, placed)
-        elif (not turn_open and not waiting
-              and self.ctx.clock.monotonic() - self.last_activity >= self.idle_s):
+                return True
+        elif not turn_open and not waiting:
+            if self.ctx.clock.monotonic() - self.last_activity < self.idle_s:
+                self.idle_due = self.last_activity + self.idle_s
+                return found
             log.info("operation %s: no message for %.1f s: the conversation ends (C5)", self.run.operation_id,
                      self.idle_s)
             record(self.ctx.store, kind="end", operation_id=self.run.operation_id, payload={"last_seq": None},
                    wall=self.ctx.clock.wall(), message_id=None)
             self._give_place(self._items()[-1], placed)
+            return True
+        return found
 
     def _give_place(self, item: dict, placed: list[dict]) -> None:
         n = max((i["placement"] for i in placed), default=-1) + 1

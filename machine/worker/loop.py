@@ -4,9 +4,11 @@ library + httpx + psutil only; no Django ORM anywhere in ``machine.worker``.
 Module map (each part gets one ``WorkerContext``, ``context.py``):
 
 - ``poller.py``   long-poll, local commit then ack (W2), duplicates (W3), cancel, query (U1);
-- ``runner.py``   one operation: local checks (W4), lease (L1), spawn (X1, X2), watch
-  (L4, L8), final facts (J1);
-- ``renewer.py``  one renewal thread per running agent (L3, L5, L10);
+- ``runner.py``   one operation: local checks (W4), lease (L1), spawn (X1, X2), the run
+  loop (L4, L8), final facts (J1); its docstring has the thread model;
+- ``run.py``      a run's parts, each a step: process (L8, G2), progress (G4); the lease
+  part in ``renewer.py`` (its renewal thread: L3, L5, L10), the conversation part in
+  ``conversation.py`` (C1-C6);
 - ``sender.py``   the durable outbox, backoff capped at 60 s, same event id (R3, R4);
 - ``progress.py`` live progress, at most once a second, on its own thread (G4, W8);
 - ``observe.py``  the agent's stream parsed (G2) and git evidence (G5);
@@ -38,7 +40,6 @@ from .integrate import Integrator
 from .poller import POLL_WAIT_S, Poller
 from .progress import ProgressSender
 from .recovery import recover
-from .renewer import Renewer
 from .runner import Runner
 from .sender import Sender
 from .store import RECORD_RETENTION_S, Identity, StateDir, Store
@@ -88,10 +89,9 @@ class Worker:
             connect=connect or http_connect(options.server, identity.token, options.pull_idle_s), boot=boot_id(), server=options.server,
         )
         self.backoff = backoff or Backoff(options.backoff_base_s, options.backoff_cap_s)
-        self.renewer = Renewer(self.ctx)
         self.progress = ProgressSender(self._post_progress)
         self._progress_service = None
-        self.runner = Runner(self.ctx, backoff=self.backoff, renewer=self.renewer, idle_guard=idle_guard,
+        self.runner = Runner(self.ctx, backoff=self.backoff, idle_guard=idle_guard,
                              hooks_for=hooks_for, progress=self.progress)
         self.sender = Sender(self.ctx, backoff=self.backoff)
         self.integrator = Integrator(self.ctx)
@@ -144,9 +144,7 @@ class Worker:
         flags, so it is safe in a signal handler (which may interrupt a lock holder)."""
         self.signals += 1
         self.ctx.draining.set()
-        if self.signals > 1:
-            self.ctx.stopping.set()
-        self.ctx.changed.set()
+        self.ctx.coordinator_wake.set()
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, lambda signum, frame: self.on_signal())
@@ -191,15 +189,15 @@ class Worker:
             if ctx.draining.is_set() and not announced_drain and not ctx.revoked.is_set():
                 announced_drain = True
                 log.info("draining: no new work; running agents finish and report (a second signal stops them)")
-            if ctx.stopping.is_set() and not announced_stop:
+            if self.signals > 1 and not announced_stop:
                 announced_stop = True
                 log.info("second signal: stopping agents (worker_shutdown)")
                 ctx.stop_all("worker_shutdown")
             if (self.no_pull or ctx.draining.is_set()) and ctx.active() == 0:
                 return
             self.prune_if_due()
-            clock.wait(ctx.changed, self.options.main_tick_s)
-            ctx.changed.clear()
+            clock.wait(ctx.coordinator_wake, self.options.main_tick_s)
+            ctx.coordinator_wake.clear()
 
     def flush_and_exit(self) -> int:
         """Give queued reports a bounded time to go out while the service answers."""
@@ -209,8 +207,8 @@ class Worker:
         while (ctx.store.outbox.pending() and clock.monotonic() < end and not ctx.revoked.is_set()
                and not self.sender.failing.is_set()):
             ctx.wake_sender()
-            clock.wait(ctx.changed, FLUSH_CHECK_S)
-            ctx.changed.clear()
+            clock.wait(ctx.coordinator_wake, FLUSH_CHECK_S)
+            ctx.coordinator_wake.clear()
         if ctx.revoked.is_set():
             return EXIT_REVOKED
         left = ctx.store.outbox.pending()

@@ -11,9 +11,11 @@ The poller long-polls the service and handles each message in order:
 - ``integrate`` (G7): committed with its integration record, acknowledged, carried out
   by the integrator (``integrate.py``) once, whatever the number of deliveries;
 - ``message``, ``interrupt``, ``end`` (C2-C5): committed as a conversation item, acknowledged,
-  and the run woken: its watch thread writes it to the agent (``conversation.py``);
-- anything else, or a payload that is not its kind's shape (``machine.protocol.shapes``,
-  checked here, where the message is received): acknowledged and ignored.
+  and handed to the run's conversation part, which writes it to the agent on its next
+  step (``conversation.py``);
+- anything else, or a payload without a required field of its kind's shape
+  (``machine.protocol.shapes``, read here, where the message is received): acknowledged
+  and ignored; a field the shape does not name is left out and logged.
 
 A pull answered after draining began (W6) is neither committed nor acknowledged: the
 service delivers it again later. Pull failures back off (R4). It runs in its own thread,
@@ -135,8 +137,8 @@ class Poller:
                                 wall=ctx.clock.wall(), message_id=message_id)
             self.ack(service, message_id)
             run = ctx.run_for(operation_id)
-            if run is not None:
-                run.wake.set()
+            if run is not None and run.conversation is not None:
+                run.conversation.take(kind, message_id)
         elif kind == "integrate":
             integration_id = str(payload["integration_id"])
             new = ctx.store.record_integration(message_id=message_id, integration_id=integration_id,

@@ -49,8 +49,8 @@ class ProgressSender:
         self.confirmed: dict[str, int] = {}  # operation -> highest entry number applied
         self.seq: dict[str, int] = {}
         self.last_sent: dict[str, float] = {}
-        self.wake = threading.Event()
-        self.stopped = threading.Event()
+        self.offered = threading.Event()  # an offer came (or ``stop``): the thread looks again
+        self.stopped = False
         self.thread: threading.Thread | None = None
         self.sent = 0
 
@@ -60,8 +60,8 @@ class ProgressSender:
         return self
 
     def stop(self) -> None:
-        self.stopped.set()
-        self.wake.set()
+        self.stopped = True
+        self.offered.set()
 
     def offer(self, operation_id: str, payload: dict, entries: list[dict] = ()) -> None:
         """The newest progress of ``operation_id`` (``output_tail``, ``last_message``,
@@ -74,7 +74,7 @@ class ProgressSender:
             if len(waiting) > ENTRIES_KEPT:
                 del waiting[:len(waiting) - ENTRIES_KEPT]
             self.dirty.add(operation_id)
-        self.wake.set()
+        self.offered.set()
 
     def forget(self, operation_id: str) -> int:
         """The operation ended: drop what is unsent (the final receipt says it all) and
@@ -115,11 +115,11 @@ class ProgressSender:
                 self.dirty.add(operation_id)
 
     def loop(self) -> None:
-        while not self.stopped.is_set():
+        while not self.stopped:
             body, wait = self._due()
             if body is None:
-                self.wake.wait(wait)
-                self.wake.clear()
+                self.offered.wait(wait)
+                self.offered.clear()
                 continue
             applied = False
             try:

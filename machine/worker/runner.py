@@ -1,5 +1,5 @@
 """One operation, from its ``start`` message to its final receipt (SPEC W4, W8, L1, L4, L8,
-X1, X2, J1, M8).
+X1, X2, J1, M8), and the worker's thread model.
 
 ``Runner.start`` runs each operation in its own thread:
 
@@ -11,46 +11,66 @@ X1, X2, J1, M8).
 3. ``starting`` committed with ``spawn_count = 1`` (X1) and, for a worktree task, where
    its worktree goes; the worktree made (G7); the spawn through the launcher,
    pid, group and start time committed right after (X2), the ``running`` marker (M8);
-4. the watch: the deadline checked every ``watch_interval_s`` (L4), stop requests
-   (cancel, refused renewal, shutdown) and descendant snapshots (L8), while a renewer
-   thread (``renewer.py``) keeps the lease;
+4. the run loop (``watch``): each pass steps the run's parts (``run.py``): the process
+   (output to the hooks and the observer, descendant snapshots, L8), progress (G4), the
+   live conversation (C1-C6) and the lease (L4: SIGTERM at deadline - kill grace); then
+   the agent's exit, the deadline and stop requests (cancel, refused renewal, shutdown)
+   are acted on; while the lease part's renewal thread keeps the lease (L3, L5, L10);
 5. the exit facts, the bounded stop of leftovers and the final receipt (J1).
 
-Per-run extension points (``RunHooks``): the agent's output lines are fed to
+Per-run extension points (``run.RunHooks``): the agent's output lines are fed to
 ``hooks.on_output(line)`` while it runs (a stream parser), and ``hooks.facts_extra()``
-is merged into the final facts (never over a J1 key). A progress sender would read what
-the hooks collected from its own thread, like the renewer, so it never delays a renewal
-or a receipt (W8).
+is merged into the final facts (never over a J1 key).
+
+Threads (who runs what, who wakes whom). Each thread blocks on one thing only, so a
+slow service or a slow stop never delays another's work (W8); every wait goes through
+the ``Clock`` (tests move fake time):
+
+- main (``loop.Worker.run``): the coordinator; waits on ``ctx.coordinator_wake`` (set when
+  a run or integration ends, a signal comes, the sender sends) or ``main_tick_s``;
+- ``poller``: the long-poll (``poller.py``); it asks a run to stop (cancel:
+  ``Run.request_stop``) and hands a conversation message to the run's conversation part
+  (``ConversationPart.take``); both set the run's ``work_arrived``; it waits between
+  failed pulls on ``ctx.draining``;
+- ``sender``: the outbox (``sender.py``); waits on ``ctx.outbox_wake``, which whoever
+  queues a row sets (``ctx.wake_sender``);
+- ``progress``: the progress posts (``progress.py``); waits on ``ProgressSender.offered``,
+  set by the run loops' offers;
+- ``run-<operation>``, one per run: steps 1-5 above; it waits for a slot on
+  ``Runner.slot_released``, between grant attempts on ``ctx.draining``, and in its run
+  loop on ``Run.work_arrived`` until the nearest instant a part needs a look
+  (``Run.next_due``: the next look at the process, at most ``WATCH_INTERVAL_S`` away);
+- ``renew-<operation>``, one per running agent (``renewer.LeasePart``): the renewals;
+  it looks every ``RENEW_CHECK_S`` and ends once the agent ended or the run released
+  its lease; a refusal asks its run to stop;
+- ``integrate-<id>``, one per merge or discard (``integrate.py``).
+
+``ctx.stop_all`` (second signal, revoked token) asks every run to stop; ``ctx.revoked``
+and ``ctx.exiting`` end the sender, ``ctx.draining`` the poller and queued starts.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import signal
 import threading
 import uuid
-from dataclasses import dataclass, field
 from collections.abc import Callable
 
 from machine.protocol import Backoff
 from machine.protocol.shapes import StartPayload
 
 from . import approvals, faults, process, worktrees
-from .conversation import Conversation
-from .process import OutputFollower
+from .conversation import ConversationPart
 from .config import check_start
-from .observe import AgentObserver
 from .presets import ResumeUnsupported
 from .context import WorkerContext
-from .lease import KILL, OK, TERM, Deadline, LeaseTerms, SentAt, slept_s
-from .renewer import Renewer
+from .lease import KILL, OK, Deadline, LeaseTerms, SentAt, slept_s
+from .run import AdoptedLauncher, Run, RunHooks
 from .wire import final_facts, marker_item, receipt_item
 
 log = logging.getLogger("runstead.worker")
 
-WATCH_INTERVAL_S = 0.2  # L4 asks for >= once a second
-DESCENDANT_SNAPSHOT_S = 1.0  # L8: how often descendants are recorded
 SLOT_POLL_S = 0.2  # a start waiting for a slot (W8) re-checks draining this often
 LEASE_RETRY_CAP_S = 5.0  # a grant request that met network trouble is retried within this
 REAP_TIMEOUT_S = 5.0  # how long the exit status of a stopped launcher is awaited
@@ -58,106 +78,31 @@ NATURAL_EXIT_STOP_GRACE_S = 2.0  # leftovers of an agent that exited by itself: 
 FAULT_WHILE_RUNNING_AFTER_S = 0.3  # crash tests: "while_agent_runs" fires this long after spawn
 
 
-class RunHooks:
-    """Per-run extension points; the default does nothing.
-
-    - ``wants_output``: when True, every complete line the agent writes (stdout and
-      stderr, decoded UTF-8) is passed to ``on_output`` from the run's watch thread;
-    - ``facts_extra()``: facts merged into the final receipt's facts (J1 keys win).
-    """
-
-    wants_output = False
-
-    def on_output(self, line: str) -> None:
-        pass
-
-    def facts_extra(self) -> dict:
-        return {}
-
-
-@dataclass
-class Run:
-    """One operation this worker process is handling."""
-
-    operation_id: str
-    payload: StartPayload  # its ``start`` message's, read by key (H)
-    op_dir: str
-    deadline: Deadline | None = None
-    granted: SentAt | None = None
-    proc: object = None
-    leader: process.ProcRef | None = None
-    spawned: SentAt | None = None
-    exited: SentAt | None = None  # when the watch saw the agent's launcher end by itself
-    stop_reason: str | None = None
-    refused_at: SentAt | None = None
-    survivors: list | None = None
-    turn_id: str | None = None
-    hooks: RunHooks = field(default_factory=RunHooks)
-    follower: OutputFollower | None = None
-    observer: AgentObserver | None = None  # G2-G5: parser, output follower, git evidence
-    worktree: dict | None = None  # G7: worktrees.plan of a worktree task
-    progress_sent: dict | None = None  # G4: the last progress offered (offers go only on change)
-    progress_offset: int = 0  # output bytes seen at the last offer (none yet: no progress)
-    entries_offered: int = 0  # G4: the highest transcript entry number offered so far
-    conversation: Conversation | None = None  # C1-C6: a live conversation's input
-    adopted: bool = False  # C3: a live conversation a previous worker started (``Runner.adopt``)
-    asks: bool = False  # Q5: the profile says approvals = "ask"
-    approval: dict | None = None  # Q5: the lease answer's {credential, wait_s}; kept in memory only
-    known: dict = field(default_factory=dict)
-    finished: threading.Event = field(default_factory=threading.Event)
-    wake: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def request_stop(self, reason: str, at: SentAt | None = None) -> None:
-        """Ask the watch to stop the agent with J1 ``stop_reason`` ``reason``; the first
-        reason wins. ``at``: when the refusal that took the lease was sent (``ended_within_lease``)."""
-        with self.lock:
-            if self.stop_reason is None:
-                self.stop_reason = reason
-                if at is not None and self.refused_at is None:
-                    self.refused_at = at
-        self.wake.set()
-
-
-class AdoptedLauncher:
-    """The launcher of an adopted run (``Runner.adopt``): not this worker's child, so its
-    end is seen through its identity (pid and start time) and its status in ``exit.json``
-    (none recorded: it was killed, SIGKILL)."""
-
-    def __init__(self, leader: process.ProcRef, op_dir: str):
-        self.leader, self.exit_path = leader, os.path.join(op_dir, "exit.json")
-
-    def poll(self) -> int | None:
-        if process.alive(self.leader):
-            return None
-        facts = process.read_json(self.exit_path) or {}
-        if facts.get("exit_code") is not None:
-            return int(facts["exit_code"])
-        return -int(facts.get("signal") or signal.SIGKILL)
-
-
 class Runner:
     """Starts and runs operations (one thread each). ``hooks_for(run)`` makes each run's
-    ``RunHooks`` (issue 11: agent presets and stream parsers plug in here)."""
+    ``RunHooks`` (issue 11: agent presets and stream parsers plug in here); ``progress``
+    is the worker's ``ProgressSender`` (G4), or None."""
 
-    def __init__(self, ctx: WorkerContext, *, backoff: Backoff, renewer: Renewer | None = None,
-                 hooks_for: Callable[[Run], RunHooks] | None = None, watch_interval_s: float = WATCH_INTERVAL_S,
-                 snapshot_every_s: float = DESCENDANT_SNAPSHOT_S, slot_poll_s: float = SLOT_POLL_S,
-                 lease_retry_cap_s: float = LEASE_RETRY_CAP_S, idle_guard=None, progress=None):
+    def __init__(self, ctx: WorkerContext, *, backoff: Backoff, hooks_for: Callable[[Run], RunHooks] | None = None,
+                 slot_poll_s: float = SLOT_POLL_S, lease_retry_cap_s: float = LEASE_RETRY_CAP_S, idle_guard=None,
+                 progress=None):
         self.ctx = ctx
-        self.progress = progress  # a progress.ProgressSender (G4), or None
+        self.progress = progress
         self.backoff = backoff
-        self.renewer = renewer or Renewer(ctx)
         self.hooks_for = hooks_for or (lambda run: RunHooks())
-        self.watch_interval_s = watch_interval_s
-        self.snapshot_every_s = snapshot_every_s
         self.slot_poll_s = slot_poll_s
         self.lease_retry_cap_s = lease_retry_cap_s
         self.idle_guard = idle_guard or process.IdleSleepGuard(enabled=ctx.config.prevent_idle_sleep)
         self.slots = threading.BoundedSemaphore(ctx.config.max_concurrent)
-        self.slot_freed = threading.Event()
+        self.slot_released = threading.Event()  # a run gave its slot back (W8)
 
     # --- threads ---------------------------------------------------------------------------
+
+    def new_run(self, operation_id: str, payload: StartPayload) -> Run:
+        """A ``Run`` of this worker, its hooks made (``hooks_for``)."""
+        run = Run(self.ctx, operation_id, payload, progress=self.progress)
+        run.hooks = self.hooks_for(run)
+        return run
 
     def start(self, operation_id: str, payload: StartPayload) -> None:
         """Run ``operation_id`` in a new thread unless it is already in flight here."""
@@ -165,20 +110,22 @@ class Runner:
         with ctx.runs_lock:
             if operation_id in ctx.runs:
                 return
-            run = Run(operation_id=operation_id, payload=payload, op_dir=ctx.state.op_dir(operation_id))
-            run.hooks = self.hooks_for(run)
-            ctx.runs[operation_id] = run
-        threading.Thread(target=self._thread, args=(run,), name=f"run-{operation_id[:8]}", daemon=True).start()
+            run = ctx.runs[operation_id] = self.new_run(operation_id, payload)
+        self._launch(run, self.execute)
 
-    def _thread(self, run: Run) -> None:
+    def _launch(self, run: Run, body: Callable[[Run], None]) -> None:
+        """The run's thread (``run-<operation>``): ``body(run)``, then the run is over."""
+        threading.Thread(target=self._thread, args=(run, body), name=f"run-{run.operation_id[:8]}", daemon=True).start()
+
+    def _thread(self, run: Run, body: Callable[[Run], None]) -> None:
         try:
-            self.execute(run)
+            body(run)
         except faults.InjectedCrash as crash:
             log.warning("operation %s: injected crash at %s (tests)", run.operation_id, crash)
         except Exception:
             log.exception("operation %s: runner failed", run.operation_id)
         finally:
-            run.finished.set()
+            run.lease.release()
             with self.ctx.runs_lock:
                 self.ctx.runs.pop(run.operation_id, None)
             self.ctx.wake()
@@ -199,10 +146,8 @@ class Runner:
         self.ctx.wake_sender()
 
     def execute(self, run: Run) -> None:
+        """Steps 1-5 of the module docstring for a run received here."""
         ctx = self.ctx
-        if run.adopted:
-            with self.slots:
-                return self.watch_to_end(run)
         record = ctx.store.get(run.operation_id)
         if record is None or record["local_state"] != "received":
             return
@@ -220,7 +165,7 @@ class Runner:
                 refusal = self.plan_worktree(run, folder)
             if refusal is not None:
                 return refusal
-            folder = run.worktree["cwd"]
+            folder = run.process.worktree["cwd"]
         env = process.agent_env(os.environ, profile_env=profile.env, operation_id=run.operation_id,
                                 task_id=str(run.payload.get("task_id", "")), token=ctx.identity.token)
         # G1: the binary is looked up on the agent's PATH when the task starts.
@@ -245,31 +190,31 @@ class Runner:
         except ResumeUnsupported:
             return self.refuse(run, f"profile {profile.name!r} cannot resume an agent session (follow-up refused)",
                                code="resume_unsupported")
-        run.observer = AgentObserver(parser=profile.parser, op_dir=run.op_dir, folder=folder, worktree=run.worktree,
-                                     prompt=run.payload["prompt"], record=profile.record_path(run.op_dir))
-        run.observer.record_git_start()  # G5, before the lease: a slow git costs no lease time
+        observer = run.process.observe(parser=profile.parser, folder=folder, prompt=run.payload["prompt"],
+                                       record=profile.record_path(run.op_dir))
+        observer.record_git_start()  # G5, before the lease: a slow git costs no lease time
         # W8: at most max_concurrent agents; a queued start waits here, unleased.
         while not self.slots.acquire(blocking=False):
             if ctx.draining.is_set():
                 return
-            ctx.clock.wait(self.slot_freed, self.slot_poll_s)
-            self.slot_freed.clear()
+            ctx.clock.wait(self.slot_released, self.slot_poll_s)
+            self.slot_released.clear()
         try:
             if ctx.draining.is_set():
                 return  # stays 'received': the next worker start takes it up
-            run.asks = profile.approvals == "ask"
-            if not self.acquire_lease(run):
+            asks = profile.approvals == "ask"
+            if not self.acquire_lease(run, asks=asks):
                 return
-            if run.asks:
+            if asks:
                 argv, env = self.asking(run, argv, env, command)
             self.spawn_and_watch(run, argv, folder, profile.prompt_via == "stdin" and not live, env, live=live)
         finally:
             self.slots.release()
-            self.slot_freed.set()
+            self.slot_released.set()
 
     def plan_worktree(self, run: Run, folder: str):
         """G7: the repository of ``folder`` and the worktree this run will make (kept on
-        ``run.worktree``), or the refused start (``not_a_git_repository`` outside a work
+        ``run.process.worktree``), or the refused start (``not_a_git_repository`` outside a work
         tree or before its first commit)."""
         repo = worktrees.find_repo(folder)
         if repo is None or repo.head is None:
@@ -278,7 +223,7 @@ class Runner:
                                code="not_a_git_repository")
         task_id = str(run.payload.get("task_id") or run.operation_id)
         try:
-            run.worktree = {**worktrees.plan(repo, state_path=self.ctx.state.path, operation_id=run.operation_id,
+            run.process.worktree = {**worktrees.plan(repo, state_path=self.ctx.state.path, operation_id=run.operation_id,
                                              task_id=task_id), "task_id": task_id}
         except worktrees.WorktreeError as exc:
             return self.refuse(run, f"no worktree for this task: {exc}")
@@ -310,12 +255,13 @@ class Runner:
             return self.refuse(run, f"no worktree for this follow-up: {why}", code="worktree_unavailable")
         task_id = str(run.payload.get("task_id") or run.operation_id)
         cwd = os.path.join(info["path"], repo.prefix) if repo.prefix else info["path"]
-        run.worktree = {**info, "cwd": cwd, "task_id": task_id, "start": start, "reused": True}
+        run.process.worktree = {**info, "cwd": cwd, "task_id": task_id, "start": start, "reused": True}
         return None
 
-    def acquire_lease(self, run: Run) -> bool:
+    def acquire_lease(self, run: Run, *, asks: bool = False) -> bool:
         """L1: no lease, no start. Retries network trouble (backoff capped at
-        ``lease_retry_cap_s``); a 409 is final."""
+        ``lease_retry_cap_s``); a 409 is final. ``asks``: the profile's approvals are
+        ``ask`` (Q5: the grant brings an approval credential)."""
         ctx, clock = self.ctx, self.ctx.clock
         service = ctx.connect()
         attempt = 0
@@ -325,19 +271,19 @@ class Runner:
                     self.refuse(run, "cancelled before start", stop_reason="cancel")
                     return False
                 sent = SentAt.now(clock)
-                if run.asks:
+                if asks:
                     answer = service.lease_grant(run.operation_id, approval_credential=True)
                 else:
                     answer = service.lease_grant(run.operation_id)
                 if answer.kind == "ok":
                     body = dict(answer.body)
-                    run.approval = body.pop("approval", None)  # Q5: never stored, never logged
+                    run.lease.approval = body.pop("approval", None)  # Q5: never stored, never logged
                     terms = LeaseTerms.from_reply(body)
                     deadline = Deadline(terms, sent)
                     if deadline.phase(clock) != OK:
                         log.warning("operation %s: lease reply came too late to start; asking again", run.operation_id)
                         continue
-                    run.deadline, run.granted = deadline, sent
+                    run.lease.deadline, run.lease.granted = deadline, sent
                     ctx.store.save_lease(run.operation_id, terms=body, sent_mono=sent.monotonic,
                                          sent_wall=sent.wall, boot=ctx.boot, granted=True)
                     return True
@@ -363,7 +309,7 @@ class Runner:
         rebuilds the argv with it), and the credential
         of the lease answer in the environment (``approvals.py``). A service that sent
         no credential (older than Q5) gets the run as with ``approvals = "off"``."""
-        approval = run.approval or {}
+        approval = run.lease.approval or {}
         if not isinstance(approval.get("credential"), str) or not approval["credential"]:
             log.warning("operation %s: the service sent no approval credential; what would prompt is denied",
                         run.operation_id)
@@ -377,44 +323,46 @@ class Runner:
 
     def spawn_and_watch(self, run: Run, argv: list[str], folder: str, via_stdin: bool, env: dict,
                         live: bool = False) -> None:
+        """Step 3 (X1, X2, G7, M8, C1), then the run loop and the final receipt."""
         ctx, clock = self.ctx, self.ctx.clock
-        payload = run.payload
+        payload, lease, agent = run.payload, run.lease, run.process
         session_id = payload.get("session_id")
         run.turn_id = turn_id = str(uuid.uuid4()) if session_id else None
-        slept = slept_s(run.granted, clock)
-        ctx.store.mark_starting(run.operation_id, turn_id=turn_id, wall=clock.wall(), worktree=run.worktree, outbox=[
+        slept = slept_s(lease.granted, clock)
+        ctx.store.mark_starting(run.operation_id, turn_id=turn_id, wall=clock.wall(), worktree=agent.worktree, outbox=[
             receipt_item(ctx.identity, operation_id=run.operation_id, kind="starting",
-                         facts={"lease_id": run.deadline.terms.lease_id}, slept=slept)])
+                         facts={"lease_id": lease.deadline.terms.lease_id}, slept=slept)])
         ctx.wake_sender()
         faults.fault("after_starting_commit_before_spawn")
         problem = None
-        if run.worktree is not None and not run.worktree.get("reused"):
+        worktree = agent.worktree
+        if worktree is not None and not worktree.get("reused"):
             try:
-                worktrees.create(run.worktree)  # G7: recorded above, so a restart knows it
+                worktrees.create(worktree)  # G7: recorded above, so a restart knows it
             except worktrees.WorktreeError as exc:
                 problem = f"no worktree for this task: {exc}"
         if live and problem is None:  # C1: the prompt is message 0 in the launcher's inbox
-            run.conversation = Conversation(ctx, run, idle_s=float(payload.get("idle_s") or 1800))
+            run.conversation = ConversationPart(run, idle_s=float(payload.get("idle_s") or 1800))
             run.conversation.open(prompt_message_id=payload.get("prompt_message_id") or f"prompt:{run.operation_id}",
                                   prompt=payload["prompt"])
-        run.spawned = SentAt.now(clock)
+        agent.spawned = SentAt.now(clock)
         try:
             if problem is None:
                 proc, leader = process.spawn(argv=argv, cwd=folder, env=env, op_dir=run.op_dir,
                                              stdin_text=payload["prompt"] if via_stdin else None, inbox=live)
         except OSError as exc:
             problem = f"spawn failed: {exc}"
-            if run.worktree is not None and not run.worktree.get("reused"):  # nothing ran in it: it goes again
-                worktrees.remove(run.worktree, expected_head=run.worktree["base"], delete_branch=True)
+            if worktree is not None and not worktree.get("reused"):  # nothing ran in it: it goes again
+                worktrees.remove(worktree, expected_head=worktree["base"], delete_branch=True)
         if problem is not None:
-            facts = final_facts(process_started=False, stop_reason="refused", lease_id=run.deadline.terms.lease_id,
+            facts = final_facts(process_started=False, stop_reason="refused", lease_id=lease.deadline.terms.lease_id,
                                 runtime_s=0.0, output_tail=problem)
             ctx.store.mark_ended(run.operation_id, final=facts, wall=clock.wall(), outbox=[
                 receipt_item(ctx.identity, operation_id=run.operation_id, kind="final", facts=facts, slept=slept)])
             ctx.wake_sender()
             return
         faults.fault("after_spawn_before_pid_commit")
-        run.proc, run.leader = proc, leader
+        agent.proc, agent.leader = proc, leader
         # The turn's marker goes first: a live conversation's ``running`` task no longer
         # holds its session busy (C6), so the marker must already do so (no blip, S3).
         outbox = [marker_item(ctx.identity, session_id=str(session_id), turn_id=turn_id, state="running",
@@ -422,18 +370,18 @@ class Runner:
         outbox.append(receipt_item(ctx.identity, operation_id=run.operation_id, kind="running",
                                    facts={"pid": leader.pid, "pgid": leader.pid,
                                           "process_start_time": leader.create_time},
-                                   slept=slept_s(run.granted, clock)))
+                                   slept=slept_s(lease.granted, clock)))
         ctx.store.mark_running(run.operation_id, pid=leader.pid, pgid=leader.pid, start_time=leader.create_time,
-                               spawned_mono=run.spawned.monotonic, spawned_wall=run.spawned.wall, outbox=outbox)
+                               spawned_mono=agent.spawned.monotonic, spawned_wall=agent.spawned.wall, outbox=outbox)
         ctx.wake_sender()
         log.info("operation %s: agent started (launcher pid %s) in %s", run.operation_id, leader.pid, folder)
         self.watch_to_end(run)
 
     def watch_to_end(self, run: Run) -> None:
-        """The renewer, the watch, the final receipt (J1)."""
+        """The renewal thread, the run loop, the final receipt (J1)."""
         self.idle_guard.acquire()
         try:
-            self.renewer.start(run)
+            run.lease.start_renewal()
             self.watch(run)
         finally:
             self.idle_guard.release()
@@ -446,7 +394,7 @@ class Runner:
         boot started is still the one recorded (pid and start time), its lease deadline has
         not passed and this worker's clock is the system's (the recorded monotonic times
         are comparable): it is watched again here instead of stopped, so the owner's
-        conversation survives a worker crash. Its renewer, inbox (messages recorded but not
+        conversation survives a worker crash. Its renewal, inbox (messages recorded but not
         written are written now, once) and final receipt carry on as if never interrupted;
         nothing is spawned. False (recovery settles it as any other) otherwise."""
         ctx, clock = self.ctx, self.ctx.clock
@@ -461,111 +409,73 @@ class Runner:
         if not process.alive(leader) or deadline.phase(clock) != OK:
             return False
         operation_id = record["operation_id"]
-        op_dir = ctx.state.op_dir(operation_id)
-        known = {int(p): process.ProcRef(int(p), float(t)) for p, t in json.loads(record["descendants"] or "[]")}
-        run = Run(operation_id=operation_id, payload=payload, op_dir=op_dir, deadline=deadline,
-                  granted=SentAt(record["granted_mono"], record["granted_wall"]), proc=AdoptedLauncher(leader, op_dir),
-                  leader=leader, spawned=SentAt(record["spawned_mono"], record["spawned_wall"]),
-                  turn_id=record["turn_id"], adopted=True, known=known)
-        profile = ctx.config.profiles.get(payload.get("agent"))
-        if profile is not None:
-            worktree = json.loads(record["worktree"]) if record.get("worktree") else None
-            folder = worktree["cwd"] if worktree else os.path.realpath(payload["folder"])
-            run.observer = AgentObserver(parser=profile.parser, op_dir=op_dir, folder=folder, worktree=worktree,
-                                         prompt=payload["prompt"], record=profile.record_path(op_dir))
-            run.observer.resume_git_start()
-        run.conversation = Conversation(ctx, run, idle_s=float(payload.get("idle_s") or 1800))
-        run.conversation.adopted()
-        run.hooks = self.hooks_for(run)
         with ctx.runs_lock:
             if operation_id in ctx.runs:
                 return True
-            ctx.runs[operation_id] = run
+            run = ctx.runs[operation_id] = self.new_run(operation_id, payload)
+        run.lease.deadline, run.lease.granted = deadline, SentAt(record["granted_mono"], record["granted_wall"])
+        agent = run.process
+        agent.proc, agent.leader = AdoptedLauncher(leader, run.op_dir), leader
+        agent.spawned = SentAt(record["spawned_mono"], record["spawned_wall"])
+        agent.known = {int(p): process.ProcRef(int(p), float(t)) for p, t in json.loads(record["descendants"] or "[]")}
+        run.turn_id = record["turn_id"]
+        profile = ctx.config.profiles.get(payload.get("agent"))
+        if profile is not None:
+            agent.worktree = json.loads(record["worktree"]) if record.get("worktree") else None
+            folder = agent.worktree["cwd"] if agent.worktree else os.path.realpath(payload["folder"])
+            agent.observe(parser=profile.parser, folder=folder, prompt=payload["prompt"],
+                          record=profile.record_path(run.op_dir)).resume_git_start()
+        run.conversation = ConversationPart(run, idle_s=float(payload.get("idle_s") or 1800))
+        run.conversation.adopted()
         log.warning("operation %s: live conversation (launcher pid %s) adopted after restart", operation_id,
                     leader.pid)
-        threading.Thread(target=self._thread, args=(run,), name=f"run-{operation_id[:8]}", daemon=True).start()
+        self._launch(run, self._watch_adopted)
         return True
 
-    def target(self, run: Run) -> process.Target:
-        return process.Target(operation_id=run.operation_id, leader=run.leader, pgid=run.leader.pid,
-                              spawned_wall=run.spawned.wall, known=tuple(run.known.values()))
+    def _watch_adopted(self, run: Run) -> None:
+        with self.slots:  # W8: an adopted agent holds a slot like any other
+            self.watch_to_end(run)
+
+    # --- the run loop (L4, L8, G4, C1-C6) ---------------------------------------------------------
 
     def watch(self, run: Run) -> None:
-        """Until the agent ends: deadline (L4), stop requests, descendant snapshots (L8),
-        output lines to the run's hooks."""
+        """Until the agent ends: each pass steps the run's parts (``Run.parts``: output to
+        the hooks and the observer, descendant snapshots (L8), progress (G4), the live
+        conversation (C1-C6), the lease's SIGTERM at deadline - kill grace (L4)), then
+        acts on the agent's exit, a lost lease (SIGKILL, L4) and stop requests. When no
+        part found work it waits on ``run.work_arrived`` until the nearest ``next_due``."""
         clock = self.ctx.clock
-        term_sent = False
-        last_snapshot = None
         fault_at = clock.monotonic() + FAULT_WHILE_RUNNING_AFTER_S
-        follower = run.follower = OutputFollower(run.op_dir) if run.hooks.wants_output else None
+        agent, lease = run.process, run.lease
+        agent.begin_watch()
         while True:
-            if follower is not None:
-                for line in follower.read_lines():
-                    run.hooks.on_output(line)
-            self.observe(run)
+            now = clock.monotonic()
+            found = agent.step(now)
+            found = run.progress.step(now) or found
             if run.conversation is not None:
-                run.conversation.step()
-            if run.proc.poll() is not None:
-                run.exited = SentAt.now(clock)
+                found = run.conversation.step(now) or found
+            if agent.ended():
                 return
             if faults.active_point() == "while_agent_runs" and clock.monotonic() >= fault_at:
                 faults.fault("while_agent_runs")
-            phase = run.deadline.phase(clock)
-            if phase == KILL:
-                run.request_stop("deadline")
-                log.warning("operation %s: lease deadline reached, killing", run.operation_id)
-                run.survivors = process.stop(self.target(run), grace_s=0, term=False, clock=clock)
+            found = lease.step(now) or found
+            if lease.seen == KILL:
+                agent.stop(grace_s=0, term=False)
                 return
-            if phase == TERM and not term_sent:
-                run.request_stop("deadline")
-                log.warning("operation %s: lease deadline - kill grace: SIGTERM to the group", run.operation_id)
-                process.signal_group(run.leader, run.leader.pid, signal.SIGTERM)
-                term_sent = True
-            elif run.stop_reason is not None and phase == OK:
+            if run.stop_reason is not None and lease.seen == OK:
                 log.info("operation %s: stopping (%s)", run.operation_id, run.stop_reason)
-                grace = max(0.0, min(run.deadline.terms.kill_grace_s, run.deadline.remaining(clock)))
-                run.survivors = process.stop(self.target(run), grace_s=grace, clock=clock)
+                agent.stop(grace_s=max(0.0, min(lease.deadline.terms.kill_grace_s, lease.deadline.remaining(clock))))
                 return
-            if last_snapshot is None or clock.monotonic() - last_snapshot >= self.snapshot_every_s:
-                last_snapshot = clock.monotonic()
-                self.snapshot(run)
-            clock.wait(run.wake, self.watch_interval_s)
-            run.wake.clear()
-
-    def observe(self, run: Run) -> None:
-        """G2: feed new output to the parser; G4: offer progress and the new transcript
-        entries when something changed (the progress sender posts at most once a second
-        from its own thread)."""
-        observer = run.observer
-        if observer is None:
-            return
-        observer.poll()
-        if self.progress is None or observer.offset == run.progress_offset:
-            return
-        run.progress_offset = observer.offset
-        payload = observer.progress(process.output_tail(run.op_dir))
-        entries = observer.entries_since(run.entries_offered)
-        if entries:
-            run.entries_offered = entries[-1]["n"]
-        if payload != run.progress_sent or entries:
-            run.progress_sent = payload
-            self.progress.offer(run.operation_id, payload, entries)
-
-    def snapshot(self, run: Run) -> None:
-        changed = False
-        for ref in process.descendants(run.leader):
-            if ref.pid not in run.known or run.known[ref.pid] != ref:
-                run.known[ref.pid] = ref
-                changed = True
-        if changed:
-            self.ctx.store.save_descendants(run.operation_id, [r.as_list() for r in run.known.values()])
+            if not found:
+                clock.wait(run.work_arrived, run.next_due(now) - clock.monotonic())
+                run.work_arrived.clear()
 
     def _reap(self, run: Run) -> int | None:
         """The launcher's exit status, awaited up to ``REAP_TIMEOUT_S``; None if it lives on."""
         clock = self.ctx.clock
         end = clock.monotonic() + REAP_TIMEOUT_S
         while True:
-            code = run.proc.poll()
+            code = run.process.proc.poll()
             if code is not None or clock.monotonic() >= end:
                 return code
             clock.wait(None, process.POLL_S)
@@ -573,31 +483,32 @@ class Runner:
     def finish(self, run: Run) -> None:
         """Collect the exit facts, clean up leftovers, queue the final receipt (J1)."""
         ctx, clock = self.ctx, self.ctx.clock
+        agent, lease = run.process, run.lease
         code = self._reap(run)
         seen = SentAt.now(clock)
-        survivors = run.survivors
+        survivors = agent.survivors
         if survivors is None:
             # The agent ended by itself: leftovers of the task still get the bounded stop.
-            grace = run.deadline.terms.kill_grace_s if run.deadline.phase(clock) == OK else 0.0
-            survivors = process.stop(self.target(run), grace_s=min(grace, NATURAL_EXIT_STOP_GRACE_S), clock=clock)
-        if run.follower is not None:
-            for line in run.follower.rest():
+            grace = lease.deadline.terms.kill_grace_s if lease.deadline.phase(clock) == OK else 0.0
+            survivors = agent.stop(grace_s=min(grace, NATURAL_EXIT_STOP_GRACE_S))
+        if agent.follower is not None:
+            for line in agent.follower.rest():
                 run.hooks.on_output(line)
         extra = {}
-        if run.observer is not None:
+        if agent.observer is not None:
             # The final receipt says it all, the transcript entries no progress post delivered included.
-            confirmed = self.progress.forget(run.operation_id) if self.progress is not None else 0
-            run.observer.finish()
-            run.observer.record_git_end()
-            extra.update(run.observer.final_extras(confirmed))
+            confirmed = run.progress.forget()
+            agent.observer.finish()
+            agent.observer.record_git_end()
+            extra.update(agent.observer.final_extras(confirmed))
         extra.update(run.hooks.facts_extra())  # an extension's own facts win over the observer's
         if run.conversation is not None:
             run.conversation.settle()  # the last receipts (delivered, answered) before the final one
             extra = run.conversation.final_extras(extra)
         exit_facts = process.read_json(os.path.join(run.op_dir, "exit.json")) or {}
         # When the agent ended: the launcher's record (more precise than our observation),
-        # if its times are comparable with our clock; else when the watch saw it end.
-        observed = run.exited or seen
+        # if its times are comparable with our clock; else when the run loop saw it end.
+        observed = agent.exited or seen
         process_started = True
         if "exit_code" in exit_facts or "signal" in exit_facts:
             exit_code, sig = exit_facts.get("exit_code"), exit_facts.get("signal")
@@ -612,18 +523,18 @@ class Runner:
             ended = observed
         else:
             exit_code, sig, ended = None, None, seen
-        within = run.deadline.within(ended.monotonic, ended.wall)
-        if run.refused_at is not None:  # ended before the refused renewal took the lease
-            within = within and ended.wall < run.refused_at.wall
+        within = lease.deadline.within(ended.monotonic, ended.wall)
+        if lease.refused_at is not None:  # ended before the refused renewal took the lease
+            within = within and ended.wall < lease.refused_at.wall
         faults.fault("after_exit_before_final_receipt")
         facts = final_facts(
-            process_started=process_started, exit_code=exit_code, signal_=sig, lease_id=run.deadline.terms.lease_id,
-            ended_within_lease=within, runtime_s=ended.wall - run.spawned.wall,
+            process_started=process_started, exit_code=exit_code, signal_=sig, lease_id=lease.deadline.terms.lease_id,
+            ended_within_lease=within, runtime_s=ended.wall - agent.spawned.wall,
             stop_reason=run.stop_reason or "exit", survivors=survivors, output_tail=process.output_tail(run.op_dir),
             extra=extra,
         )
         outbox = [receipt_item(ctx.identity, operation_id=run.operation_id, kind="final", facts=facts,
-                               slept=slept_s(run.granted, clock))]
+                               slept=slept_s(lease.granted, clock))]
         if run.turn_id:
             outbox.append(marker_item(ctx.identity, session_id=str(run.payload.get("session_id")), turn_id=run.turn_id,
                                       state="ended", deep_research=run.payload.get("deep_research", False)))
