@@ -28,6 +28,9 @@ import uuid
 
 PRICE_IN = 3e-6
 PRICE_OUT = 15e-6
+# Like Claude Code 2.1.328 (docs/claude-stream-input.md): a result's num_turns and usage are
+# its turn's own, its total_cost_usd counts every turn of the process so far.
+spent = [0.0]
 
 
 def emit(event: dict) -> None:
@@ -92,9 +95,10 @@ def turn(prompt: str, session_id: str, pause: float, turns: int, *, sleep, max_t
         if not sleep(pause):
             emit({"type": "user", "session_id": session_id, "message": {"role": "user", "content": [
                 {"type": "text", "text": "[Request interrupted by user]"}]}})
+            spent[0] += tokens_in * PRICE_IN + tokens_out * PRICE_OUT
             emit({"type": "result", "subtype": "error_during_execution", "is_error": True,
                   "duration_ms": int(pause * n * 1000), "num_turns": n, "session_id": session_id,
-                  "total_cost_usd": 0, "usage": {"input_tokens": tokens_in, "output_tokens": tokens_out}})
+                  "total_cost_usd": round(spent[0], 6), "usage": {"input_tokens": tokens_in, "output_tokens": tokens_out}})
             return
         message_id = f"msg_{uuid.uuid4().hex[:12]}"
         usage = {"input_tokens": 1200 * n, "cache_read_input_tokens": 800, "output_tokens": 60 + 10 * n}
@@ -117,7 +121,8 @@ def turn(prompt: str, session_id: str, pause: float, turns: int, *, sleep, max_t
         output, failed = bash(command)
         emit({"type": "user", "session_id": session_id, "message": {"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": tool_id, "content": output, "is_error": failed}]}})
-    cost = round(tokens_in * PRICE_IN + tokens_out * PRICE_OUT, 6)
+    spent[0] += tokens_in * PRICE_IN + tokens_out * PRICE_OUT
+    cost = round(spent[0], 6)
     emit({"type": "result", "subtype": "error_max_turns" if max_turns else "success", "is_error": max_turns,
           "duration_ms": int(pause * turns * 1000), "num_turns": turns, "session_id": session_id,
           "result": "" if max_turns else text, "total_cost_usd": cost,

@@ -85,7 +85,7 @@
       ["signal", t.signal !== null && t.signal !== undefined ? String(t.signal) : null],
       ["stop", t.stop_reason || null],
       ["slept", t.slept_s ? fmtSeconds(t.slept_s) : null],
-      ["agent session", t.agent_session_id || null],
+      ["usage", isConversation(t) ? usageLine((t.progress && LEASED[t.state] ? t.progress.usage : null) || t.usage) : null],
       ["survivors", t.survivors && t.survivors.length ? String(t.survivors.length) : null],
     ]));
   }
@@ -179,6 +179,7 @@
     toggle.setAttribute("aria-pressed", state.raw ? "true" : "false");
     if (hasEntries) renderTranscript(t);
     else $("load-earlier").hidden = true;
+    if (isConversation(t)) { renderChat(t); renderHeader(t); }
   }
 
   function entriesUrl(query) { return "/api/tasks/" + encodeURIComponent(taskId) + "/entries/?" + query; }
@@ -411,11 +412,25 @@
   }
 
   // ---------------------------------------------------------------- the conversation (C2-C5, Q)
-  var chat = { messages: new Map(), approvals: new Map(), key: C.newKey(), sending: false, keys: {} };
+  /* The thread alternates the owner's messages and the agent's reply to each (C1's "one
+   * message, one turn"): message 0 is the task's prompt, then the messages in seq order.
+   * The transcript (G4 entries) carries no mark of where a turn starts, so the page finds
+   * the turns in it: a turn starts at a `prompt` entry, or at an entry that opens a model
+   * call (it carries `usage`) right after the end of one (a `message`, an `error`, an
+   * interrupt); turn k answers the k-th message that reached the agent (delivered or
+   * answered, in seq order). "[Request interrupted by user...]" and the error that follows
+   * it read "stopped by you". Everything the agent or the owner wrote is set as
+   * textContent in a dir="auto" element (bidi isolated, task.css). */
+  var chat = { messages: new Map(), approvals: new Map(), key: C.newKey(), sending: false, keys: {},
+               open: new Set(), unfolded: new Set(), turns: [], scrolls: 0 };
   state.chat = chat; // tests read it
-  var MESSAGE_LABELS = { sent: "sent", delivered: "delivered · the agent is on it", answered: "answered",
-                         undelivered: "not delivered: the task ended first" };
-  var PREVIEW_KEYS = ["command", "file_path", "path", "url", "pattern"];
+  var MESSAGE_LABELS = { sent: "sent", delivered: "with the agent", answered: "answered",
+                         undelivered: "not delivered" };
+  var MESSAGE_TITLES = { sent: "waiting on your machine for the current turn to end",
+                         delivered: "the agent has it", answered: "its turn ended",
+                         undelivered: "the conversation ended before it was written to the agent" };
+  var INTERRUPTED = /^\[Request interrupted by user/;
+  var FOLD_LINES = 12;
 
   function isConversation(t) { return t.mode === "conversation"; }
   function conversationOpen(t) {
@@ -432,24 +447,164 @@
     if (!known || m.version >= known.version) chat.messages.set(m.id, m);
   }
 
+  /** The transcript's turns, in order: [{entries, stopped, partial}] (see above). */
+  function turnsOf(sorted) {
+    var turns = [], cur = null, prev = null;
+    sorted.forEach(function (e) {
+      var mark = e.kind === "prompt" && INTERRUPTED.test(e.text || "");
+      var ended = prev && (prev.kind === "message" || prev.kind === "error" || prev.mark);
+      if (!cur || (e.kind === "prompt" && !mark) || ((e.usage || mark) && ended)) {
+        cur = { entries: [], stopped: false, partial: !turns.length && sorted[0].n !== 1 };
+        turns.push(cur);
+      }
+      if (mark) cur.stopped = true;
+      else if (!(e.kind === "error" && cur.stopped)) cur.entries.push(e);
+      prev = { kind: e.kind, mark: mark };
+    });
+    return turns;
+  }
+
+  /** The owner's side of the thread: message 0 (the prompt) and the messages, by seq. */
+  function threadMessages(t) {
+    var list = Array.from(chat.messages.values()).sort(function (a, b) { return a.seq - b.seq; });
+    if (list.length && list[0].seq === 0) return list; // a live conversation's prompt is its message 0
+    return [{ seq: 0, text: t.prompt, state: null, id: "prompt", synthetic: true }].concat(list);
+  }
+
+  /** seq -> turn: turn k answers the k-th message the agent got. A transcript whose start
+   *  is gone (more than the service keeps) is matched from its end. */
+  function repliesBySeq(t, messages, turns) {
+    var out = {};
+    if (t.conversation !== "live") { if (turns.length) out[0] = turns[0]; return out; }
+    var given = messages.filter(function (m) { return m.synthetic || m.state === "delivered" || m.state === "answered"; });
+    var offset = turns.length && turns[0].partial ? given.length - turns.length : 0;
+    turns.forEach(function (turn, i) { var m = given[i + offset]; if (m) out[m.seq] = turn; });
+    return out;
+  }
+
+  /** A text that folds after FOLD_LINES lines, with "Show all" (its state kept by key). */
+  function foldable(className, text, key) {
+    var body = el("div", { className: className + " fold", dir: "auto", text: text, "data-fold": key });
+    if (chat.unfolded.has(key)) body.classList.add("unfolded");
+    return body;
+  }
+  function addFoldButtons(root) {
+    root.querySelectorAll(".fold:not(.unfolded)").forEach(function (body) {
+      if (body.scrollHeight <= body.clientHeight + 2) return;
+      body.classList.add("folded");
+      var more = el("button", { type: "button", className: "link show-all", text: "Show all" });
+      more.addEventListener("click", function () {
+        chat.unfolded.add(body.dataset.fold);
+        body.classList.remove("folded"); body.classList.add("unfolded"); more.remove();
+      });
+      body.after(more);
+    });
+  }
+
+  function replyTool(call, result) {
+    var status = result ? result.status : (call.kind === "tool_result" ? call.status : null);
+    var key = "tool:" + call.n;
+    var details = el("details", { className: "reply-tool", "data-n": call.n, "data-status": status || "running" },
+      el("summary", {},
+        el("span", { className: "tool-name", dir: "auto", text: call.tool || "tool" }), " ",
+        el("span", { className: "tool-text mono", dir: "auto", text: call.kind === "tool_call" ? (call.text || "") : "" }),
+        status === "error" ? el("span", { className: "tool-flag", text: "failed" }) : null),
+      call.kind === "tool_call" && call.text ? el("pre", { className: "tail", dir: "auto", text: call.text }) : null,
+      el("pre", { className: "tail", dir: "auto",
+                  text: (result ? result.text : call.kind === "tool_result" ? call.text : "") || (status ? "(no output)" : "(running…)") }));
+    if (chat.open.has(key)) details.open = true;
+    details.addEventListener("toggle", function () { if (details.open) chat.open.add(key); else chat.open.delete(key); });
+    return details;
+  }
+
+  function replyItem(m, turn, working) {
+    var li = el("li", { className: "reply", "data-seq": m.seq });
+    if (turn) {
+      var results = {};
+      turn.entries.forEach(function (e) { if (e.kind === "tool_result" && e.call) results[e.call] = e; });
+      turn.entries.forEach(function (e) {
+        if (e.kind === "prompt") return; // the owner's side, shown as the bubble above
+        if (e.kind === "message") li.appendChild(foldable("reply-text", e.text, "r:" + e.n));
+        else if (e.kind === "tool_call") li.appendChild(replyTool(e, results[e.n]));
+        else if (e.kind === "tool_result" && !(e.call && turn.entries.some(function (c) { return c.n === e.call; }))) {
+          li.appendChild(replyTool(e, null));
+        } else if (e.kind === "error") li.appendChild(el("div", { className: "reply-error", dir: "auto", text: e.text }));
+      });
+      if (turn.stopped) li.appendChild(el("div", { className: "reply-stopped", text: "stopped by you" }));
+    }
+    if (working) li.appendChild(el("div", { className: "reply-working muted", text: "the agent is working…" }));
+    return li.childNodes.length ? li : null;
+  }
+
+  function messageItem(m, t) {
+    var label = m.synthetic ? null : MESSAGE_LABELS[m.state] || m.state;
+    return el("li", { className: "msg", "data-seq": m.seq, "data-state": m.state || "prompt", "data-id": m.id },
+      foldable("msg-text", m.text || "", "m:" + m.seq),
+      label ? el("span", { className: "msg-state", title: MESSAGE_TITLES[m.state] || "", text: label }) : null,
+      m.carrier ? el("a", { className: "msg-carrier", href: "/tasks/" + encodeURIComponent(m.carrier) + "/",
+                            text: "its run" }) : null);
+  }
+
   function renderChat(t) {
     $("chat").hidden = !isConversation(t);
-    if (!isConversation(t)) return;
+    if (!isConversation(t)) { $("chat-form").hidden = true; return; }
     var open = conversationOpen(t);
     $("chat-mode").textContent = !open ? "ended" : t.conversation === "live"
-      ? "live: the agent stays open between turns" : "each message resumes the agent's session";
+      ? "the agent stays open between turns" : "each message resumes the agent's session";
+    var follow = nearEnd();
+    var sorted = Array.from(state.entries.values()).sort(function (a, b) { return a.n - b.n; });
+    var messages = threadMessages(t);
+    chat.turns = turnsOf(sorted);
+    var replies = repliesBySeq(t, messages, chat.turns);
+    var lastGiven = null;
+    chat.firstWorking = false;
+    messages.forEach(function (m) { if (m.synthetic || m.state === "delivered" || m.state === "answered") lastGiven = m; });
     var list = $("chat-log");
     list.textContent = "";
-    Array.from(chat.messages.values()).sort(function (a, b) { return a.seq - b.seq; }).forEach(function (m) {
-      list.appendChild(el("li", { className: "msg", "data-seq": m.seq, "data-state": m.state, "data-id": m.id },
-        el("div", { className: "msg-text", text: m.text }),
-        el("span", { className: "msg-state", text: MESSAGE_LABELS[m.state] || m.state }),
-        m.carrier ? el("a", { className: "msg-carrier", href: "/tasks/" + encodeURIComponent(m.carrier) + "/",
-                              text: "its run" }) : null));
+    messages.forEach(function (m) {
+      list.appendChild(messageItem(m, t));
+      var working = open && LEASED[t.state] && m === lastGiven &&
+        (m.synthetic ? firstTurnWorking(replies[0]) : m.state === "delivered");
+      if (m.synthetic) chat.firstWorking = working;
+      var reply = replyItem(m, replies[m.seq], working);
+      if (reply) list.appendChild(reply);
     });
+    addFoldButtons(list);
     $("chat-form").hidden = !open;
-    $("chat-interrupt").hidden = !(open && t.conversation === "live" && turnRunning());
+    $("chat-interrupt").hidden = !(open && t.conversation === "live" && (turnRunning() || chat.firstWorking));
     renderApprovals();
+    if (follow) keepNewestInView();
+    if (state.earlier !== null && state.earlier !== undefined && !chat.loadingEarlier) {
+      chat.loadingEarlier = true; // the whole transcript, so each turn finds its message
+      loadEarlier().then(function () { chat.loadingEarlier = false; });
+    }
+  }
+
+  /* Message 0's turn has no message row to say it ended (issue 40: the worker does not
+   * mark turns): it is working while nothing came back yet or a tool call is the last word. */
+  function firstTurnWorking(turn) {
+    if (!turn) return true;
+    var rest = turn.entries.filter(function (e) { return e.kind !== "prompt"; });
+    if (!rest.length) return true;
+    var last = rest[rest.length - 1];
+    return !turn.stopped && (last.kind === "tool_call" || last.kind === "tool_result");
+  }
+
+  /* The newest bubble stays above the message box (sticky at the bottom of the screen). */
+  function nearEnd() {
+    var list = $("chat-log"), last = list.lastElementChild, form = $("chat-form");
+    if (!last || form.hidden) return false;
+    return last.getBoundingClientRect().bottom <= form.getBoundingClientRect().top + 80;
+  }
+  function keepNewestInView() {
+    var last = $("chat-log").lastElementChild, form = $("chat-form");
+    if (!last || form.hidden) return;
+    for (var i = 0; i < 2; i++) { // the box moves with the page at its end: measure again
+      var over = last.getBoundingClientRect().bottom - (form.getBoundingClientRect().top - 8);
+      if (over <= 0) return;
+      chat.scrolls++;
+      window.scrollBy(0, over);
+    }
   }
 
   function loadMessages() {
@@ -477,6 +632,7 @@
           C.tell(status, "", false);
           keepMessage(res.data);
           renderChat(state.task);
+          keepNewestInView();
           return;
         }
         if (res.data && res.data.error === "idempotency_key_reused") chat.key = C.newKey();
@@ -499,12 +655,32 @@
     }).catch(function () { C.tell(status, "The service did not answer: try again.", true); });
   }
 
-  function preview(a) {
-    var input = a.tool_input || {};
-    for (var i = 0; i < PREVIEW_KEYS.length; i++) {
-      if (typeof input[PREVIEW_KEYS[i]] === "string") return input[PREVIEW_KEYS[i]];
+  /* Q2 in the chat: what will change, in words: the command (and what it says it does),
+   * the file and its edit as - / + lines, or the input's fields one a line; never JSON. */
+  var CHANGE_LINES = 12;
+  function clip(text) {
+    var lines = String(text).split("\n");
+    return lines.length > CHANGE_LINES ? lines.slice(0, CHANGE_LINES).join("\n") + "\n… (" + (lines.length - CHANGE_LINES) + " more lines)" : lines.join("\n");
+  }
+  function change(a) {
+    var input = a.tool_input || {}, target = null, body = null;
+    function prefixed(text, mark) { return String(text).split("\n").map(function (l) { return mark + l; }).join("\n"); }
+    if (typeof input.command === "string") { target = input.description || null; body = "$ " + input.command; }
+    else if (typeof input.file_path === "string" || typeof input.notebook_path === "string") {
+      target = input.file_path || input.notebook_path;
+      if (Array.isArray(input.edits)) {
+        body = input.edits.map(function (e) { return prefixed(e.old_string || "", "- ") + "\n" + prefixed(e.new_string || "", "+ "); }).join("\n");
+      } else if (typeof input.old_string === "string" || typeof input.new_string === "string") {
+        body = prefixed(input.old_string || "", "- ") + "\n" + prefixed(input.new_string || "", "+ ");
+      } else if (typeof input.content === "string") body = prefixed(input.content, "+ ");
+      else if (typeof input.new_source === "string") body = prefixed(input.new_source, "+ ");
+    } else {
+      body = Object.keys(input).map(function (k) {
+        var v = input[k];
+        return k + ": " + (typeof v === "string" ? v : JSON.stringify(v));
+      }).join("\n");
     }
-    return JSON.stringify(input);
+    return { target: target, body: body ? clip(body) : null };
   }
 
   function renderApprovals() {
@@ -515,8 +691,12 @@
       var deny = el("button", { type: "button", className: "secondary deny", text: "Deny" });
       allow.addEventListener("click", function () { decide(a, "allow"); });
       deny.addEventListener("click", function () { decide(a, "deny"); });
+      var c = change(a);
       list.appendChild(el("li", { className: "chat-approval", "data-id": a.id },
-        el("div", {}, el("strong", { text: a.tool_name }), " ", el("span", { className: "mono wrap", text: preview(a) })),
+        el("div", { className: "line" }, el("span", { text: "The agent asks to use" }),
+           el("strong", { dir: "auto", text: a.tool_name }),
+           c.target ? el("span", { className: "mono wrap", dir: "auto", text: c.target }) : null),
+        c.body ? el("pre", { className: "tail approval-change", dir: "auto", text: c.body }) : null,
         el("div", { className: "decisions" }, allow, deny)));
     });
     list.hidden = chat.approvals.size === 0;
@@ -559,16 +739,35 @@
     fill("timeline-body", ul);
   }
 
+  /* Receipts as a readable list (inside "Run details" on a conversation): each fact a
+   * "name: value" line, nested facts by their dotted path, no JSON. */
+  var RECEIPT_ROWS = 24;
+  function factRows(facts, prefix, rows) {
+    Object.keys(facts || {}).forEach(function (k) {
+      var v = facts[k], name = prefix ? prefix + "." + k : k;
+      if (rows.length > RECEIPT_ROWS || v === null || v === undefined || v === "") return;
+      if (Array.isArray(v)) {
+        if (!v.length) return;
+        rows.push([name, v.map(function (x) { return typeof x === "object" ? Object.values(x || {}).join(" ") : String(x); })
+                          .join(", ").slice(0, 300)]);
+      } else if (typeof v === "object") factRows(v, name, rows);
+      else rows.push([name, String(v).slice(0, 300)]);
+    });
+    return rows;
+  }
+
   function renderReceipts() {
     var ul = el("ul", { className: "plain receipts" });
     state.receipts.forEach(function (r) {
-      var facts = r.facts ? JSON.stringify(r.facts) : "";
+      var rows = factRows(r.facts, "", []);
       ul.appendChild(el("li", { "data-kind": r.kind },
         el("div", { className: "line" }, el("strong", { text: r.kind }), " ", timeEl(r.received_at),
            r.slept_s ? el("span", { className: "muted", text: " slept " + fmtSeconds(r.slept_s) }) : null),
-        facts ? el("pre", { className: "tail", text: facts.length > 600 ? facts.slice(0, 600) + "…" : facts }) : null));
+        rows.length ? kv(rows) : null));
     });
     fill("receipts-body", ul);
+    var ids = $("run-ids"), t = state.task;
+    if (ids) fill("run-ids", kv([["task", t.id], ["agent session", t.agent_session_id || null]]));
   }
 
   function render() {

@@ -10,14 +10,22 @@ and its transcript lines as they arrive, and ends when the task is final or ``un
   lost event delays a line, never loses it. Entries print once each, in number order.
 - On a terminal (``tty``) a spinner line with the state, usage and elapsed time stays at
   the bottom and is redrawn in place; when piped, plain lines only, no control characters.
+  Whatever the agent or the owner wrote (prompts, messages, tool output, reasons) is
+  printed through ``printable`` either way: no escape sequence, C0 or C1 control
+  character but newline and tab, DEL or bidi control of theirs reaches the terminal or the
+  pipe (a prompt's ``ESC ]0;TITLE BEL`` would retitle a terminal, a U+202E reverse what
+  follows); the spinner's own CR ``ESC [2K`` is the only control output, and only on a tty.
 - ``json_mode``: one JSON object a line instead: ``{"type": "state", "state", "reason"}``,
-  ``{"type": "entry", ...entry}``, and last ``{"type": "final", "task": {...}}``.
+  ``{"type": "entry", ...entry}``, and last ``{"type": "final", "task": {...}}``; the data
+  is kept whole, with every control character (DEL and the bidi controls too) escaped as
+  ``\\uXXXX``.
 - ``run()`` returns the exit status: 0 for ``succeeded``, 1 for any other final state,
   2 for ``unknown`` (the service does not know what happened: it never guesses, U).
 """
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 
@@ -33,6 +41,26 @@ TICK_S = 0.1  # the spinner's frame and how often the socket is looked at
 RECONNECT_BASE_S = 0.5
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 LINE_MAX = 2000  # characters of one printed entry (entries are at most 2 KiB anyway)
+
+# ECMA-48 sequences as terminals read them: CSI (ESC [ ... final byte), OSC, DCS, SOS, PM
+# and APC strings (up to BEL or ST), and the two-byte ESC sequences.
+ESCAPE_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]?|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -~]?")
+# What may not reach a terminal: C0 but tab and newline, DEL, C1, and the Unicode bidi
+# controls (LRM, RLM, ALM, the embeddings and overrides U+202A-U+202E, the isolates
+# U+2066-U+2069).
+CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every escape sequence and control character removed (module
+    docstring), newlines and tabs kept; a CR LF becomes a newline."""
+    return CONTROL.sub("", ESCAPE_SEQUENCE.sub("", text.replace("\r\n", "\n")))
+
+
+def json_line(obj) -> str:
+    """``obj`` as one JSON line, non-ASCII text kept readable but every control character
+    escaped (``json.dumps`` leaves DEL, C1 and the bidi controls raw)."""
+    return CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, ensure_ascii=False))
 
 
 def usage_text(usage: dict | None) -> str:
@@ -55,7 +83,7 @@ def entry_lines(entry: dict) -> list[str]:
     """How one transcript entry reads in a terminal (G4): the prompt after ``>``, a message
     as its lines, a tool call on one line after ``$``, its result as ``↳ ok`` or
     ``↳ error: <first line>``, an error after ``!``."""
-    text = (entry.get("text") or "")[:LINE_MAX]
+    text = printable((entry.get("text") or "")[:LINE_MAX])  # a CR inside a line neither splits nor returns it
     kind = entry.get("kind")
     if kind == "prompt":
         return [f"> {line}" for line in text.splitlines() or [""]]
@@ -107,17 +135,17 @@ class Follower:
             self.write("\r\x1b[2K")
             self.status_shown = False
         for line in lines:
-            self.write(line + "\n")
+            self.write(printable(line) + "\n")
 
     def _json(self, obj: dict) -> None:
-        self.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        self.write(json_line(obj) + "\n")
 
     def _spin(self) -> None:
         if not self.tty:
             return
         self.frame = (self.frame + 1) % len(SPINNER)
         parts = [self.state or "…", usage_text(self.usage), f"{int(self.monotonic() - self.started)}s"]
-        self.write("\r\x1b[2K" + SPINNER[self.frame] + " " + " · ".join(p for p in parts if p))
+        self.write("\r\x1b[2K" + SPINNER[self.frame] + " " + printable(" · ".join(p for p in parts if p)))
         self.status_shown = True
 
     # --- what arrives ------------------------------------------------------------------

@@ -11,6 +11,7 @@ admin (``tasks_app.services.decisions``), which record who and when.
 """
 from __future__ import annotations
 
+import uuid
 from urllib.parse import urlencode
 
 from django.contrib.auth.decorators import login_required
@@ -22,7 +23,7 @@ from core import clock
 from core.errors import ApplicationError
 from core.wire import iso
 from tasks_app.agent_facts import describe_git
-from tasks_app.models import Task, TaskState
+from tasks_app.models import Machine, Task, TaskState
 from tasks_app.services.decisions import DECISIONS, task_ask_again, task_decide
 from tasks_app.services.progress import transcript_page
 from tasks_app.shapes import task_dict
@@ -36,15 +37,18 @@ def timeline(task: Task) -> list[dict]:
     """B9/U4: the task's history in time order, ``[{"at", "kind", "text"}]`` with kinds
     ``event`` (transitions and recorded receipts), ``lease`` (grant, renewals, expiry or
     end), ``receipt``, ``sleep`` (a gap that ``slept_s`` explains: L9), ``decision`` and
-    ``approval`` (Q5: each approval asked, and who answered it when)."""
+    ``approval`` (Q5: each approval asked, and who answered it when). A machine is named
+    by its name, not its id (``machine:<uuid>`` becomes ``demo-worker``)."""
     items = []
-    for event in task.events.all():
+    events = list(task.events.all())
+    names = actor_names([event.actor for event in events], owner=task.owner_id)
+    for event in events:
         kind = "decision" if event.reason.startswith("owner decision") else "event"
         if event.reason.startswith("approval "):
             kind = "approval"
         change = f"{event.old_state or '-'} → {event.new_state}" if event.new_state and event.new_state != event.old_state \
             else ""
-        text = " ".join(p for p in (change, event.reason, f"({event.actor})") if p)
+        text = " ".join(p for p in (change, event.reason, f"({names.get(event.actor, event.actor)})") if p)
         items.append({"at": event.at, "kind": kind, "text": text})
     for lease in task.leases.all():
         items.append({"at": lease.granted_at, "kind": "lease",
@@ -66,6 +70,19 @@ def timeline(task: Task) -> list[dict]:
     order = {"sleep": 0, "lease": 1, "receipt": 2, "event": 3, "decision": 3, "approval": 3}
     items.sort(key=lambda i: (i["at"], order[i["kind"]]))
     return [{**i, "at": iso(i["at"])} for i in items]
+
+
+def actor_names(actors: list[str], *, owner) -> dict[str, str]:
+    """``{"machine:<id>": "<its name>"}`` for the owner's machines among ``actors``."""
+    ids = {a.split(":", 1)[1] for a in actors if a.startswith("machine:")}
+    valid = set()
+    for value in ids:
+        try:
+            valid.add(str(uuid.UUID(value)))
+        except ValueError:
+            continue
+    rows = Machine.objects.filter(pk__in=valid, owner_id=owner).values_list("pk", "name") if valid else []
+    return {f"machine:{pk}": name for pk, name in rows}
 
 
 def receipts(task: Task) -> list[dict]:
@@ -122,6 +139,7 @@ def task_page(request, task_id):
     task = _own_task(request, task_id)
     data = page_data(task, now=clock.now())
     return render(request, "task.html", {"task": task, "machine_name": task.machine.name, "page": data,
+                                         "conversation": task.mode == "conversation",
                                          "git_line": data["git_line"],
                                          "decision_error": request.GET.get("error", "")[:200]})
 

@@ -253,7 +253,8 @@ def test_g2_claude_last_result_wins_after_a_wake_turn():
                      '"num_turns":2,"total_cost_usd":0.2,"errors":["tool crashed"]}')
     facts = parser.facts()
     assert facts["agent_result"] == {"is_error": True, "subtype": "error_during_execution", "summary": "tool crashed"}
-    assert facts["usage"]["turns"] == 2 and facts["usage"]["cost_usd"] == 0.2
+    # num_turns is per turn and adds up; total_cost_usd counts the whole process (G2).
+    assert facts["usage"]["turns"] == 3 and facts["usage"]["cost_usd"] == 0.2
 
 
 def test_g2_overlong_line_is_skipped_whole():
@@ -407,3 +408,40 @@ def test_g4_a_gemini_message_streamed_in_deltas_is_one_entry_when_it_ends():
     assert list(parser.entries) == []  # still growing
     parser.close()  # the stream ended mid-message: it is kept
     assert list(parser.entries) == [{"n": 1, "kind": "message", "text": "Hello world"}]
+
+
+STREAM_INPUT = Path(__file__).resolve().parent / "fixtures" / "claude_stream_input"
+
+
+@pytest.mark.parametrize("fixture,expected", [
+    # Three turns in one process (2.1.328, tests/record_claude_stream_input.py): each
+    # `result` says num_turns 1 and usage 12 in / 7 out for its own turn, while
+    # total_cost_usd counts the whole process (0.000188, 0.000376, 0.000564).
+    ("two_turns.jsonl", usage(3, 0, 36, 21, 0.000564)),
+    # An interrupted turn (num_turns 3, a tool call) then an answered one.
+    ("interrupt.jsonl", usage(4, 1, 24, 14, 0.000376)),
+])
+def test_g2_c1_claude_usage_adds_up_over_every_turn_of_a_conversation(fixture, expected):
+    data = (STREAM_INPUT / fixture).read_bytes()
+    parser = make_parser("claude", "first")
+    parser.feed(data)
+    parser.close()
+    assert parser.facts()["usage"] == expected
+    # Live progress while the turns go by never goes down.
+    parser, seen = make_parser("claude"), []
+    for line in data.splitlines(keepends=True):
+        parser.feed(line)
+        seen.append(parser.usage() or usage(0, 0, 0, 0, 0))
+    for key in ("turns", "input_tokens", "output_tokens"):
+        counts = [u[key] or 0 for u in seen]
+        assert counts == sorted(counts), (key, counts)
+
+
+def test_g2_c1_a_turn_without_figures_in_its_result_counts_its_messages():
+    parser = make_parser("claude")
+    for n in (1, 2):
+        parser.feed_line(json.dumps({"type": "assistant", "message": {"id": f"m{n}", "content": [
+            {"type": "text", "text": f"answer {n}"}], "usage": {"input_tokens": 10, "output_tokens": 2}}}))
+        parser.feed_line(json.dumps({"type": "result", "subtype": "success", "is_error": False,
+                                     "result": f"answer {n}"}))
+    assert parser.usage() == usage(2, 0, 20, 4, None)

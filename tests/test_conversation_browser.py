@@ -1,13 +1,18 @@
-"""The task page as a chat on a phone (SPEC C2-C5, B9): headless Debian Chromium
-(Playwright) at 390 px against a real daphne, a real worker and the real Claude Code in
-streaming-input mode, offline against the fake Messages API."""
+"""The task page as a chat on a phone (SPEC C2-C6, B9): headless Debian Chromium
+(Playwright) at 390 px against a real daphne and a real worker running the demo's live
+profile (``fake-claude``) or the real Claude Code in streaming-input mode, offline against
+the fake Messages API. Screenshots go to var/test-output/screenshots/."""
+import subprocess
+from pathlib import Path
+
 import pytest
 
-from tests.browser import chromium, new_page  # noqa: F401  (fixtures)
+from tests.browser import chromium, new_page, shot  # noqa: F401  (fixtures)
 from tests.claude_cli import fake_model_api  # noqa: F401  (fixture)
-from tests.conversation_support import conversation_setup, open_conversation, turns_started, wait_states
+from tests.conversation_support import (conversation_setup, open_conversation, turns_started, wait_live_profile,
+                                        wait_states)
 from tests.live import live_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import SHORT_TIMINGS
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -71,6 +76,102 @@ def test_c2_c4_c5_phone_chat_send_interrupt_end(live_daphne, new_page, make_owne
         assert turns_started(fake_model_api) == ["hello from the board", "also update the changelog", LONG_TOOL]
         wait_states(setup, task_id, {0: "answered", 1: "answered", 2: "answered"})
         assert page.evaluate("window.__sameDocument") is True  # all of it without a reload
+        no_horizontal_scroll(page)
+    finally:
+        setup.close()
+
+
+FAKE_CLAUDE = Path(__file__).resolve().parent.parent / "scripts" / "fake_claude.py"
+VIEWPORT_H = PHONE["viewport"]["height"]
+
+
+def fake_claude_setup(url, owner, tmp_path) -> LiveSetup:
+    """The demo's live profile: ``fake-claude`` (the claude preset run by
+    scripts/fake_claude.py, which converses over stream-json input as Claude Code does)."""
+    setup = LiveSetup(url, owner, tmp_path)
+    subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
+    setup.config.write_text(
+        f'allowed_roots = ["{setup.root}"]\n[profiles.fake-claude]\npreset = "claude"\nbinary = "{FAKE_CLAUDE}"\n'
+        'env = { FAKE_CLAUDE_PAUSE_S = "1.2", FAKE_CLAUDE_TURNS = "2", FAKE_CLAUDE_COMMIT = "0" }\n')
+    setup.start_worker()
+    wait_live_profile(setup)
+    return setup
+
+
+def box_on_screen(page):
+    """The message box is inside the viewport, and the newest bubble is not under it."""
+    box = page.locator("#chat-text").bounding_box()
+    assert box and box["y"] >= 0 and box["y"] + box["height"] <= VIEWPORT_H, box
+    assert box["x"] >= 0 and box["x"] + box["width"] <= PHONE["viewport"]["width"], box
+    newest, form = page.evaluate("""[document.querySelector('#chat-log').lastElementChild.getBoundingClientRect().bottom,
+                                     document.querySelector('#chat-form').getBoundingClientRect().top]""")
+    assert newest <= form + 1, (newest, form)
+
+
+def test_c2_c4_b9_phone_chat_replies_under_their_messages_box_in_view_stopped_by_you(
+        live_daphne, new_page, make_owner, tmp_path):  # noqa: F811
+    from playwright.sync_api import expect
+
+    setup = fake_claude_setup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path)
+    try:
+        task_id = setup.submit("fake-claude", prompt="look around the repository", mode="conversation")
+        page = new_page(setup.url, setup.owner, **PHONE)
+        page.goto(f"{setup.url}/tasks/{task_id}/")
+        page.wait_for_selector("#conn[data-state=live]")
+        chat = page.locator("#chat-log")
+        # The chat comes first; the run's transcript, timeline and receipts are one tap away.
+        expect(page.locator("#run-details")).not_to_have_attribute("open", "")
+        expect(page.locator("#transcript")).to_be_hidden()
+        expect(page.locator("#task-prompt")).to_be_hidden()
+        expect(chat.locator(".reply[data-seq='0']")).to_contain_text(
+            "Done: 'look around the repository' is handled", timeout=30000)
+        texts = ["also update the changelog", "now the readme, please", "and a summary at the end"]
+        for seq, text in enumerate(texts, start=1):
+            page.fill("#chat-text", text)
+            page.click("#chat-send")
+            bubble = chat.locator(f".msg[data-seq='{seq}']")
+            expect(bubble).to_contain_text(text)
+            box_on_screen(page)
+            expect(bubble).to_have_attribute("data-state", "answered", timeout=30000)
+            expect(bubble.locator(".msg-state")).to_have_text("answered")
+            reply = chat.locator(f".reply[data-seq='{seq}']")
+            expect(reply).to_contain_text(f"Done: {text!r} is handled")
+            expect(reply).not_to_contain_text("look around the repository")  # no other turn's words
+            tools = reply.locator("details.reply-tool")
+            expect(tools).to_have_count(1)  # the tool call, folded into one line
+            expect(tools.locator("summary")).to_contain_text("Bash")
+            box_on_screen(page)
+            # The thread alternates: this reply comes right after its message.
+            assert page.evaluate(f"document.querySelector(\".msg[data-seq='{seq}']\").nextElementSibling"
+                                 f".matches(\".reply[data-seq='{seq}']\")")
+        shot(page, "c2-chat-three-turns-390.png")
+        # The board's card of the conversation between turns: waiting for you, no timer.
+        board = new_page(setup.url, setup.owner, **PHONE)
+        board.goto(f"{setup.url}/")
+        card = board.locator(f"li.task[data-task-id='{task_id}']")
+        expect(card.locator(".conversation-waiting")).to_contain_text("waiting for you")
+        expect(card).not_to_contain_text("running for")
+        shot(board, "c6-board-waiting-for-you-390.png")
+        # Stop a turn while its tool call runs: "stopped by you", not the CLI's raw lines.
+        page.fill("#chat-text", "a long one")
+        page.click("#chat-send")
+        fourth = chat.locator(".reply[data-seq='4']")
+        expect(fourth.locator("details.reply-tool")).to_have_count(1, timeout=30000)
+        page.click("#chat-interrupt")
+        expect(fourth.locator(".reply-stopped")).to_have_text("stopped by you", timeout=30000)
+        expect(chat).not_to_contain_text("Request interrupted")
+        expect(chat).not_to_contain_text("error_during_execution")
+        box_on_screen(page)
+        no_horizontal_scroll(page)
+        shot(page, "c4-chat-stopped-by-you-390.png")
+        # The full transcript is still there, one tap away.
+        page.click("#run-details > summary")
+        expect(page.locator("#transcript")).to_be_visible()
+        expect(page.locator("#receipts-body")).not_to_contain_text("{")
+        page.click("#chat-end")
+        task = setup.wait_final(task_id, timeout=60)
+        assert task["state"] == "succeeded", task
+        assert task["usage"]["turns"] >= 9, task["usage"]  # G2: every turn counted
         no_horizontal_scroll(page)
     finally:
         setup.close()

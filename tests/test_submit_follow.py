@@ -6,6 +6,7 @@ state, 2 on ``unknown``."""
 import json
 import os
 import pty
+import re
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks_app.follow import Follower, printable
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.worker_harness import BASE_DIR, SHORT_TIMINGS, LiveSetup, manage_env, wait_for
 
@@ -53,6 +55,10 @@ def test_o4_follow_prints_states_and_the_transcript_and_exits_0_on_succeeded(set
     code, out, err = follow(setup, "claude")
     assert code == 0, (out, err)
     assert "\r" not in out and "\x1b" not in out  # piped: plain lines only
+    first, *rest = out.splitlines()
+    # One line for the submission (not the task's JSON), then the state lines.
+    assert first.startswith("task ") and " accepted: " in first and f"{setup.url}/tasks/" in first, first
+    assert rest[0] == "[accepted]", rest[:3]
     lines = out[out.index("[accepted]"):].splitlines()
     states = [line.split("]")[0] + "]" for line in lines if line.startswith("[")]
     assert states[0] == "[accepted]" and states[-1] == "[succeeded]" and "[running]" in states
@@ -63,6 +69,48 @@ def test_o4_follow_prints_states_and_the_transcript_and_exits_0_on_succeeded(set
     result = "result: exit code 0 · 3 turns · 2 tool calls · 9600 in / 240 out · $0.0324"
     assert lines.index("> tidy the readme") < lines.index("$ Bash: git status --short") < lines.index(result)
     assert lines[-1] == "agent: Done: 'tidy the readme' is handled; I committed my notes."
+
+
+HOSTILE = "red \x1b[31mALERT\x1b[0m, title \x1b]0;TITLE\x07, bell \x07, cr \r, del \x7f, c1 \x9b, " \
+          "reversed \u202etxet\u202c, isolate \u2066x\u2069, rlm \u200f, tab\tkept"
+
+
+def offline_follower(**options):
+    """A Follower fed by hand (no service is asked anything): what it writes."""
+    out = []
+    task = {"id": "t1", "state": "running", "version": 1, "state_reason": "reason \x1b[2J" + HOSTILE}
+    follower = Follower(server="http://127.0.0.1:9", token="x", task=task, write=out.append, **options)
+    follower.on_entries([{"n": 1, "kind": "prompt", "text": HOSTILE + "\nsecond line"},
+                         {"n": 2, "kind": "message", "text": HOSTILE},
+                         {"n": 3, "kind": "tool_call", "tool": "Bash\x1b[1m", "text": HOSTILE},
+                         {"n": 4, "kind": "tool_result", "status": "error", "text": HOSTILE},
+                         {"n": 5, "kind": "error", "text": HOSTILE}])
+    follower.http.close()
+    return "".join(out)
+
+
+@pytest.mark.django_db(transaction=False)
+def test_o4_follow_strips_control_characters_from_what_it_prints():
+    """Piped or on a terminal, nothing the agent or the owner wrote reaches it as control
+    characters: no escape sequence (colour, window title, clear screen), no C0 but newline
+    and tab, no DEL, no C1, no bidi control."""
+    for tty in (False, True):
+        text = offline_follower(tty=tty)
+        assert re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]",
+                         text) is None, repr(text)
+        assert "> red ALERT, title , bell , cr , del , c1 , reversed txet, isolate x, rlm , tab\tkept" in text
+        assert "> second line" in text and "$ Bash: red ALERT" in text and "! error: red ALERT" in text
+        assert "[running] reason red ALERT" in text
+    assert printable("a\r\nb") == "a\nb"
+
+
+@pytest.mark.django_db(transaction=False)
+def test_o4_follow_json_keeps_the_text_with_control_characters_escaped():
+    lines = offline_follower(json_mode=True).splitlines()
+    assert all(re.search("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u200e\u200f]", line) is None
+               for line in lines), lines
+    entries = [json.loads(line) for line in lines if json.loads(line)["type"] == "entry"]
+    assert entries[1]["text"] == HOSTILE  # the data itself, whole
 
 
 def test_o4_follow_exits_1_on_another_final_state_with_json_lines(setup):

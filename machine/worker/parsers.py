@@ -103,6 +103,11 @@ def _dict(value) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+def _plus(a: int | None, b: int | None) -> int | None:
+    """A sum of counts where None is "not reported": None only when both are."""
+    return b if a is None else a if b is None else a + b
+
+
 class TextParser:
     """Plain output (profiles without a stream format): nothing structured is kept."""
 
@@ -383,6 +388,12 @@ class ClaudeParser(TextParser):
         super().__init__(prompt)
         self._message_id = None
         self._tool_ids: set[str] = set()
+        # G2 over every turn of a live conversation (C1): one ``result`` per turn, whose
+        # ``num_turns`` and ``usage`` are that turn's alone (recorded with 2.1.328 in
+        # tests/fixtures/claude_stream_input/), are added up; ``total_cost_usd`` already
+        # counts the whole process, so the last one is the cost.
+        self._ended = [0, None, None]  # turns, input, output tokens of the turns whose result was read
+        self._running = [0, None, None]  # the same of the turn running now, from its assistant messages
 
     def on_event(self, event: dict) -> bool:
         kind = event.get("type")
@@ -400,9 +411,10 @@ class ClaudeParser(TextParser):
             if new_message:
                 self._message_id = message_id
                 self._tool_ids.clear()
-                self.turns += 1
                 usage = _dict(message.get("usage"))
-                self._add_tokens(_claude_input(usage), _int(usage.get("output_tokens")))
+                self._running = [self._running[0] + 1, _plus(self._running[1], _claude_input(usage)),
+                                 _plus(self._running[2], _int(usage.get("output_tokens")))]
+                self._count_turns()
                 self.turn_usage(_claude_input(usage), _int(usage.get("output_tokens")))
             texts, run = [], []
             for block in message.get("content") or []:
@@ -445,22 +457,25 @@ class ClaudeParser(TextParser):
             self.set_result(is_error=is_error, subtype=subtype, summary=summary)
             if is_error:
                 self.add_entry("error", summary or subtype)
-            turns = _int(event.get("num_turns"))
-            if turns is not None:
-                self.turns = turns
+            # The result's figures are the turn's own (where it gives them, else what its
+            # assistant messages said); a later turn adds to them (G2).
+            usage = _dict(event.get("usage"))
+            turns, total_in, out = _int(event.get("num_turns")), _claude_input(usage), _int(usage.get("output_tokens"))
+            running, self._running = self._running, [0, None, None]
+            self._ended = [self._ended[0] + (turns if turns is not None else running[0]),
+                           _plus(self._ended[1], total_in if total_in is not None else running[1]),
+                           _plus(self._ended[2], out if out is not None else running[2])]
+            self._count_turns()
             cost = _num(event.get("total_cost_usd"))
             if cost is not None:
                 self.cost_usd = cost
-            usage = _dict(event.get("usage"))
-            if usage:
-                total_in = _claude_input(usage)
-                if total_in is not None:
-                    self.input_tokens = total_in
-                out = _int(usage.get("output_tokens"))
-                if out is not None:
-                    self.output_tokens = out
             return True
         return kind == "stream_event"
+
+    def _count_turns(self) -> None:
+        self.turns = self._ended[0] + self._running[0]
+        self.input_tokens = _plus(self._ended[1], self._running[1])
+        self.output_tokens = _plus(self._ended[2], self._running[2])
 
     def _claude_user(self, event: dict) -> None:
         """Tool results (paired with their calls by ``tool_use_id``) and user text: a

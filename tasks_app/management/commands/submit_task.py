@@ -1,7 +1,8 @@
 """``manage.py submit_task PROMPT``: submit a task over HTTP, as an API client would.
 
-Sends ``POST /api/tasks/`` with a fresh Idempotency-Key (or ``--key``) and prints the
-answer. Defaults (server, token, machine, folder) come from ``var/demo.json``, written by
+Sends ``POST /api/tasks/`` with a fresh Idempotency-Key (or ``--key``) and prints one
+line: the task's id, state and page (``task ID accepted: SERVER/tasks/ID/``), or the
+refusal (``HTTP 400 invalid: detail``); ``--json`` prints the answer itself. Defaults (server, token, machine, folder) come from ``var/demo.json``, written by
 ./run, so in the embedded demo only the prompt is needed.
 
 - ``--continue TASK``: a follow-up of TASK (``continue_task``, G6; queued behind it while
@@ -26,7 +27,7 @@ import httpx
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks_app.follow import Follower
+from tasks_app.follow import Follower, json_line, printable
 from machine.protocol import DEFAULT_MAX_RUNTIME_S
 
 
@@ -87,12 +88,17 @@ class Command(BaseCommand):
             answer = response.json()
         except ValueError:
             answer = response.text
+        accepted = response.status_code < 400 and isinstance(answer, dict) and "id" in answer
         if as_json:
-            self.stdout.write(json.dumps(answer, separators=(",", ":")))
+            self.stdout.write(json_line(answer))
+        elif accepted:
+            self.stdout.write(printable(f"task {answer['id']} {answer.get('state', '')}: "
+                                        f"{server.rstrip('/')}/tasks/{answer['id']}/ (Idempotency-Key {key})"))
         else:
-            self.stdout.write(f"HTTP {response.status_code} (Idempotency-Key {key})")
-            self.stdout.write(json.dumps(answer, indent=2))
-        if response.status_code >= 400:
+            detail = answer if not isinstance(answer, dict) else \
+                " ".join(str(answer.get(k)) for k in ("error", "detail", "fields") if answer.get(k))
+            self.stdout.write(printable(f"HTTP {response.status_code} {detail}"[:2000]))
+        if not accepted:
             error = answer.get("error") if isinstance(answer, dict) else None
             raise CommandError(f"task refused: {error or response.status_code}")
         if not follow:
