@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from tests.live import BASE_DIR, BoardSocket, database_env, live_daphne  # noqa: F401
-from tests.worker_harness import SHORT_TIMINGS, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import SHORT_TIMINGS
 
 
 def manage(*args, env=None, **kwargs):
@@ -81,7 +82,7 @@ def test_o1_h_task_runs_end_to_end_with_real_worker_and_board_events(live_daphne
         def seen_states():
             return [e["task"]["state"] for e in board.events if e.get("type") == "task" and e["task"]["id"] == task_id]
 
-        wait_for(lambda: "succeeded" in seen_states(), timeout=5, what="the board's succeeded event")
+        wait_for(lambda: "succeeded" in seen_states(), timeout_s=5, what="the board's succeeded event")
         seen = seen_states()
         assert seen[0] == "accepted" and seen[-1] == "succeeded"
         assert {"starting", "running"} <= set(seen)

@@ -18,13 +18,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-_NOTHING = object()  # the last value before the condition ever ran or returned
+LAST_VALUE_CHARS = 4000  # a failure message shows at most this much of the last value
+
+
+def _seen(last: Any) -> str:
+    """The last value for a failure message: a text of several lines (a screen) as it
+    reads, anything else as its ``repr``, cut to ``LAST_VALUE_CHARS``."""
+    if isinstance(last, BaseException):
+        return f"last error: {last!r}"
+    text = f"\n{last}" if isinstance(last, str) and "\n" in last else repr(last)
+    return f"last value: {text[:LAST_VALUE_CHARS]}{' ...' if len(text) > LAST_VALUE_CHARS else ''}"
 
 
 def _failure(what: str, timeout_s: float, last: Any, detail: Callable[[], str] | None) -> AssertionError:
-    seen = ("no value" if last is _NOTHING
-            else f"last error: {last!r}" if isinstance(last, BaseException) else f"last value: {last!r}")
-    message = f"timed out after {timeout_s} s waiting for {what}; {seen}"
+    message = f"timed out after {timeout_s} s waiting for {what}; {_seen(last)}"
     if detail is not None:
         message += f"\n{detail()}"
     return AssertionError(message)
@@ -43,7 +50,6 @@ def wait_for(condition: Callable[[], Any], *, timeout_s: float = 10.0, interval_
     message (a worker log). Raises ``AssertionError`` with ``what``, ``timeout_s`` and
     the last value (or error) seen."""
     deadline = time.monotonic() + timeout_s
-    last: Any = _NOTHING
     while True:
         try:
             last = condition()
@@ -64,7 +70,6 @@ async def wait_for_async(condition: Callable[[], Any], *, timeout_s: float = 10.
     """``wait_for`` for a coroutine: sleeps with ``asyncio.sleep`` so the loop runs
     meanwhile, and awaits ``condition()`` when it returns an awaitable (an ORM ``aget``)."""
     deadline = time.monotonic() + timeout_s
-    last: Any = _NOTHING
     while True:
         try:
             last = condition()
