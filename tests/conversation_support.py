@@ -59,7 +59,6 @@ def messages(setup: LiveSetup, task_id: str) -> list[dict]:
 
 def wait_states(setup: LiveSetup, task_id: str, want: dict[int, str], timeout: float = 60) -> list[dict]:
     """Until each message ``seq`` in ``want`` is in its state; the messages."""
-
     def reached(got: list[dict]) -> bool:
         states = {m["seq"]: m["state"] for m in got}
         return all(states.get(seq) == state for seq, state in want.items())

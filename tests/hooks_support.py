@@ -72,7 +72,6 @@ def finish_hook(proc: subprocess.Popen, timeout: float = 30.0) -> tuple[int, byt
 
 def stop_sender(state_dir: Path, timeout_s: float = 5.0) -> None:
     """Stops the sender running for ``state_dir`` (by the pid in its lock file), if any."""
-
     def stopped() -> bool:  # gone, or asked (again) to stop
         pid = hook_launch.sender_pid(Path(state_dir))
         if pid is None:
@@ -108,6 +107,5 @@ class Board(BoardSocket):
     def wait_for(self, session_id, last, timeout=20.0, since: int = 0) -> list[tuple]:
         """The session's sequence once it has more than ``since`` entries and ends with
         ``last`` (``since``: the length already seen, so an earlier ``last`` does not count)."""
-        return wait_for(
-            lambda: (seq := self.of(session_id)) and len(seq) > since and seq[-1] == last and seq, timeout_s=timeout
-        )
+        return wait_for(lambda: self.of(session_id), until=lambda seq: len(seq) > since and seq[-1] == last,
+                        timeout_s=timeout, what=f"{last} last on the board for session {session_id}")
