@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 import uuid
 
 from tests.claude_cli import write_claude_profile
 from tests.model_apis import AnthropicAPI
-from tests.worker_harness import LiveSetup, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import LiveSetup
 
 
 def conversation_setup(url: str, owner, tmp_path, api: AnthropicAPI) -> LiveSetup:
@@ -30,7 +30,7 @@ def wait_live_profile(setup: LiveSetup) -> None:
 
     wait_for(lambda: any(p.get("conversation") == "live"
                          for p in Machine.objects.get(pk=setup.machine_id).profiles or []),
-             timeout=30, what="the worker reported its live profile")
+             timeout_s=30, what="the worker reported its live profile")
 
 
 def op_dir(setup: LiveSetup, task_id: str) -> str:
@@ -59,15 +59,12 @@ def messages(setup: LiveSetup, task_id: str) -> list[dict]:
 
 def wait_states(setup: LiveSetup, task_id: str, want: dict[int, str], timeout: float = 60) -> list[dict]:
     """Until each message ``seq`` in ``want`` is in its state; the messages."""
-    end = time.monotonic() + timeout
-    got = []
-    while time.monotonic() < end:
-        got = messages(setup, task_id)
+    def reached(got: list[dict]) -> bool:
         states = {m["seq"]: m["state"] for m in got}
-        if all(states.get(seq) == state for seq, state in want.items()):
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"messages never reached {want}: {got}\n--- worker log ---\n{setup.log()}")
+        return all(states.get(seq) == state for seq, state in want.items())
+
+    return wait_for(lambda: messages(setup, task_id), until=reached, timeout_s=timeout,
+                    what=f"the messages to reach {want}", detail=lambda: f"--- worker log ---\n{setup.log()}")
 
 
 def turns_started(api: AnthropicAPI) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tests.agent_clis import Offline, cli_bin
 from tests.tmux import Terminal
+from tests.wait import wait_for
 
 READY = "Type your message"  # the prompt's placeholder: the CLI takes input
 DIALOG = "Allow execution of"
@@ -40,8 +41,5 @@ def submit(term: Terminal, text: str, timeout: float = 60.0) -> None:
 
 def wait_closed(term: Terminal, timeout: float = 60.0) -> None:
     """Until the CLI has exited (its tmux session is gone)."""
-    deadline = time.monotonic() + timeout
-    while not term.screen().startswith("<no screen"):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the CLI still runs {timeout} s later:\n{term.screen()}")
-        time.sleep(0.1)
+    wait_for(term.screen, until=lambda screen: screen.startswith("<no screen"), timeout_s=timeout, interval_s=0.1,
+             what="the CLI to exit")

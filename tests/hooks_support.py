@@ -5,12 +5,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from machine.hooks import launch as hook_launch
 from tests.live import BoardSocket
-from tests.worker_harness import wait_for
+from tests.wait import wait_for
 
 BASE_DIR = Path(__file__).resolve().parents[1]
 FIXTURES = BASE_DIR / "tests" / "fixtures" / "hooks"
@@ -73,22 +72,17 @@ def finish_hook(proc: subprocess.Popen, timeout: float = 30.0) -> tuple[int, byt
 
 def stop_sender(state_dir: Path, timeout_s: float = 5.0) -> None:
     """Stops the sender running for ``state_dir`` (by the pid in its lock file), if any."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def stopped() -> bool:  # gone, or asked (again) to stop
         pid = hook_launch.sender_pid(Path(state_dir))
         if pid is None:
-            return
+            return True
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        time.sleep(0.05)
-    raise AssertionError(f"sender for {state_dir} did not stop")
+        return False
 
-
-def wait_until(predicate, timeout: float = 20.0, step: float = 0.02):
-    """``predicate()``'s first truthy value, polled every ``step`` s for ``timeout`` s."""
-    return wait_for(predicate, timeout=timeout, interval=step)
+    wait_for(stopped, timeout_s=timeout_s, what=f"the sender for {state_dir} to stop")
 
 
 class Board(BoardSocket):
@@ -113,6 +107,5 @@ class Board(BoardSocket):
     def wait_for(self, session_id, last, timeout=20.0, since: int = 0) -> list[tuple]:
         """The session's sequence once it has more than ``since`` entries and ends with
         ``last`` (``since``: the length already seen, so an earlier ``last`` does not count)."""
-        return wait_until(
-            lambda: (seq := self.of(session_id)) and len(seq) > since and seq[-1] == last and seq, timeout=timeout
-        )
+        return wait_for(lambda: self.of(session_id), until=lambda seq: len(seq) > since and seq[-1] == last,
+                        timeout_s=timeout, what=f"{last} last on the board for session {session_id}")

@@ -41,6 +41,8 @@ from django.conf import settings
 from django.db import connection
 from websockets.sync.client import connect
 
+from tests.wait import wait_for
+
 BASE_DIR = Path(settings.BASE_DIR)
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0  # for a killed process to be reaped
@@ -108,30 +110,27 @@ class DaphneServer:
     def wait_waiting(self, count: int = 1, key: str | None = None, timeout: float = 10.0) -> None:
         """Until ``count`` waits (of ``key``, or of distinct keys) have begun waiting for a
         wake-up in this server: the fact "the pull waits", instead of a sleep."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def found() -> int:
             seen = self.waits()
-            found = seen.count(key) if key is not None else len(set(seen))
-            if found >= count:
-                return
-            assert time.monotonic() < deadline, (
-                f"{found} of {count} waits{f' of {key}' if key else ''} began waiting within {timeout} s "
-                f"(RUNSTEAD_LOG_LEVEL=DEBUG?):\n{self.log()[-2000:]}")
-            time.sleep(0.02)
+            return seen.count(key) if key is not None else len(set(seen))
+
+        wait_for(found, until=lambda n: n >= count, timeout_s=timeout, interval_s=0.02,
+                 what=f"{count} waits{f' of {key}' if key else ''} to begin waiting (RUNSTEAD_LOG_LEVEL=DEBUG?)",
+                 detail=lambda: self.log()[-2000:])
 
     def _wait_ready(self):
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
+        def answers() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"daphne exited with {self.process.returncode}:\n{self.log()[-4000:]}")
-            try:
-                if httpx.get(self.url + settings.LOGIN_URL, timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"daphne not ready after {READY_TIMEOUT_S} s:\n{self.log()[-4000:]}")
+            return httpx.get(self.url + settings.LOGIN_URL, timeout=1.0).status_code == 200
+
+        try:
+            wait_for(answers, timeout_s=READY_TIMEOUT_S, interval_s=0.1, ignore=(httpx.HTTPError,),
+                     what="daphne to answer", detail=lambda: self.log()[-4000:])
+        except AssertionError:
+            self.stop()
+            raise
 
     def stop(self):
         """Kill it and wait. A test's server owes nobody an orderly exit, and the

@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ import pytest
 
 from tests.live import BASE_DIR, DaphneServer, database_env, free_port
 from tests.procs import stop_process
+from tests.wait import wait_for
 
 DAPHNE_PATHS = ("/ws/", "/api/worker/messages/", "/api/approvals/")
 
@@ -107,16 +107,12 @@ class ProductionShape:
         self.sweep = Process([sys.executable, "manage.py", "sweep"], full, log_dir, "sweep")
         self.proxy = PathProxy(api_port, self.ws.port)
         self.url = self.proxy.url
-        end = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{api_port}/accounts/login/", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+
+        def answers() -> bool:
             assert self.api.process.poll() is None, self.api.log_path.read_text()
-            assert time.monotonic() < end, "gunicorn did not start"
-            time.sleep(0.1)
+            return httpx.get(f"http://127.0.0.1:{api_port}/accounts/login/", timeout=1).status_code == 200
+
+        wait_for(answers, timeout_s=30, interval_s=0.1, ignore=(httpx.HTTPError,), what="gunicorn to start")
 
     def stop(self):
         self.proxy.close()

@@ -25,7 +25,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from machine.hooks import install
@@ -33,6 +32,7 @@ from machine.protocol import HOOK_SCRIPT
 from tests import model_apis
 from tests.agent_clis import DEFAULT_BINS, offline, seed_opencode_plugin_deps
 from tests.gemini_terminal import DIALOG, READY, gemini_terminal, submit, wait_closed
+from tests.wait import wait_for
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hooks"
 RECORDER = Path(__file__).resolve().parent / "agents" / "record_hook.py"
@@ -101,11 +101,8 @@ def run_gemini_interactive(prompt: str, *, home: Path, work: Path, setup, out: P
     before = starts()
     with gemini_terminal(setup, home=home, work=work, socket=home / "tmux.sock") as term:
         term.wait_for(READY, timeout=90)
-        deadline = time.monotonic() + 60
-        while starts() == before:
-            if time.monotonic() > deadline:
-                raise SystemExit("gemini: its SessionStart hook did not run within 60 s")
-            time.sleep(0.1)
+        wait_for(starts, until=lambda n: n != before, timeout_s=60, interval_s=0.1,
+                 what="gemini's SessionStart hook to run")
         submit(term, prompt)
         term.wait_for(DIALOG, timeout=60)
         term.key("Enter")  # "1. Allow once"

@@ -16,7 +16,7 @@ from machine.worker.config import parse_config
 from machine.worker.loop import Worker, WorkerOptions
 from machine.worker.store import StateDir, Store
 from machine.worker.testing import InMemoryService
-from tests.worker_harness import wait_for
+from tests.wait import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -60,7 +60,7 @@ def test_g4_w8_a_progress_call_that_never_answers_delays_no_renewal_and_no_recei
     thread = run(worker)
     try:
         start = service.add_start(folder=str(repo), grant_root=str(repo.parent), agent="claude")
-        final = wait_for(lambda: service.receipt(start.operation_id, "final"), timeout=20, what="final receipt")
+        final = wait_for(lambda: service.receipt(start.operation_id, "final"), timeout_s=20, what="final receipt")
         # The progress thread is stuck inside its first call the whole time.
         assert service.progress_posts == [] and worker.progress.sent == 0
         facts = final["facts"]
@@ -82,7 +82,7 @@ def test_g4_progress_at_most_once_a_second_and_only_on_change(tmp_path):
     thread = run(worker)
     try:
         start = service.add_start(folder=str(repo), grant_root=str(repo.parent), agent="claude")
-        wait_for(lambda: service.receipt(start.operation_id, "final"), timeout=20, what="final receipt")
+        wait_for(lambda: service.receipt(start.operation_id, "final"), timeout_s=20, what="final receipt")
     finally:
         stop(worker, thread)
     posts = service.progress_posts
@@ -109,7 +109,7 @@ def test_g4_progress_posts_and_the_final_receipt_carry_the_whole_transcript_once
     thread = run(worker)
     try:
         start = service.add_start(folder=str(repo), grant_root=str(repo.parent), agent="claude", prompt="tidy up")
-        final = wait_for(lambda: service.receipt(start.operation_id, "final"), timeout=20, what="final receipt")
+        final = wait_for(lambda: service.receipt(start.operation_id, "final"), timeout_s=20, what="final receipt")
     finally:
         stop(worker, thread)
     posted = [e for _, body in service.progress_posts for e in body["entries"]]

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tests.live import BoardSocket, module_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import SHORT_TIMINGS, LiveSetup, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

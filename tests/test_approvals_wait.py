@@ -13,6 +13,7 @@ from core.longpoll import waiting
 from sessions_app.approvals import approval_key
 from tests.conftest import owner_api
 from tests.live import Background, live_daphne  # noqa: F401  (fixture)
+from tests.wait import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 DEBUG = {"RUNSTEAD_LOG_LEVEL": "DEBUG"}  # core.longpoll logs each wait that begins waiting
@@ -77,10 +78,8 @@ def test_q3_sync_form_under_wsgi_is_woken_by_the_decision(owner):
     body = {"key": "k-sync", "session": str(uuid.uuid4()), "agent": "claude", "tool_name": "Bash", "tool_input": BASH}
     approval = api.post("/api/approvals/", body, format="json").json()
     read = Background(owner_api(owner).get, f"/api/approvals/{approval['id']}/", {"wait": 20})
-    deadline = time.monotonic() + 10
-    while waiting(approval_key(approval["id"])) < 1:  # the read's first take found it pending
-        assert time.monotonic() < deadline, "the read never waited"
-        time.sleep(0.01)
+    # the read's first take found it pending
+    wait_for(lambda: waiting(approval_key(approval["id"])) >= 1, timeout_s=10, interval_s=0.01, what="the read to wait")
     assert api.post(f"/api/approvals/{approval['id']}/decision/", {"behavior": "allow", "scope": "session"},
                     format="json", HTTP_IDEMPOTENCY_KEY="d-1").status_code == 200
     answer = read.result(5)

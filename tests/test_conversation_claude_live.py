@@ -21,7 +21,8 @@ from tests.conversation_support import (
     wait_states,
 )
 from tests.live import DaphneServer, live_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import SHORT_TIMINGS, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import SHORT_TIMINGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -109,12 +110,12 @@ def test_c4_interrupt_stops_the_long_tool_and_the_next_message_is_answered_in_th
     setup = live()
     task_id = open_conversation(setup, LONG_TOOL)
     setup.wait_state(task_id, "running", timeout=60)
-    wait_for(long_tool_runs, timeout=60, what="the long tool runs")
+    wait_for(long_tool_runs, timeout_s=60, what="the long tool runs")
     resp = setup.api.post(f"/api/tasks/{task_id}/interrupt/")
     assert resp.status_code == 202, resp.text
     wait_states(setup, task_id, {0: "answered"}, timeout=30)
     # Claude Code kills the tool's process group as it ends the turn: gone within moments.
-    wait_for(lambda: not long_tool_runs(), timeout=10, what="the interrupted tool to be gone")
+    wait_for(lambda: not long_tool_runs(), timeout_s=10, what="the interrupted tool to be gone")
     after = send(setup, task_id, "after the interrupt")
     assert after.status_code == 201
     wait_states(setup, task_id, {1: "answered"}, timeout=60)
@@ -203,7 +204,7 @@ def test_c6_between_turns_the_task_runs_and_its_session_is_idle_one_turn_marker_
     wait_states(setup, task_id, {0: "delivered"}, timeout=60)
     assert session_status(setup, session_id) == "busy"
     wait_states(setup, task_id, {0: "answered"}, timeout=60)
-    wait_for(lambda: session_status(setup, session_id) == "idle", timeout=10, what="idle between turns")
+    wait_for(lambda: session_status(setup, session_id) == "idle", timeout_s=10, what="idle between turns")
     assert setup.task(task_id)["state"] == "running"
     [first_turn] = setup.api.get(f"/api/sessions/{session_id}/").json()["markers"]
     # B5/N1 once, at the first turn's end: none at its start (the task's ``running`` no
@@ -214,7 +215,7 @@ def test_c6_between_turns_the_task_runs_and_its_session_is_idle_one_turn_marker_
     assert session_status(setup, session_id) == "busy"
     assert idle_notices(session_id) == 1  # nothing between the turns: no blip
     wait_states(setup, task_id, {1: "answered"}, timeout=60)
-    wait_for(lambda: session_status(setup, session_id) == "idle", timeout=10, what="idle after the second turn")
+    wait_for(lambda: session_status(setup, session_id) == "idle", timeout_s=10, what="idle after the second turn")
     assert idle_notices(session_id) == 2
     # M: one marker per device, its turn the second one now, ended.
     [second_turn] = setup.api.get(f"/api/sessions/{session_id}/").json()["markers"]

@@ -3,7 +3,6 @@ a real task over HTTP, and the board's WebSocket seeing it move (SPEC 2, B2, H, 
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -11,7 +10,8 @@ import httpx
 import pytest
 
 from tests.live import BASE_DIR, BoardSocket, database_env, live_daphne  # noqa: F401
-from tests.worker_harness import SHORT_TIMINGS, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import SHORT_TIMINGS
 
 
 def manage(*args, env=None, **kwargs):
@@ -67,13 +67,10 @@ def test_o1_h_task_runs_end_to_end_with_real_worker_and_board_events(live_daphne
         )
         assert resp.status_code == 201, resp.text
         task_id = resp.json()["id"]
-        deadline = time.monotonic() + 60
-        task = {}
-        while time.monotonic() < deadline:
-            task = api.get(f"/api/tasks/{task_id}/").json()
-            if task["state"] not in ("accepted", "delivered", "starting", "running"):
-                break
-            time.sleep(0.2)
+        task = wait_for(lambda: api.get(f"/api/tasks/{task_id}/").json(),
+                        until=lambda t: t["state"] not in ("accepted", "delivered", "starting", "running"),
+                        timeout_s=60, interval_s=0.2, what="the task to end",
+                        detail=lambda: (tmp_path / "worker.log").read_text()[-3000:])
         assert task["state"] == "succeeded", (task, (tmp_path / "worker.log").read_text()[-3000:])
         assert task["exit_code"] == 0 and task["stop_reason"] == "exit"
         assert "tests exit 0" in (repo / "NOTES.md").read_text()
@@ -81,7 +78,7 @@ def test_o1_h_task_runs_end_to_end_with_real_worker_and_board_events(live_daphne
         def seen_states():
             return [e["task"]["state"] for e in board.events if e.get("type") == "task" and e["task"]["id"] == task_id]
 
-        wait_for(lambda: "succeeded" in seen_states(), timeout=5, what="the board's succeeded event")
+        wait_for(lambda: "succeeded" in seen_states(), timeout_s=5, what="the board's succeeded event")
         seen = seen_states()
         assert seen[0] == "accepted" and seen[-1] == "succeeded"
         assert {"starting", "running"} <= set(seen)

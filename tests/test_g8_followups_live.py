@@ -17,7 +17,8 @@ import pytest
 
 from tests.git_support import checkout_fingerprint, git
 from tests.live import module_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import BASE_DIR, SHORT_TIMINGS, LiveSetup, manage_env, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import BASE_DIR, SHORT_TIMINGS, LiveSetup, manage_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -68,7 +69,7 @@ def test_g8_g7_a_follow_up_queued_while_a_worktree_task_runs_resumes_its_session
     assert resp.status_code == 201, resp.text
     follow = resp.json()
     assert (follow["state"], follow["queued_behind"], follow["isolation"]) == ("queued", first, "worktree")
-    wait_for(lambda: len(runs(live)) >= 1, timeout=30, what="the first run recorded")
+    wait_for(lambda: len(runs(live)) >= 1, timeout_s=30, what="the first run recorded")
     assert len(runs(live)) == 1  # nothing started for the follow-up while the first runs
 
     done_first = live.wait_final(first, timeout=90)
@@ -116,7 +117,7 @@ def test_g8_g7_a_follow_up_queued_while_a_worktree_task_runs_resumes_its_session
     merged = live.api.post(f"/api/tasks/{third['id']}/integrate/", json={"action": "merge"},
                            headers={"Idempotency-Key": str(uuid.uuid4())})
     assert merged.status_code == 202, merged.text
-    wait_for(lambda: (live.task(third["id"])["integration"] or {}).get("outcome") == "merged", timeout=60,
+    wait_for(lambda: (live.task(third["id"])["integration"] or {}).get("outcome") == "merged", timeout_s=60,
              what="the merge reported")
     notes = git(repo, "show", "main:NOTES.md")
     assert all(text in notes for text in ("write the notes", "and now the summary", "the last touch"))

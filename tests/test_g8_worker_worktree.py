@@ -16,7 +16,8 @@ from machine.worker.clock import FakeClock
 from machine.worker.loop import WorkerOptions
 from machine.worker.testing import InMemoryService
 from tests.git_support import git
-from tests.worker_harness import make_worker, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import make_worker
 
 PROFILES = {"instant": {"AGENT_SLEEP_S": "0"}}
 
@@ -49,7 +50,7 @@ def rig(tmp_path):
         return message.operation_id
 
     def final(operation_id: str) -> dict:
-        return wait_for(lambda: service.receipt(operation_id, "final"), timeout=30, what="final receipt")["facts"]
+        return wait_for(lambda: service.receipt(operation_id, "final"), timeout_s=30, what="final receipt")["facts"]
 
     return type("Rig", (), {"repo": repo, "state": tmp_path / "state", "run_once": staticmethod(run_once),
                             "start": staticmethod(start), "final": staticmethod(final)})

@@ -14,8 +14,9 @@ import pytest
 from machine.hooks import mapping, store
 from sessions_app.models import Approval, Session
 from machine.protocol import json_digest
-from tests.hooks_support import fixture, finish_hook, hook_env, run_hook, start_hook, stop_sender, wait_until
+from tests.hooks_support import fixture, finish_hook, hook_env, run_hook, start_hook, stop_sender
 from tests.live import DaphneServer, free_port, live_daphne, module_daphne  # noqa: F401
+from tests.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 FAST = {"RUNSTEAD_HOOK_SENDER_IDLE_S": "5", "RUNSTEAD_HOOK_BACKOFF_BASE_S": "0.05",
@@ -46,9 +47,9 @@ class Rig:
         return time.monotonic() - start
 
     def pending(self, count=1, timeout=20.0) -> list[Approval]:
-        return wait_until(lambda: (rows := list(Approval.objects.filter(session=self.rs, state="pending")
-                                                .order_by("created_at"))) and len(rows) >= count and rows,
-                          timeout=timeout)
+        return wait_for(lambda: (rows := list(Approval.objects.filter(session=self.rs, state="pending")
+                                              .order_by("created_at"))) and len(rows) >= count and rows,
+                        timeout_s=timeout)
 
     def decide(self, approval_id, **body):
         response = httpx.post(f"{self.url}/api/approvals/{approval_id}/decision/", json=body or {"behavior": "allow"},
@@ -125,7 +126,7 @@ def test_q3_a_second_identical_request_in_the_turn_is_a_second_approval_and_a_re
     rig.decide(one.pk)
     assert output(finish_hook(first)[1]) == ALLOW
     second = rig.ask()  # the same tool input again in the same turn: count 2
-    two = wait_until(lambda: Approval.objects.filter(session=rig.rs, state="pending").first())
+    two = wait_for(lambda: Approval.objects.filter(session=rig.rs, state="pending").first(), timeout_s=20)
     assert two.key.endswith(":2") and two.key[:-2] == one.key[:-2]
     # the hook's own retry of the create (same key) makes no second row
     response = httpx.post(f"{rig.url}/api/approvals/", headers={"Authorization": f"Token {rig.token}"}, timeout=20,
@@ -170,7 +171,7 @@ def test_q3_the_hooks_own_wait_over_prints_nothing_and_the_next_hook_tells_the_s
         assert approval.state == "pending"  # the person answers the terminal's dialog now
         assert r.local_state()["approvals"] == [str(approval.pk)]
         r.hook("post_tool_use")  # the tool ran: answered in the terminal (Q4)
-        wait_until(lambda: Approval.objects.get(pk=approval.pk).state == "answered_in_terminal")
+        wait_for(lambda: Approval.objects.get(pk=approval.pk).state == "answered_in_terminal", timeout_s=20)
         assert Session.objects.get(pk=r.rs).attention == ""
     finally:
         r.close()
@@ -225,7 +226,7 @@ def test_q4_the_sessions_next_hook_answers_it_in_the_terminal_and_the_hook_exits
     rig.hook("pre_tool_use")
     proc = rig.ask()
     [approval] = rig.pending()
-    wait_until(lambda: rig.local_state().get("approvals") == [str(approval.pk)])
+    wait_for(lambda: rig.local_state().get("approvals") == [str(approval.pk)], timeout_s=20)
     # I1: the other hooks still return at once while this one waits
     assert rig.hook("notification_permission") < 5
     assert proc.poll() is None
@@ -245,7 +246,7 @@ def test_q4_the_next_permission_request_answers_the_earlier_one_in_the_terminal(
     first = rig.ask()
     [one] = rig.pending()
     second = rig.ask(tool_input={"command": "make test", "description": "Run the tests"})
-    wait_until(lambda: Approval.objects.filter(session=rig.rs, state="pending").exclude(pk=one.pk).exists())
+    wait_for(lambda: Approval.objects.filter(session=rig.rs, state="pending").exclude(pk=one.pk).exists(), timeout_s=20)
     assert finish_hook(first)[:2] == (0, b"")
     one.refresh_from_db()
     assert one.state == "answered_in_terminal"

@@ -20,10 +20,11 @@ from sessions_app.models import Approval
 from tests.agent_clis import cli_bin, offline
 from tests.claude_cli import claude_bin, claude_env, fake_model_api  # noqa: F401
 from machine.protocol import HOOK_SCRIPT
-from tests.hooks_support import BASE_DIR, stop_sender, wait_until
+from tests.hooks_support import BASE_DIR, stop_sender
 from tests.live import live_daphne  # noqa: F401
 from tests.model_apis import ResponsesAPI
 from tests.tmux import Terminal
+from tests.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 DIALOG = "Do you want to proceed?"
@@ -92,7 +93,7 @@ def test_q8_real_claude_interactive_dialog_answered_from_the_api_then_in_the_ter
 
         # 1. Answered from the API (the phone): the dialog closes, the tool runs.
         term.submit("[[bash:echo from-the-phone > phone.txt]]", accepted=lambda: "Running it." in term.screen().split("[[bash:echo from-the-phone > phone.txt]]")[-1])
-        approval = wait_until(lambda: pending(owner, "echo from-the-phone > phone.txt"), timeout=60)
+        approval = wait_for(lambda: pending(owner, "echo from-the-phone > phone.txt"), timeout_s=60)
         term.wait_for(DIALOG)
         approval.refresh_from_db()
         assert approval.state == "pending"  # the dialog shows while the approval is pending
@@ -102,23 +103,23 @@ def test_q8_real_claude_interactive_dialog_answered_from_the_api_then_in_the_ter
                              headers={**headers, "Idempotency-Key": str(uuid.uuid4())}, timeout=20)
         assert decided.status_code == 200, decided.text
         screen = term.wait_for("Allowed by PermissionRequest hook")
-        wait_until(lambda: (work / "phone.txt").exists(), timeout=30)
+        wait_for(lambda: (work / "phone.txt").exists(), timeout_s=30)
         assert (work / "phone.txt").read_text() == "from-the-phone\n"
         term.wait_for("done.")
         assert DIALOG not in term.screen(), screen
 
         # 2. Answered in the terminal: the tool runs, the hook that still waits is told.
         term.submit("[[bash:echo from-the-terminal > desk.txt]]", accepted=lambda: "Running it." in term.screen().split("[[bash:echo from-the-terminal > desk.txt]]")[-1])
-        approval = wait_until(lambda: pending(owner, "echo from-the-terminal > desk.txt"), timeout=60)
+        approval = wait_for(lambda: pending(owner, "echo from-the-terminal > desk.txt"), timeout_s=60)
         term.wait_for(DIALOG)
-        waiting = wait_until(lambda: hook_pids(state_dir), timeout=20)
+        waiting = wait_for(lambda: hook_pids(state_dir), timeout_s=20)
         term.press("Enter", accepted=lambda: DIALOG not in term.screen(), settle_s=3)  # "1. Yes"
         answered = time.monotonic()
-        wait_until(lambda: (work / "desk.txt").exists(), timeout=30)
-        wait_until(lambda: Approval.objects.get(pk=approval.pk).state == "answered_in_terminal", timeout=20)
+        wait_for(lambda: (work / "desk.txt").exists(), timeout_s=30)
+        wait_for(lambda: Approval.objects.get(pk=approval.pk).state == "answered_in_terminal", timeout_s=20)
         approval.refresh_from_db()
         assert approval.decided_by == "terminal"
-        wait_until(lambda: not any(pid in hook_pids(state_dir) for pid in waiting), timeout=20)
+        wait_for(lambda: not any(pid in hook_pids(state_dir) for pid in waiting), timeout_s=20)
         gone = time.monotonic() - answered
         assert gone < 5.0, f"the waiting hook ran on {gone:.1f} s after the terminal answered"
         approval.session.refresh_from_db()
@@ -149,7 +150,7 @@ def test_q3_real_codex_tui_permission_request_waits_for_the_owner_allow_then_den
                 "[[bash_ask:echo from-the-phone > phone.txt]]"]
         term = Terminal(tmp_path / "tmux.sock", argv, env=env, cwd=work)
         try:
-            approval = wait_until(lambda: pending(owner, "echo from-the-phone > phone.txt"), timeout=90)
+            approval = wait_for(lambda: pending(owner, "echo from-the-phone > phone.txt"), timeout_s=90)
             assert (approval.agent, approval.tool_name, approval.cwd) == ("codex", "Bash", str(work))
             assert approval.key.startswith("codex:") and approval.session.attention == "approval"
             term.wait_for("Running hook")  # the CLI waits for the hook, no dialog meanwhile
@@ -158,21 +159,21 @@ def test_q3_real_codex_tui_permission_request_waits_for_the_owner_allow_then_den
                                  headers={**headers, "Idempotency-Key": str(uuid.uuid4())}, timeout=20)
             assert decided.status_code == 200, decided.text
             try:
-                wait_until(lambda: (work / "phone.txt").exists(), timeout=60)  # outside the read-only sandbox
+                wait_for(lambda: (work / "phone.txt").exists(), timeout_s=60)  # outside the read-only sandbox
             except AssertionError:
                 raise AssertionError(f"no phone.txt; screen:\n{term.screen()}\nhook log: "
                                      f"{(state_dir / 'hook.log').read_text() if (state_dir / 'hook.log').exists() else ''}")
             term.wait_for("done.")
 
             term.submit("[[bash_ask:echo nope > nope.txt]]", accepted=lambda: "Working" in term.screen())
-            approval = wait_until(lambda: pending(owner, "echo nope > nope.txt"), timeout=60)
+            approval = wait_for(lambda: pending(owner, "echo nope > nope.txt"), timeout_s=60)
             decided = httpx.post(f"{url}/api/approvals/{approval.pk}/decision/",
                                  json={"behavior": "deny", "message": "Not now: open a branch first"},
                                  headers={**headers, "Idempotency-Key": str(uuid.uuid4())}, timeout=20)
             assert decided.status_code == 200, decided.text
             # the agent's next model request carries the owner's words as the call's output
-            wait_until(lambda: any("Not now: open a branch first" in json.dumps(body) for _, body in api.requests),
-                       timeout=60)
+            wait_for(lambda: any("Not now: open a branch first" in json.dumps(body) for _, body in api.requests),
+                       timeout_s=60)
             assert not (work / "nope.txt").exists()
             assert "Would you like to run the following command?" not in term.screen()
         finally:

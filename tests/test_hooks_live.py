@@ -17,8 +17,9 @@ import pytest
 from machine.hooks import mapping, store
 from machine.hooks.launch import ensure_sender
 from sessions_app.models import EndedTurn, Marker, Session
-from tests.hooks_support import BASE_DIR, Board, fixture, hook_env, run_hook, stop_sender, wait_until
+from tests.hooks_support import BASE_DIR, Board, fixture, hook_env, run_hook, stop_sender
 from tests.live import DaphneServer, live_daphne  # noqa: F401
+from tests.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 SENDER_ENV = {"RUNSTEAD_HOOK_SENDER_IDLE_S": "2", "RUNSTEAD_HOOK_BACKOFF_BASE_S": "0.05",
@@ -59,7 +60,7 @@ class Rig:
         def empty():
             with store.Outbox(self.state_dir) as outbox:
                 return outbox.pending() == 0
-        wait_until(empty, timeout=timeout)
+        wait_for(empty, timeout_s=timeout)
 
     def close(self):
         self.board.stop()
@@ -232,7 +233,7 @@ def test_i1_r4_service_down_hooks_stay_fast_then_every_write_arrives_once_in_ord
             for i in range(1, 10):
                 expected += [("marker", "running", f"t{i}"), ("status", "busy"), ("marker", "ended", f"t{i}"),
                              ("status", "idle")]
-            wait_until(lambda: len(board.of(rs)) >= len(expected), timeout=60)
+            wait_for(lambda: len(board.of(rs)) >= len(expected), timeout_s=60)
             assert board.of(rs) == expected
             marker = Marker.objects.get(session_id=rs)
             assert marker.version == 18  # 9 x (running, ended): each write applied once

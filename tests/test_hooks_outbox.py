@@ -14,7 +14,8 @@ import pytest
 
 from machine.hooks import store
 from machine.hooks.sender import Sender
-from tests.hooks_support import BASE_DIR, fixture, hook_env, run_hook, stop_sender, wait_until
+from tests.hooks_support import BASE_DIR, fixture, hook_env, run_hook, stop_sender
+from tests.wait import wait_for
 
 
 @pytest.fixture
@@ -199,11 +200,11 @@ def test_i1_hook_starts_a_sender_that_delivers_and_exits_when_idle(state_dir, re
     env = hook_env(state_dir, RUNSTEAD_HOOK_SENDER_IDLE_S="0.3")
     result = run_hook("gemini", fixture("gemini", "before_agent", session_id="g1"), state_dir, env=env)
     assert result.returncode == 0
-    wait_until(lambda: len(recorder.requests) == 3)
+    wait_for(lambda: len(recorder.requests) == 3, timeout_s=20)
     assert [r[0] for r in recorder.requests] == ["POST", "PUT", "PATCH"]
     from machine.hooks.launch import sender_running
 
-    wait_until(lambda: not sender_running(state_dir), timeout=10)
+    wait_for(lambda: not sender_running(state_dir), timeout_s=10)
     assert os.listdir(state_dir)  # state kept
 
 
@@ -453,8 +454,8 @@ def test_i7_tool_hook_with_nothing_due_only_reads_then_one_due_writes_one_runnin
     prompt = fixture("claude", "user_prompt_submit", session_id="long-1")
     assert run_hook("claude", prompt, state_dir).returncode == 0
     # No service configured: the sender it started finds no config, keeps the rows, exits.
-    wait_until(lambda: "no server or token" in (state_dir / store.SENDER_LOG).read_text(errors="replace")
-               if (state_dir / store.SENDER_LOG).exists() else False, timeout=20)
+    wait_for(lambda: "no server or token" in (state_dir / store.SENDER_LOG).read_text(errors="replace")
+             if (state_dir / store.SENDER_LOG).exists() else False, timeout_s=20)
     stop_sender(state_dir)
     with store.Outbox(state_dir) as outbox:
         queued = len(outbox.rows())

@@ -27,8 +27,9 @@ from machine.hooks import mapping
 from tests import model_apis
 from tests.agent_clis import cli_bin, offline, seed_opencode_plugin_deps
 from tests.gemini_terminal import DIALOG, READY, gemini_terminal, submit, wait_closed
-from tests.hooks_support import BASE_DIR, Board, stop_sender, wait_until
+from tests.hooks_support import BASE_DIR, Board, stop_sender
 from tests.live import live_daphne  # noqa: F401  (fixture)
+from tests.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -225,10 +226,10 @@ def test_i6_real_gemini_interactive_tool_dialog_sets_attention(hooked, tmp_path)
         term.wait_for(READY, timeout=90)
         # SessionStart's hook ran (the CLI waits for it, "Executing Hook: runstead"): its
         # session reached the service.
-        wait_until(lambda: Session.objects.filter(pk=session).exists(), timeout=BOARD_TIMEOUT_S)
+        wait_for(lambda: Session.objects.filter(pk=session).exists(), timeout_s=BOARD_TIMEOUT_S)
         submit(term, f"[[bash:{command}]]")
         term.wait_for(DIALOG, timeout=60)
-        wait_until(lambda: any(s[1] == "permission" for s in statuses()), timeout=BOARD_TIMEOUT_S)
+        wait_for(lambda: any(s[1] == "permission" for s in statuses()), timeout_s=BOARD_TIMEOUT_S)
         row = Session.objects.get(pk=session)
         assert (row.status, row.attention, row.agent, row.cwd) == ("busy", "permission", "gemini", str(cli.work))
         assert command in row.attention_message
@@ -236,7 +237,7 @@ def test_i6_real_gemini_interactive_tool_dialog_sets_attention(hooked, tmp_path)
         assert not (cli.work / "hi.txt").exists()
 
         term.key("Enter")  # "1. Allow once" (selected)
-        wait_until(lambda: (cli.work / "hi.txt").exists(), timeout=60)
+        wait_for(lambda: (cli.work / "hi.txt").exists(), timeout_s=60)
         term.wait_for("done.", timeout=60)
         wait_idle(cli, session)
         row.refresh_from_db()

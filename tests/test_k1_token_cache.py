@@ -15,6 +15,7 @@ from tasks_app.models import Machine
 from tasks_app.services.pairing import machine_pair, pairing_code_create
 from tasks_app.services.revocation import machine_unpair
 from tests.conftest import machine_api, owner_api
+from tests.wait import wait_for
 
 pytestmark = pytest.mark.postgres
 
@@ -115,7 +116,6 @@ def test_p1_k1_a_cache_miss_during_a_revocation_waits_for_it_and_caches_nothing(
     still-committed old row (it would cache it under the new counter for good): its
     ``FOR KEY SHARE`` read waits for the commit and finds the token revoked."""
     import threading
-    import time
 
     from django.db import connection, connections, transaction
 
@@ -149,15 +149,16 @@ def test_p1_k1_a_cache_miss_during_a_revocation_waits_for_it_and_caches_nothing(
     assert locked.wait(10)
     looker = threading.Thread(target=look)
     looker.start()
-    deadline = time.monotonic() + 10
     with connection.cursor() as cursor:  # the fact: the lookup waits on the revocation's row lock
-        while True:
+
+        def lookups_waiting_on_a_lock() -> int:
+            assert looker.is_alive(), "the lookup did not wait for the revocation"
             cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                            "AND query LIKE %s", ["%FOR KEY SHARE%"])
-            if cursor.fetchone()[0] == 1:
-                break
-            assert time.monotonic() < deadline and looker.is_alive(), "the lookup did not wait for the revocation"
-            time.sleep(0.02)
+            return cursor.fetchone()[0]
+
+        wait_for(lookups_waiting_on_a_lock, until=lambda n: n == 1, timeout_s=10, interval_s=0.02,
+                 what="the lookup to wait for the revocation")
     release.set()
     revoker.join(10)
     looker.join(10)

@@ -106,7 +106,8 @@ def test_k1_w5_no_secret_in_logs_agent_environment_board_events_or_pages(live_da
     from websockets.sync.client import connect
 
     from notifications.models import NotificationSettings, VapidKey
-    from tests.worker_harness import PROFILES, SHORT_TIMINGS, LiveSetup, wait_for
+    from tests.worker_harness import PROFILES, SHORT_TIMINGS, LiveSetup
+    from tests.wait import wait_for
 
     url = live_daphne(**SHORT_TIMINGS, RUNSTEAD_LOG_LEVEL="DEBUG", RUNSTEAD_OUTBOUND_ALLOW="127.0.0.0/8")  # K5
 

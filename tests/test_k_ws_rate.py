@@ -23,7 +23,7 @@ from websockets.sync.client import connect
 from board.consumers import RATE_LIMITED_CLOSE_CODE
 from core.throttling import KeyedRate, parse_rate
 from tests.live import BASE_DIR, BoardSocket, live_daphne  # noqa: F401
-from tests.worker_harness import wait_for
+from tests.wait import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,7 +112,7 @@ def event_latencies(url, owners, sockets, rounds: int, until: float | None = Non
             assert response.status_code == 200, response.text
             http.append(time.monotonic() - started)
             event = wait_for(lambda: next((e for e in list(board.events) if e.get("type") == "marker"
-                                           and e.get("turn_id") == turn), None), timeout=10, what="the marker event")
+                                           and e.get("turn_id") == turn), None), timeout_s=10, what="the marker event")
             push.append(event["_at"] - datetime.fromisoformat(event["server_time"]).timestamp())
             i += 1
             time.sleep(0.05)

@@ -24,10 +24,11 @@ import pytest
 
 from machine.hooks import mapping
 from tests.claude_cli import claude_bin, claude_env, fake_model_api  # noqa: F401  (fixture)
-from tests.hooks_support import BASE_DIR, Board, stop_sender, wait_until
+from tests.hooks_support import BASE_DIR, Board, stop_sender
 from tests.http_receiver import Receiver
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.notify_support import ALL_ON
+from tests.wait import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -124,7 +125,7 @@ class ActivePoller(threading.Thread):
 def test_i7_n1_real_claude_long_turn_stays_running_and_sends_one_idle_after_it_ends(rig):
     proc = rig.start(LONG_PROMPT)
     session = rig.session_from(proc)
-    wait_until(lambda: ("status", "busy") in rig.board.of(session), timeout=60)
+    wait_for(lambda: ("status", "busy") in rig.board.of(session), timeout_s=60)
     poller = ActivePoller(rig)
     poller.start()
     try:
@@ -148,10 +149,10 @@ def test_i7_n1_real_claude_long_turn_stays_running_and_sends_one_idle_after_it_e
     during = [ids for at, ids in poller.looks if at < ended_at - 0.5]
     assert len(during) >= 10 and all(str(session) in ids for ids in during), poller.looks
 
-    wait_until(lambda: rig.idle_notifications(session), timeout=30)
+    wait_for(lambda: rig.idle_notifications(session), timeout_s=30)
     # Exactly one, however long the notify loop is given (it runs every 0.2 s).
     with pytest.raises(AssertionError):
-        wait_until(lambda: len(rig.idle_notifications(session)) > 1, timeout=2)
+        wait_for(lambda: len(rig.idle_notifications(session)) > 1, timeout_s=2)
 
 
 def test_n1_m3_real_claude_killed_mid_turn_shows_idle_after_expiry_and_announces_nothing(rig):
@@ -159,8 +160,8 @@ def test_n1_m3_real_claude_killed_mid_turn_shows_idle_after_expiry_and_announces
     # and the turn then ends (Stop) before the kill, which this test is not about.
     proc = rig.start("[[bash:timeout 60 tail -f /dev/null]]")
     session = rig.session_from(proc)
-    wait_until(lambda: ("status", "busy") in rig.board.of(session), timeout=60)
-    wait_until(lambda: rig.api.paths().count("/v1/messages?beta=true") >= 1, timeout=30)
+    wait_for(lambda: ("status", "busy") in rig.board.of(session), timeout_s=60)
+    wait_for(lambda: rig.api.paths().count("/v1/messages?beta=true") >= 1, timeout_s=30)
     os.killpg(proc.pid, signal.SIGKILL)  # no Stop, no SessionEnd
     proc.communicate(timeout=30)
 
@@ -173,4 +174,4 @@ def test_n1_m3_real_claude_killed_mid_turn_shows_idle_after_expiry_and_announces
     assert idle["_seen"] - running["_seen"] >= CLASS_S + GRACE_S - 1  # not before its marker ran out
     # Nothing is sent for it, however long the notify loop is given.
     with pytest.raises(AssertionError):
-        wait_until(lambda: rig.idle_notifications(session), timeout=2)
+        wait_for(lambda: rig.idle_notifications(session), timeout_s=2)

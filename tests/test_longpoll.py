@@ -16,6 +16,7 @@ import pytest
 
 from tasks_app.models import Grant, Machine, OutboxMessage, Task
 from tests.live import Background, DaphneServer, live_daphne, local_listener  # noqa: F401
+from tests.wait import wait_for, wait_for_async
 from tests.worker_harness import LiveSetup
 
 pytestmark = pytest.mark.slow
@@ -327,9 +328,7 @@ def test_d1_200_waiting_workers_owner_answers_and_task_arrives_within_1s(live_da
                                              "exclusive": False})
                 assert resp.status_code == 201, resp.text
                 task_id = resp.json()["id"]
-                while task_id not in got and time.monotonic() - t0 < 5:
-                    await asyncio.sleep(0.02)
-                assert task_id in got, "task never reached its worker"
+                await wait_for_async(lambda: task_id in got, timeout_s=5, interval_s=0.02, what="the task at its worker")
                 assert got[task_id] - t0 < 1, f"task reached its worker after {got[task_id] - t0:.2f} s"
         stop.set()
         for t in tasks:
@@ -375,27 +374,25 @@ async def test_d1_pull_whose_client_disconnects_during_its_take_releases_the_mes
         taken = take(**kwargs)
         if taken:
             loop.call_soon_threadsafe(gone.set)  # the client goes away while the take runs...
-            deadline = time.monotonic() + 5
-            while not pull.done():  # ...and the request ends before the take returns
-                assert time.monotonic() < deadline, "the request did not end on the disconnect"
-                time.sleep(0.01)
+            # ...and the request ends before the take returns
+            wait_for(pull.done, timeout_s=5, interval_s=0.01, what="the request to end on the disconnect")
         return taken
 
     monkeypatch.setattr(messages, "messages_take", take_then_client_gone)
     key = outbox_key(machine.pk)
     pull = asyncio.create_task(application(scope, receive, send))
-    deadline = time.monotonic() + 5
-    while not waiting(key):
-        assert time.monotonic() < deadline and not pull.done(), "the pull never waited"
-        await asyncio.sleep(0.01)
+
+    def pull_waits() -> int:
+        assert not pull.done(), "the pull never waited"
+        return waiting(key)
+
+    await wait_for_async(pull_waits, timeout_s=5, interval_s=0.01, what="the pull to wait")
     await hidden.aupdate(acked_at=None)
     wake(key)  # as the after-commit notification would
     await asyncio.wait_for(pull, 5)
     assert sent == []  # nothing was answered to a client that is gone
-    deadline = time.monotonic() + 5
-    while (message := await hidden.aget()).visible_at > timezone.now():
-        assert time.monotonic() < deadline, "the message taken for the gone client was never released"
-        await asyncio.sleep(0.02)
+    message = await wait_for_async(hidden.aget, until=lambda m: m.visible_at <= timezone.now(), timeout_s=5,
+                                   interval_s=0.02, what="the release of the message taken for the gone client")
     assert message.deliveries == 1 and message.acked_at is None  # taken once, and visible again
     assert waiting(key) == 0
     from django.db import connections

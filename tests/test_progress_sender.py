@@ -6,7 +6,7 @@ import threading
 
 from machine.protocol import ENTRIES_KEPT, ENTRIES_PER_POST
 from machine.worker.progress import ProgressSender
-from tests.worker_harness import wait_for
+from tests.wait import wait_for
 
 OP = "00000000-0000-0000-0000-000000000001"
 
@@ -39,14 +39,14 @@ def test_g4_entries_of_a_failed_post_go_with_the_next_and_count_once_confirmed()
     try:
         service.failing.set()
         sender.offer(OP, {"output_tail": "a", "last_message": None, "usage": None}, entries(1, 3))
-        wait_for(lambda: len(service.posts) == 1, timeout=5, what="the first post")
+        wait_for(lambda: len(service.posts) == 1, timeout_s=5, what="the first post")
         service.failing.clear()
         sender.offer(OP, {"output_tail": "b", "last_message": "hi", "usage": None}, entries(4, 4))
-        wait_for(lambda: len(service.posts) == 2, timeout=5, what="the second post")
+        wait_for(lambda: len(service.posts) == 2, timeout_s=5, what="the second post")
         assert numbers(service.posts[0]) == [1, 2, 3]
         assert numbers(service.posts[1]) == [1, 2, 3, 4]  # the unconfirmed ones ride along
         assert service.posts[1]["output_tail"] == "b" and service.posts[1]["seq"] == 2
-        wait_for(lambda: sender.confirmed.get(OP) == 4, timeout=5, what="confirmation")
+        wait_for(lambda: sender.confirmed.get(OP) == 4, timeout_s=5, what="confirmation")
         assert sender.forget(OP) == 4
     finally:
         sender.stop()
@@ -57,7 +57,7 @@ def test_g4_a_burst_of_entries_goes_50_a_post_without_new_offers():
     sender = ProgressSender(service.post, interval_s=0.05).start()
     try:
         sender.offer(OP, {"output_tail": "", "last_message": None, "usage": None}, entries(1, 120))
-        wait_for(lambda: len(service.posts) == 3, timeout=5, what="three posts")
+        wait_for(lambda: len(service.posts) == 3, timeout_s=5, what="three posts")
         assert [numbers(b) for b in service.posts] == [list(range(1, 51)), list(range(51, 101)),
                                                        list(range(101, 121))]
         assert [b["seq"] for b in service.posts] == [1, 2, 3]

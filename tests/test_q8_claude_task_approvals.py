@@ -26,7 +26,8 @@ import pytest
 from machine.worker.store import DB_NAME
 from tests.claude_cli import fake_model_api, write_claude_profile  # noqa: F401  (fixture)
 from tests.live import BoardSocket, module_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import SHORT_TIMINGS, LiveSetup, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -65,7 +66,7 @@ def pending_approval(setup: LiveSetup, task_id: str, timeout: float = 60.0) -> d
         found[:] = setup.api.get("/api/approvals/", params={"task": task_id}).json()["results"]
         return bool(found)
 
-    wait_for(asked, timeout=timeout, what=f"the task's approval\n{setup.log()}")
+    wait_for(asked, timeout_s=timeout, what=f"the task's approval\n{setup.log()}")
     return found[0]
 
 
@@ -105,7 +106,7 @@ def test_q5_q8_allowed_from_the_api_the_tool_runs_and_the_task_succeeds(asking, 
         # While it waits, the lease keeps renewing (3 s leases): renewed well after the ask, still running.
         asked_at = datetime.fromisoformat(approval["created_at"])
         wait_for(lambda: (Lease.objects.get(task_id=task_id).expires_at - asked_at).total_seconds() > 4.5,
-                 timeout=30, what="a renewal 1.5 s after the approval was asked")
+                 timeout_s=30, what="a renewal 1.5 s after the approval was asked")
         task = setup.task(task_id)
         assert (task["state"], task["attention"]) == ("running", "approval")
         assert not (setup.repo / "allowed.txt").exists()
@@ -113,7 +114,7 @@ def test_q5_q8_allowed_from_the_api_the_tool_runs_and_the_task_succeeds(asking, 
         requests_before = len(fake_model_api.requests)
         decided_at = time.monotonic()
         decide(setup, approval["id"], behavior="allow")
-        wait_for(lambda: len(tool_results(fake_model_api)) >= 1, timeout=30, what="the tool's result")
+        wait_for(lambda: len(tool_results(fake_model_api)) >= 1, timeout_s=30, what="the tool's result")
         reached_s = time.monotonic() - decided_at
         print(f"Q5: from the owner's answer to the agent's next model request: {reached_s:.2f} s")
         assert len(fake_model_api.requests) > requests_before

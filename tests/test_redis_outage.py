@@ -17,6 +17,7 @@ from websockets.exceptions import ConnectionClosed
 
 from board.consumers import LAYER_DOWN_CLOSE_CODE
 from tests.live import free_port, live_daphne  # noqa: F401
+from tests.wait import wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -32,10 +33,9 @@ class PrivateRedis:
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        end = time.monotonic() + 10
-        while subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True).stdout.strip() != "PONG":
-            assert time.monotonic() < end, "private redis-server did not start"
-            time.sleep(0.05)
+        wait_for(lambda: subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True,
+                                        text=True).stdout.strip(), until=lambda answer: answer == "PONG", timeout_s=10,
+                 what="the private redis-server to start")
 
     def stop(self):
         self.process.terminate()

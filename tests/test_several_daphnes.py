@@ -31,6 +31,7 @@ import websockets
 import websockets.sync.client as ws_client
 
 from tests.live import Background, live_daphne, local_listener  # noqa: F401
+from tests.wait import wait_for_async
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -223,7 +224,9 @@ def test_d1_b2_kill9_of_one_daphne_every_worker_and_board_reconnects_and_nothing
         tasks = [asyncio.create_task(_puller(balancer.url, m.test_token, seen, stop)) for m in machines]
         tasks += [asyncio.create_task(_board(balancer.url, token, board, stop)) for board in boards]
         try:
-            await until(lambda: sum(len(set(s.waits())) for s in servers) >= 100 and all(b["opened"] for b in boards), 60)
+            await wait_for_async(lambda: sum(len(set(s.waits())) for s in servers) >= 100
+                                 and all(b["opened"] for b in boards), timeout_s=60,
+                                 what="100 waiting pulls and every board socket open")
             # kill -9 the process holding the most waiting pulls
             victim = max(servers, key=lambda s: len(set(s.waits())))
             on_victim = set(victim.waits())
@@ -242,7 +245,7 @@ def test_d1_b2_kill9_of_one_daphne_every_worker_and_board_reconnects_and_nothing
 
             # every connection to the victim is gone, its pulls wait again on the others,
             # and every board socket is open (those that were on the victim, again)
-            await until(all_back, 60)
+            await wait_for_async(all_back, timeout_s=60, what="every pull and board back on the survivors")
             assert sum(b["closed"] for b in boards) >= 1  # some of them were on the victim
 
             async with httpx.AsyncClient(base_url=balancer.url, timeout=15, headers={
@@ -254,13 +257,15 @@ def test_d1_b2_kill9_of_one_daphne_every_worker_and_board_reconnects_and_nothing
                         "max_runtime_s": 60})
                     assert answer.status_code == 201, answer.text
                     submitted[answer.json()["id"]] = m.test_token
-                await until(lambda: set(seen) >= set(submitted), 30)
+                await wait_for_async(lambda: set(seen) >= set(submitted), timeout_s=30,
+                                     what="every task at its worker")
                 sessions = [str(uuid.uuid4()) for _ in range(3)]
                 for session_id in sessions:
                     marker = await api.put(f"/api/sessions/{session_id}/marker/",
                                            json={"turn_id": "t1", "device_id": "d1", "state": "running"})
                     assert marker.status_code == 200, marker.text
-                await until(lambda: all(sessions[-1] in b["events"] for b in boards), 30)
+                await wait_for_async(lambda: all(sessions[-1] in b["events"] for b in boards), timeout_s=30,
+                                     what="the last session on every board")
             return submitted, seen, [b["events"] for b in boards], sessions
         finally:
             stop.set()
@@ -281,13 +286,6 @@ def test_d1_b2_kill9_of_one_daphne_every_worker_and_board_reconnects_and_nothing
     # each board socket got each event once, in order
     for events in board_events:
         assert [e for e in events if e in sessions] == sessions, events
-
-
-async def until(predicate, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "not within the deadline"
-        await asyncio.sleep(0.05)
 
 
 def _token_misses(server) -> int:

@@ -16,7 +16,8 @@ import pytest
 
 from tasks_app.follow import Follower, printable
 from tests.live import live_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import BASE_DIR, SHORT_TIMINGS, LiveSetup, manage_env, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import BASE_DIR, SHORT_TIMINGS, LiveSetup, manage_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -143,7 +144,7 @@ def test_o4_follow_exits_2_on_unknown_with_a_spinner_on_a_terminal(setup):
             return b""
 
     try:
-        wait_for(lambda: output.extend(read_some()) or b"[running]" in output, timeout=30, what="running")
+        wait_for(lambda: output.extend(read_some()) or b"[running]" in output, timeout_s=30, what="running")
         for worker in setup.workers:
             worker.send_signal(signal.SIGKILL)
         assert proc.wait(timeout=30) == 2

@@ -12,7 +12,8 @@ import pytest
 from tasks_app.models import Task, TaskEvent
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.browser import chromium, new_page  # noqa: F401  (fixtures)
-from tests.worker_harness import SHORT_TIMINGS, LiveSetup, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -93,7 +94,7 @@ def test_u3_unknown_task_settled_by_a_decision_on_the_page(live_daphne, new_page
         worker.post(f"/api/worker/messages/{message['id']}/ack/")
         assert worker.post("/api/worker/leases/", json={"operation_id": message["operation_id"]}).status_code == 201
         # The worker goes silent: the 3 s lease lapses and the sweep makes the task unknown (L6).
-        wait_for(lambda: api.get(f"/api/tasks/{task_id}/").json()["state"] == "unknown", timeout=15,
+        wait_for(lambda: api.get(f"/api/tasks/{task_id}/").json()["state"] == "unknown", timeout_s=15,
                  what="the task to become unknown")
         page = new_page(url, owner, **PHONE)
         page.goto(f"{url}/tasks/{task_id}/")

@@ -16,7 +16,7 @@ from machine.hooks import store
 from sessions_app.models import EndedTurn, Marker, Session
 from tests.hooks_support import stop_sender
 from tests.live import module_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import wait_for
+from tests.wait import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BASE_DIR = Path(settings.BASE_DIR)
@@ -97,7 +97,7 @@ def test_m6_wrapper_writes_ended_on_ctrl_c(server, tmp_path):
     proc = wrapper(url, token, sid, sys.executable, "-c", agent, str(pid_file), start_new_session=True)
     try:
         # The agent runs (it wrote its pid), so Ctrl-C is what ends it.
-        wait_for(lambda: running_marker(sid) is not None and pid_file.exists() and pid_file.read_text(), timeout=20,
+        wait_for(lambda: running_marker(sid) is not None and pid_file.exists() and pid_file.read_text(), timeout_s=20,
                  what="running marker and the agent's pid")
         assert Session.objects.get(pk=sid).status == "busy"
         os.killpg(proc.pid, signal.SIGINT)
@@ -118,7 +118,7 @@ def test_m6_wrapper_writes_ended_on_sigterm_and_stops_the_agent(server, tmp_path
     agent = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
     proc = wrapper(url, token, sid, sys.executable, "-c", agent, str(pid_file), start_new_session=True)
     try:
-        wait_for(lambda: running_marker(sid) is not None and pid_file.exists() and pid_file.read_text(), timeout=20,
+        wait_for(lambda: running_marker(sid) is not None and pid_file.exists() and pid_file.read_text(), timeout_s=20,
                  what="running marker and the agent's pid")
         agent_pid = int(pid_file.read_text())
         proc.send_signal(signal.SIGTERM)  # only the wrapper: it forwards to the agent
@@ -140,7 +140,7 @@ def test_m5_wrapper_sweeps_its_device_at_start(server, owner):
     sid = uuid.uuid4()
     first = wrapper(url, token, sid, sys.executable, "-c", "import time; time.sleep(60)", start_new_session=True)
     try:
-        wait_for(lambda: running_marker(sid) is not None, timeout=20, what="running marker")
+        wait_for(lambda: running_marker(sid) is not None, timeout_s=20, what="running marker")
         crashed_turn = running_marker(sid).turn_id
     finally:
         os.killpg(first.pid, signal.SIGKILL)
@@ -193,7 +193,7 @@ def test_i1_wrapper_writes_queued_while_the_service_was_down_arrive_in_order_onc
     from machine.hooks.launch import ensure_sender
 
     ensure_sender(hook_dir)
-    wait_for(lambda: Marker.objects.filter(session_id=sid, state="ended").exists(), timeout=20, what="ended marker")
+    wait_for(lambda: Marker.objects.filter(session_id=sid, state="ended").exists(), timeout_s=20, what="ended marker")
     marker = Marker.objects.get(session_id=sid)
     assert marker.version == 2  # running then ended, in order, once each
     assert Session.objects.get(pk=sid).status == "idle"

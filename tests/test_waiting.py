@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from core.longpoll import Wait, notify, take_or_wait, take_or_wait_sync, waiting
+from tests.wait import wait_for, wait_for_async
 
 # channels_redis binds its receive state to one event loop; each test has its own loop.
 pytestmark = pytest.mark.usefixtures("fresh_layer")
@@ -35,17 +36,15 @@ class Approval:
 
 
 async def until_waiting(key: str, count: int = 1) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while waiting(key) != count:
-        assert time.monotonic() < deadline, f"{waiting(key)} waits of {key} waiting, expected {count}"
-        await asyncio.sleep(0.01)
+    """Until ``count`` waits of ``key`` are waiting (the registry's count, D2)."""
+    await wait_for_async(lambda: waiting(key), until=lambda n: n == count, timeout_s=DEADLINE_S, interval_s=0.01,
+                         what=f"{count} waits of {key} waiting")
 
 
 def until_waiting_sync(key: str, count: int = 1) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while waiting(key) != count:
-        assert time.monotonic() < deadline, f"{waiting(key)} waits of {key} waiting, expected {count}"
-        time.sleep(0.01)
+    """``until_waiting`` for a test without an event loop."""
+    wait_for(lambda: waiting(key), until=lambda n: n == count, timeout_s=DEADLINE_S, interval_s=0.01,
+             what=f"{count} waits of {key} waiting")
 
 
 @pytest.mark.asyncio
@@ -102,10 +101,8 @@ async def test_d1_cancelled_wait_releases_what_its_take_took():
     await asyncio.wait({pull})
     assert pull.cancelled()
     finish.set()
-    deadline = time.monotonic() + DEADLINE_S
-    while not released:
-        assert time.monotonic() < deadline, "what the cancelled take took was never released"
-        await asyncio.sleep(0.01)
+    await wait_for_async(lambda: released, timeout_s=DEADLINE_S, interval_s=0.01,
+                         what="the release of what the cancelled take took")
     assert released == [["message-1"]]
     assert waiting(key) == 0
 

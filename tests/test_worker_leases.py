@@ -12,7 +12,8 @@ import pytest
 
 from machine.worker.store import Store
 from tests.live import DaphneServer, module_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import SHORT_TIMINGS, LiveSetup, live_pids, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup, live_pids
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +41,7 @@ def test_l5_revoked_grant_renewal_refused_group_gone_within_a_renewal_interval(l
     pids = wait_for(lambda: len(live.agent_pids()) >= 3 and live.agent_pids(), what="agent, child, grandchild")
     revoked_at = time.monotonic()
     assert live.api.post(f"/api/grants/{live.grant_id}/revoke/").status_code == 200
-    wait_for(lambda: not live_pids([p for p, _ in pids]), timeout=5, interval=0.02, what="the whole group gone")
+    wait_for(lambda: not live_pids([p for p, _ in pids]), timeout_s=5, interval_s=0.02, what="the whole group gone")
     gone_after = time.monotonic() - revoked_at
     assert gone_after < 0.5 + 0.5 + 0.5  # one renewal interval + kill grace + scheduling slack
     task = live.wait_final(task_id)
@@ -89,7 +90,7 @@ def test_l8_forking_agent_stopped_every_process_gone_or_named(live):
     assert task["survivors"] == []  # every process of the agent is gone, none to name
     # SIGKILLed forks leave the process table a moment after the stop saw them die; one
     # the stop missed would sleep on and fail this wait.
-    wait_for(lambda: not live_pids([p for p, _ in live.agent_pids()]), timeout=3, what="every fork gone")
+    wait_for(lambda: not live_pids([p for p, _ in live.agent_pids()]), timeout_s=3, what="every fork gone")
     assert stop_worker(worker) == 0
 
 
@@ -109,7 +110,7 @@ def test_l10_renewals_carry_output_tail_and_l9_slept_s_reported(live):
     worker = live.start_worker()
     task_id = live.submit("slow")
     live.wait_state(task_id, "running")
-    wait_for(lambda: "agent started" in (live.task(task_id)["output_tail"] or ""), timeout=5,
+    wait_for(lambda: "agent started" in (live.task(task_id)["output_tail"] or ""), timeout_s=5,
              what="output tail from a renewal")
     task = live.wait_final(task_id)
     assert task["state"] == "succeeded"
@@ -140,7 +141,7 @@ def test_r4_service_down_longer_than_a_lease_agent_ended_inside_it_succeeds_late
         server.stop()
         try:
             wait_for(lambda: "agent done" in next((tmp_path / "state" / "ops").rglob("output.log")).read_text(),
-                     timeout=10, what="agent finished while the service is down")
+                     timeout_s=10, what="agent finished while the service is down")
         except AssertionError:
             raise AssertionError(live.log())
         lease = Lease.objects.get(task_id=task_id)

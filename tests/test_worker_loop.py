@@ -21,7 +21,8 @@ from machine.worker import faults
 from machine.worker.clock import FakeClock
 from machine.worker.loop import EXIT_REVOKED, Worker, WorkerOptions
 from machine.worker.testing import InMemoryService
-from tests.worker_harness import count_lines, live_pids, make_worker, recorded_pids, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import count_lines, live_pids, make_worker, recorded_pids
 
 PROFILES = {
     "instant": {"AGENT_SLEEP_S": "0"},
@@ -77,7 +78,7 @@ class Rig:
         return self.service.add_start(folder=str(self.repo), grant_root=str(self.root), agent=agent, **extra)
 
     def receipt(self, operation_id: str, kind: str, timeout: float = 15.0) -> dict:
-        return wait_for(lambda: self.service.receipt(operation_id, kind), timeout=timeout, what=f"{kind} receipt")
+        return wait_for(lambda: self.service.receipt(operation_id, kind), timeout_s=timeout, what=f"{kind} receipt")
 
     def starts(self) -> int:
         return count_lines(self.tmp / "starts")
@@ -248,7 +249,7 @@ def test_r3_token_revoked_stops_loop(rig, caplog):
     wait_for(lambda: len(rig.agent_pids()) >= 3, what="agent, child and grandchild")
     revoked_at = len(rig.service.calls)
     rig.service.revoke_token()  # the held long-poll, the next renewal or receipt gets 401
-    wait_for(lambda: result, timeout=15, what="the worker's exit")
+    wait_for(lambda: result, timeout_s=15, what="the worker's exit")
     assert result == [EXIT_REVOKED]
     assert live_pids(rig.agent_pids()) == []
     record = worker.ctx.store.get(start.operation_id)
@@ -295,7 +296,7 @@ def test_w8_slow_poll_never_delays_renewal(rig):
     wait_for(lambda: rig.service.pulls_in_flight == 1 and not rig.service.pull_gate.is_set(), what="a held pull")
     for n in range(1, 4):
         rig.clock.advance(TERMS["renew_every_s"])
-        wait_for(lambda: len(rig.service.calls_to("renew")) == n, timeout=5, what=f"renewal {n}")
+        wait_for(lambda: len(rig.service.calls_to("renew")) == n, timeout_s=5, what=f"renewal {n}")
         assert rig.service.pulls_in_flight == 1  # still inside the same long-poll
     assert [c.status for c in rig.service.calls_to("renew")] == [200, 200, 200]
     assert len(rig.service.lease_of(start.operation_id).renewals) == 3

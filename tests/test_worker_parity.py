@@ -24,7 +24,8 @@ from machine.worker.clock import SYSTEM_CLOCK
 from machine.worker.loop import WorkerOptions
 from machine.worker.testing import InMemoryService
 from tests.live import live_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import SHORT_TIMINGS, LiveSetup, make_worker, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup, make_worker
 
 pytestmark = pytest.mark.slow
 
@@ -174,17 +175,17 @@ def run_scenario(side, tmp_path: Path) -> dict:
     ops = {}
     try:
         ops["succeeds"] = side.submit("quick", side.root / "repo")
-        wait_for(lambda: final_sent(ops["succeeds"]), timeout=20, what="the final receipt of the quick task")
+        wait_for(lambda: final_sent(ops["succeeds"]), timeout_s=20, what="the final receipt of the quick task")
         ops["refused"] = side.submit("quick", side.root / "escape")
-        wait_for(lambda: final_sent(ops["refused"]), timeout=20, what="the final receipt of the refused task")
+        wait_for(lambda: final_sent(ops["refused"]), timeout_s=20, what="the final receipt of the refused task")
         ops["cancelled"] = op = side.submit("long", side.root / "repo")
-        wait_for(lambda: (r := store.get(op)) and r["local_state"] == "running", timeout=20, what="the agent running")
+        wait_for(lambda: (r := store.get(op)) and r["local_state"] == "running", timeout_s=20, what="the agent running")
         lease_id = store.get(op)["lease_id"]
         wait_for(lambda: {"renew", "progress"} <= {route for route, subject, status, _ in list(calls)
                                                    if subject in (op, lease_id) and status == 200},
-                 timeout=20, what="a renewal and a progress post")
+                 timeout_s=20, what="a renewal and a progress post")
         side.cancel(op)
-        wait_for(lambda: final_sent(op), timeout=20, what="the final receipt of the cancelled task")
+        wait_for(lambda: final_sent(op), timeout_s=20, what="the final receipt of the cancelled task")
     finally:
         worker.on_signal()  # W6: drain, report, exit
         thread.join(30)

@@ -13,7 +13,8 @@ import pytest
 from django.utils import timezone
 
 from tests.live import module_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import SHORT_TIMINGS, LiveSetup, live_pids, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup, live_pids
 
 pytestmark = pytest.mark.slow
 FAULT_EXIT = 97
@@ -62,7 +63,7 @@ def never_runs_again(live, task_id, starts):
 
 
 def wait_final_receipt(live, task_id, timeout=20):
-    return wait_for(lambda: (t := live.task(task_id)) and "final" in receipt_kinds(t) and t, timeout=timeout,
+    return wait_for(lambda: (t := live.task(task_id)) and "final" in receipt_kinds(t) and t, timeout_s=timeout,
                     what=f"final receipt\n{live.log()}")
 
 
@@ -117,7 +118,7 @@ def test_x3_restart_after_sigkill_stops_agent_child_and_grandchild_and_reports_u
     # The worker's death did not end them: the agent goes on working (a new line of its
     # once-a-second output after the death), its child and grandchild with it.
     lines = output.read_text().count("working")
-    wait_for(lambda: output.read_text().count("working") > lines, timeout=5, what="the agent working on")
+    wait_for(lambda: output.read_text().count("working") > lines, timeout_s=5, what="the agent working on")
     assert len(live_pids([p for p, _ in pids])) == 3
     restarted = live.start_worker()
     task = live.wait_final(task_id)

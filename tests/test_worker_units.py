@@ -19,7 +19,8 @@ from machine.worker.clock import FakeClock
 from machine.worker.config import ConfigError, check_start, parse_config
 from machine.worker.lease import KILL, OK, TERM, Deadline, LeaseTerms, SentAt, slept_s
 from machine.worker.store import Store
-from tests.worker_harness import AGENT, count_lines, live_pids, make_worker, recorded_pids, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import AGENT, count_lines, live_pids, make_worker, recorded_pids
 
 TERMS = LeaseTerms(lease_id="lease-1", duration_s=60, renew_every_s=15, margin_s=5, kill_grace_s=5)
 
@@ -386,7 +387,7 @@ def test_l8_forking_agent_all_children_stopped_or_named(tmp_path):
     assert survivors == []
     # SIGKILLed processes leave the process table a moment after stop() saw them die; one
     # that stop() missed would sleep on and fail this wait.
-    wait_for(lambda: not live_pids([p for p, _ in recorded_pids(tmp_path / "pids")]), timeout=3,
+    wait_for(lambda: not live_pids([p for p, _ in recorded_pids(tmp_path / "pids")]), timeout_s=3,
              what="every fork gone")
 
 
@@ -417,7 +418,7 @@ def test_w5_second_worker_process_on_same_state_dir_refuses(tmp_path):
     args = [sys.executable, "manage.py", "worker", "--server", UNREACHABLE, "--state-dir", state.path]
     first = subprocess.Popen(args, cwd=BASE_DIR, env=manage_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: os.path.exists(os.path.join(state.path, "worker.sqlite3")), timeout=20, what="first worker up")
+        wait_for(lambda: os.path.exists(os.path.join(state.path, "worker.sqlite3")), timeout_s=20, what="first worker up")
         second = subprocess.run(args, cwd=BASE_DIR, env=manage_env(), capture_output=True, text=True, timeout=30)
         assert second.returncode == 2
         assert "another worker" in second.stderr

@@ -10,7 +10,8 @@ import pytest
 from tests.claude_cli import fake_model_api, write_claude_profile  # noqa: F401  (fixture)
 from tests.git_support import checkout_fingerprint, git
 from tests.live import live_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import SHORT_TIMINGS, LiveSetup, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -41,7 +42,7 @@ def merge(live, task_id: str) -> dict:
     answer = live.api.post(f"/api/tasks/{task_id}/integrate/", json={"action": "merge"},
                            headers={"Idempotency-Key": f"merge-{task_id}"})
     assert answer.status_code == 202, answer.text
-    task = wait_for(lambda: (t := live.task(task_id))["integration"]["outcome"] and t, timeout=60,
+    task = wait_for(lambda: (t := live.task(task_id))["integration"]["outcome"] and t, timeout_s=60,
                     what=f"the merge outcome\n{live.log()}")
     return task["integration"]
 

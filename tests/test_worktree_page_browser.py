@@ -9,7 +9,8 @@ import pytest
 from tests.browser import chromium, new_page, shot  # noqa: F401  (fixtures)
 from tests.git_support import git
 from tests.live import live_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import SHORT_TIMINGS, LiveSetup, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -11,7 +11,8 @@ import pytest
 
 from tests.git_support import ENV, checkout_fingerprint, git
 from tests.live import live_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import BASE_DIR, SHORT_TIMINGS, LiveSetup, manage_env, wait_for
+from tests.wait import wait_for
+from tests.worker_harness import BASE_DIR, SHORT_TIMINGS, LiveSetup, manage_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -54,7 +55,7 @@ def test_g7_three_worktree_tasks_on_one_repository_run_at_once_and_never_touch_t
            for i in range(3)]
     for task_id in ids:  # no folder lock for worktree tasks (A8 holds for each task's own branch)
         assert live.task(task_id)["holds_lock"] is False and live.task(task_id)["isolation"] == "worktree"
-    wait_for(lambda: live.starts() == 3, timeout=60, what="three agents started")
+    wait_for(lambda: live.starts() == 3, timeout_s=60, what="three agents started")
     assert checkout_fingerprint(repo) == before  # while they run
     tasks = [live.wait_final(t, timeout=60) for t in ids]
     assert [t["state"] for t in tasks] == ["succeeded"] * 3, ([(t["state"], t["state_reason"]) for t in tasks], live.log())
@@ -153,7 +154,7 @@ def decide(live, task_id: str, action: str, key: str | None = None):
 
 def outcome_of(live, task_id: str, timeout: float = 30) -> dict:
     task = wait_for(lambda: (t := live.task(task_id))["integration"] and t["integration"]["outcome"] and t,
-                    timeout=timeout, what=f"the integration outcome of {task_id}")
+                    timeout_s=timeout, what=f"the integration outcome of {task_id}")
     return task["integration"]
 
 

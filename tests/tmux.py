@@ -16,10 +16,10 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 from tests.agent_clis import missing
+from tests.wait import wait_for
 
 
 def tmux_bin() -> str:
@@ -55,14 +55,8 @@ class Terminal:
 
     def wait_for(self, text: str, timeout: float = 60.0) -> str:
         """The screen once it shows ``text``; fails with the last screen after ``timeout`` s."""
-        deadline = time.monotonic() + timeout
-        while True:
-            screen = self.screen()
-            if text in screen:
-                return screen
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{text!r} not on the screen within {timeout} s:\n{screen}")
-            time.sleep(0.1)
+        return wait_for(self.screen, until=lambda screen: text in screen, timeout_s=timeout, interval_s=0.1,
+                        what=f"{text!r} on the screen")
 
     def type(self, text: str) -> None:
         """Types ``text`` literally (no key names)."""
@@ -82,11 +76,11 @@ class Terminal:
         after it opens, against answering it by accident)."""
         for _ in range(attempts):
             self.key(name)
-            deadline = time.monotonic() + settle_s
-            while time.monotonic() < deadline:
-                if accepted():
-                    return
-                time.sleep(0.1)
+            try:
+                wait_for(accepted, timeout_s=settle_s, interval_s=0.1, what=f"{name} to be taken")
+                return
+            except AssertionError:
+                pass  # not taken yet: press again
         raise AssertionError(f"{name} was not taken after {attempts} presses:\n{self.screen()}")
 
     def key(self, name: str) -> None:

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import psutil
 from machine.worker.config import parse_config
 from machine.worker.loop import Worker, WorkerOptions
 from machine.worker.store import StateDir, Store
+from tests.wait import wait_for
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 AGENT = BASE_DIR / "tests" / "agents" / "agent.py"
@@ -112,16 +112,6 @@ def live_pids(pids) -> list[int]:
         except psutil.NoSuchProcess:
             pass
     return out
-
-
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "condition"):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def manage_env(extra: dict | None = None) -> dict:
@@ -239,14 +229,9 @@ class LiveSetup:
 
     def wait_state(self, task_id: str, states, timeout: float = 20.0) -> dict:
         states = (states,) if isinstance(states, str) else tuple(states)
-        end = time.monotonic() + timeout
-        task = {}
-        while time.monotonic() < end:
-            task = self.task(task_id)
-            if task.get("state") in states:
-                return task
-            time.sleep(0.1)
-        raise AssertionError(f"task never reached {states}: {json.dumps(task, indent=1)[:3000]}\n--- worker log ---\n{self.log()}")
+        return wait_for(lambda: self.task(task_id), until=lambda task: task.get("state") in states, timeout_s=timeout,
+                        interval_s=0.1, what=f"the task to reach {states}",
+                        detail=lambda: f"--- worker log ---\n{self.log()}")
 
     def wait_final(self, task_id: str, timeout: float = 20.0) -> dict:
         return self.wait_state(task_id, ("succeeded", "failed", "failed_lease_lost", "cancelled", "not_started",
