@@ -45,7 +45,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(BASE_DIR))
 
-from run import Server, lat, report_save, report_start, scratch_service  # noqa: E402  (bench/run.py: daphne, percentiles, reports)
+from harness import Server, lat, report_save, report_start, scratch_service  # noqa: E402  (daphne, percentiles, reports)
 
 AGENT = BASE_DIR / "bench" / "stream_agent.py"
 READY_TIMEOUT_S = 120.0
