@@ -310,7 +310,8 @@ SPECTACULAR_SETTINGS = {
     },
     # The board events as components (board/schema.py), before the enums are named so
     # theirs are named too.
-    "POSTPROCESSING_HOOKS": ["board.schema.board_events", "drf_spectacular.hooks.postprocess_schema_enums"],
+    "POSTPROCESSING_HOOKS": ["board.schema.board_events", "core.schema.closed_union_members",
+                             "drf_spectacular.hooks.postprocess_schema_enums"],
 }
 
 LOGGING = {

@@ -66,6 +66,23 @@ def add_components(result: dict, generator, typed_dicts, *, union: str | None = 
     return result
 
 
+def closed_union_members(result, generator, request, public):
+    """drf-spectacular postprocessing hook (``SPECTACULAR_SETTINGS``): every component in a
+    ``oneOf`` without a discriminator (a message's payload, told apart by ``kind`` beside
+    it, H) gets ``additionalProperties: false``. Those shapes are the protocol's, checked
+    field by field on both sides (``machine.protocol.shapes``), and only closed shapes make
+    ``oneOf`` exact: an open ``CancelPayload`` (just ``operation_id``) would also match
+    every ``start`` payload."""
+    schemas = result.get("components", {}).get("schemas", {})
+    for schema in list(schemas.values()):
+        if "oneOf" in schema and "discriminator" not in schema:
+            for ref in schema["oneOf"]:
+                name = ref.get("$ref", "").rpartition("/")[2]
+                if name in schemas:
+                    schemas[name]["additionalProperties"] = False
+    return result
+
+
 def _field(hint, *, required: bool, where: str) -> serializers.Field:
     """The DRF field that describes one ``TypedDict`` key typed ``hint`` (``core.wire``)."""
     options: dict[str, Any] = {} if required else {"required": False}

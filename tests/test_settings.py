@@ -134,7 +134,7 @@ def runstead_names_in_source() -> set[str]:
 
     name = re.compile(r"RUNSTEAD_[A-Z0-9_]*[A-Z0-9]")
     found = set()
-    for package in ("core", "tasks_app", "notifications", "sessions_app", "board", "config"):
+    for package in ("machine", "core", "tasks_app", "notifications", "sessions_app", "board", "config"):
         for path in (BASE_DIR / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and name.fullmatch(node.value):
