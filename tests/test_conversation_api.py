@@ -768,6 +768,55 @@ def test_c7_empty_whitespace_or_nul_text_is_400_and_changes_nothing(owner, profi
     assert body["fields"] == {"text": [problem]}
 
 
+# C7 with T2's rule: what a message may not carry (core/text.py).
+CONTROL_TEXTS = [
+    ("ESC", "red \x1b[31mALERT\x1b[0m", "U+001B"), ("BEL", "ding\x07", "U+0007"), ("CR", "over\rwrite", "U+000D"),
+    ("RLO", "reversed \u202etxet\u202c", "U+202E"), ("DEL", "del\x7f", "U+007F"), ("C1 CSI", "c1 \x9b2J", "U+009B"),
+    ("VT", "v\x0btab", "U+000B"), ("LRI", "iso \u2066x\u2069", "U+2066"), ("RLM", "rlm\u200f", "U+200F"),
+    ("ALM", "alm\u061c", "U+061C"), ("FS", "fs\x1c", "U+001C"),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name, text, found", CONTROL_TEXTS, ids=[c[0] for c in CONTROL_TEXTS])
+def test_c7_control_characters_in_a_message_are_400_invalid_nothing_stored(owner, profiles, grant, grant_root,
+                                                                           name, text, found):
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    with NothingWritten():
+        body = assert_error(send(owner, task_id, text), 400, "invalid")
+    assert body["fields"] == {"text": [f"must not contain control characters (found {found})"]}
+    assert len(listed(owner, task_id)) == 1
+
+
+@pytest.mark.django_db
+def test_c7_newline_tab_and_plain_unicode_are_kept(owner, profiles, grant, grant_root):
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    text = "line one\n\tindented – «ünïcode» 🙂 עברית \u200d joiner"
+    resp = send(owner, task_id, text)
+    assert resp.status_code == 201, resp.content
+    assert listed(owner, task_id)[-1]["text"] == text
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name, text, found", CONTROL_TEXTS[:4], ids=[c[0] for c in CONTROL_TEXTS[:4]])
+def test_c7_a_conversations_prompt_is_message_0_under_the_same_rule(owner, profiles, grant, grant_root,
+                                                                   name, text, found):
+    with NothingWritten():
+        body = assert_error(open_conversation(owner, profiles, grant_root / "repo", prompt=text), 400, "invalid")
+    assert body["fields"] == {"prompt": [f"a conversation's prompt must not contain control characters (found {found})"]}
+    # A plain task's prompt is the agent's business (and --follow strips what it prints).
+    assert submit(owner, profiles, grant_root / "repo", agent="claude", prompt=text, exclusive=False).status_code == 201
+
+
+def test_c7_one_rule_in_core_text_shared_with_the_terminal_client():
+    from core import text
+    from tasks_app import follow
+
+    assert follow.CONTROL is text.CONTROL
+    assert text.control_character("fine\n\ttext") is None
+    assert [text.control_character(t) for _, t, _ in CONTROL_TEXTS] == [f for _, _, f in CONTROL_TEXTS]
+
+
 @pytest.mark.django_db
 def test_c7_oversized_message_refused_changes_nothing(owner, profiles, grant, grant_root):
     task_id = live_running(owner, profiles, grant_root / "repo")
