@@ -686,6 +686,71 @@ def test_c6_live_conversation_running_does_not_make_its_session_busy(owner, prof
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("agent", ["claude", "gemini"])
+def test_c6_a_conversation_accepted_without_session_gets_one_titled_by_its_prompt_replay_same(
+        owner, profiles, grant, grant_root, agent):
+    from sessions_app.models import Session
+
+    api = owner_api(owner)
+    resp = open_conversation(owner, profiles, grant_root / "repo", agent=agent, key="conv-s",
+                             prompt="\n  Fix the   flaky login test\nthen tell me why it failed")
+    assert resp.status_code == 201, resp.content
+    task = resp.json()
+    session = Session.objects.get(pk=task["session"])
+    assert (session.owner_id, session.title) == (owner.pk, "Fix the flaky login test")
+    assert Task.objects.get(pk=task["id"]).session_id == session.pk
+    # S1: accepted, so busy at once; the board and the session's own read agree.
+    assert api.get(f"/api/sessions/{session.pk}/").json()["status"] == "busy"
+    assert [s["id"] for s in api.get("/api/board/").json()["sessions"]] == [str(session.pk)]
+    # A1: a replay answers the same task and session, and makes no other.
+    replay = open_conversation(owner, profiles, grant_root / "repo", agent=agent, key="conv-s",
+                               prompt="\n  Fix the   flaky login test\nthen tell me why it failed")
+    assert replay.status_code == 201 and replay.content == resp.content
+    assert (Session.objects.count(), Task.objects.count()) == (1, 1)
+    # Its start message names the session, so the worker marks each turn in it (M8).
+    (start,) = outbox(task["id"], "start")
+    assert start.payload["session_id"] == str(session.pk)
+
+
+@pytest.mark.django_db
+def test_c6_a_plain_task_without_session_gets_none_and_a_given_session_is_kept(owner, profiles, grant, grant_root):
+    from sessions_app.models import Session
+
+    assert submit(owner, profiles, grant_root / "repo", agent="claude", exclusive=False).json()["session"] is None
+    assert Session.objects.count() == 0
+    sid = str(uuid.uuid4())
+    assert conversation_id(owner, profiles, grant_root / "repo", session=sid, prompt="hello") and \
+        Session.objects.get().pk == uuid.UUID(sid)
+    assert Session.objects.get().title == "hello"  # a new id given: titled like one made
+
+
+@pytest.mark.django_db
+def test_c6_a_conversation_refused_makes_no_session(owner, profiles, grant, grant_root):
+    from sessions_app.models import Session
+
+    with NothingWritten():
+        assert_error(open_conversation(owner, profiles, grant_root / "repo", agent="aider"), 400,
+                     "conversation_unsupported")
+    assert Session.objects.count() == 0
+
+
+@pytest.mark.parametrize("prompt, title", [
+    ("short", "short"),
+    ("   ", ""),
+    ("word " * 30, "word word word word word word word word word word word word…"),
+    ("x" * 80, "x" * 59 + "…"),
+    ("Refactor the payment module, then add tests for every edge case we know of",
+     "Refactor the payment module, then add tests for every edge…"),
+    ("first line\nsecond line", "first line"),
+])
+def test_c6_session_title_is_the_first_line_cut_at_a_word(prompt, title):
+    from tasks_app.services.acceptance import SESSION_TITLE_MAX_CHARS, session_title
+
+    assert session_title(prompt) == title
+    assert len(session_title(prompt)) <= SESSION_TITLE_MAX_CHARS
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("kind", ["plain", "resume"])
 def test_c6_other_running_tasks_keep_their_session_busy(owner, profiles, grant, grant_root, kind):
     """The control: a running plain task, and a resume conversation's running turn (its
