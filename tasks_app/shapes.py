@@ -219,6 +219,8 @@ class EntryShape(TypedDict):
     status: NotRequired[Annotated[Literal["ok", "error"], Doc("a tool_result's status")]]
     call: NotRequired[Annotated[int, Doc("a tool_result's call: the n of its tool_call")]]
     usage: NotRequired[Annotated[TurnUsageShape, Doc("the model turn this entry opens, where the CLI reports it")]]
+    seq: NotRequired[Annotated[int, Doc("a live conversation's prompt entry: the seq of the message whose turn it "
+                                        "opens (C2)")]]
 
 
 class EntriesPageShape(TypedDict):

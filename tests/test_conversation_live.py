@@ -46,3 +46,29 @@ def test_c6_a_conversation_without_session_is_one_busy_in_each_turn_idle_between
     assert live.api.post(f"/api/tasks/{task_id}/end/").status_code in (200, 202)
     assert live.wait_final(task_id, timeout=30)["state"] == "succeeded"
     assert (session_status(live, session_id), idle_notices(session_id)) == ("idle", 3)  # no idle again at the end
+
+
+def test_g4_c2_each_message_opens_its_turn_in_the_transcript_with_its_seq(live):
+    texts = ["look around the repository", "also update the changelog", "now the readme", "and a summary"]
+    task_id = live.submit("fake-claude", prompt=texts[0], mode="conversation")
+    for seq, text in enumerate(texts):
+        if seq:
+            assert send(live, task_id, text).status_code == 201
+        wait_states(live, task_id, {seq: "answered"}, timeout=30)
+
+    def entries():
+        resp = live.api.get(f"/api/tasks/{task_id}/entries/?after=0")
+        assert resp.status_code == 200, resp.text
+        return resp.json()["results"]
+
+    wait_for(lambda: len([e for e in entries() if e["kind"] == "prompt"]) == 4, timeout=15,
+             what="every turn's prompt entry on the service")
+    got = entries()
+    prompts = [e for e in got if e["kind"] == "prompt"]
+    assert [(e["seq"], e["text"]) for e in prompts] == list(enumerate(texts))
+    # Each reply follows its own message: the agent's words between two prompt entries
+    # are about the earlier one (fake-claude answers "Done: '<text>' is handled").
+    at = [got.index(p) for p in prompts] + [len(got)]
+    for seq, (a, b) in enumerate(zip(at, at[1:])):
+        replies = " ".join(e["text"] for e in got[a + 1:b] if e["kind"] == "message")
+        assert f"Done: {texts[seq]!r} is handled" in replies, (seq, got[a:b])
