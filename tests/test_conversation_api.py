@@ -751,6 +751,48 @@ def test_c6_session_title_is_the_first_line_cut_at_a_word(prompt, title):
 
 
 @pytest.mark.django_db
+def test_c6_the_task_says_whether_a_live_conversations_turn_is_open_or_waiting_for_its_owner(
+        owner, profiles, grant, grant_root, board_events, django_capture_on_commit_callbacks):  # noqa: F811
+    api = owner_api(owner)
+
+    def turn():
+        return api.get(f"/api/tasks/{task_id}/").json()["turn"]
+
+    task_id = conversation_id(owner, profiles, grant_root / "repo")
+    assert turn() == "open"  # message 0 waits for the agent
+    running(profiles, task_id)
+    first = ConversationMessage.objects.get(task_id=task_id, seq=0)
+    message_receipt(profiles, task_id, first.pk, "delivered")
+    assert turn() == "open"
+    board_events.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert message_receipt(profiles, task_id, first.pk, "answered").json() == {"outcome": "applied"}
+    assert turn() == "waiting"
+    # The board hears it with the task, no extra read (B2).
+    assert [e["task"]["turn"] for e in board_events.of(owner) if e["type"] == "task"] == ["waiting"]
+    assert [t["turn"] for t in api.get("/api/board/").json()["tasks"] if t["id"] == task_id] == ["waiting"]
+    second = send(owner, task_id, "next").json()
+    assert turn() == "open"  # sent: the agent gets it next
+    message_receipt(profiles, task_id, second["id"], "answered")
+    assert turn() == "waiting"
+    assert api.post(f"/api/tasks/{task_id}/end/").status_code in (200, 202)
+    assert turn() is None  # ended, nothing open: the agent is finishing
+    receipt(profiles, task_id, "final", final_facts())
+    assert turn() is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["plain", "resume"])
+def test_c6_turn_is_null_for_a_plain_task_and_a_resume_conversation(owner, profiles, grant, grant_root, kind):
+    if kind == "plain":
+        task_id = submit(owner, profiles, grant_root / "repo", agent="claude", exclusive=False).json()["id"]
+    else:
+        task_id = conversation_id(owner, profiles, grant_root / "repo", agent="gemini")
+    running(profiles, task_id)
+    assert owner_api(owner).get(f"/api/tasks/{task_id}/").json()["turn"] is None
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("kind", ["plain", "resume"])
 def test_c6_other_running_tasks_keep_their_session_busy(owner, profiles, grant, grant_root, kind):
     """The control: a running plain task, and a resume conversation's running turn (its

@@ -38,10 +38,12 @@ def test_c6_a_conversation_without_session_is_one_busy_in_each_turn_idle_between
         assert session_status(live, session_id) == "busy"
         assert board_session(live, session_id)["status"] == "busy"
         assert idle_notices(session_id) == seq
+        assert live.task(task_id)["turn"] == "open"
         wait_states(live, task_id, {seq: "answered"}, timeout=30)
         wait_for(lambda: session_status(live, session_id) == "idle", timeout=10, what=f"idle after turn {seq}")
         assert board_session(live, session_id)["status"] == "idle"
         assert live.task(task_id)["state"] == "running"  # between turns: the task runs on (C6)
+        assert live.task(task_id)["turn"] == "waiting"
         assert idle_notices(session_id) == seq + 1  # B5/N1 once, at the turn's true end
     assert live.api.post(f"/api/tasks/{task_id}/end/").status_code in (200, 202)
     assert live.wait_final(task_id, timeout=30)["state"] == "succeeded"
