@@ -8,9 +8,10 @@ the lowest layer that sees both receiving apps (sessions and notifications);
 Inside the sender's transaction (``send``, not ``send_robust``: a receiver's error rolls
 the acceptance or the transition back, A5):
 
-- ``task_session_claimed`` (acceptance, A1 with ``session``, before the task row):
-  ``on_task_session_claimed``: the owner's session, created idle when the id is new;
-  404 ``not_found`` for another owner's id (K2).
+- ``task_session_claimed`` (acceptance, A1 with ``session`` or a conversation without
+  one (C6), before the task row): ``on_task_session_claimed``: the owner's session,
+  created idle (with the given title) when the id is new; 404 ``not_found`` for another
+  owner's id (K2).
 - ``task_changed`` (acceptance and every transition, after the row, its TaskEvent and
   the task's own conversation messages, C3):
   1. ``on_task_changed``: Q5, a final task withdraws its pending approvals (each an
@@ -45,10 +46,11 @@ def notify_task_changed(sender, *, task, now, **kwargs) -> None:
     notify_task_state(task, now=now)
 
 
-def on_task_session_claimed(sender, *, owner, session_id, now, **kwargs) -> None:
-    """A1 with ``session``: the owner's session ``session_id``, created idle when the id
-    is new; ApplicationError 404 ``not_found`` for another owner's id (K2)."""
-    session_get_or_create(owner=owner, session_id=session_id, now=now)
+def on_task_session_claimed(sender, *, owner, session_id, now, title: str = "", **kwargs) -> None:
+    """A1 with ``session``, and C6 (a conversation accepted without one): the owner's
+    session ``session_id``, created idle with ``title`` when the id is new;
+    ApplicationError 404 ``not_found`` for another owner's id (K2)."""
+    session_get_or_create(owner=owner, session_id=session_id, now=now, title=title)
 
 
 # (signal, receiver, dispatch_uid), in the order each signal calls them.

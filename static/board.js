@@ -171,8 +171,6 @@
       board.tasks.set(ev.task_id, touch(Object.assign({}, current, { progress: ev.progress, version: ev.version })));
     } else if (ev.type === "machine" && ev.machine) {
       applyRow(board.machines, ev.machine, ev.version);
-    } else if (ev.type === "message" && ev.message && ev.message.task) {
-      keepTurnMessage(ev.message); // C3: a live conversation's turn opens and ends with its messages
     } else if (ev.type === "approval" && ev.approval) {
       applyRow(board.approvals, ev.approval, ev.version); // Q6: on create and on every decision
     }
@@ -450,49 +448,18 @@
   }
 
   /* ---- C6 on the card: a live conversation between turns is "waiting for you", not a
-   * running timer. Its session's busy/idle says so where it has one; else its messages
-   * do (`message` events, or GET /api/tasks/{id}/messages/ once per page for a card shown
-   * before any event): one sent or with the agent is a turn running, all answered is
-   * waiting. Before the first message nothing says when the prompt's turn ended (the task
-   * carries no turn state: issue 40), so the card then only says it is a conversation. */
-  var turnMessages = new Map(); // task id -> Map(seq -> {state, version})
-  var turnAsked = new Set(); // task ids whose messages were read once
-  board.turnMessages = turnMessages; // tests read it
-  function keepTurnMessage(m) {
-    var byTask = turnMessages.get(m.task) || new Map();
-    var known = byTask.get(m.seq);
-    if (!known || m.version >= known.version) byTask.set(m.seq, { state: m.state, version: m.version });
-    turnMessages.set(m.task, byTask);
-  }
+   * running timer. The task says where its turn stands (`turn`: "open" while one of its
+   * messages is sent or with the agent, "waiting" between turns; republished with every
+   * message state), so the card reads it from the task alone. */
   function liveConversation(t) {
     return t.mode === "conversation" && t.conversation === "live" && LEASED[t.state] && !t.conversation_ended_at;
-  }
-  function conversationTurn(t) {
-    var s = t.session && board.sessions.get(t.session);
-    if (s && s.version !== null) return s.status === "busy" ? "working" : "waiting";
-    var byTask = turnMessages.get(t.id);
-    if (!byTask || !byTask.size) {
-      if (!turnAsked.has(t.id) && t.messages_sent) {
-        turnAsked.add(t.id);
-        C.api("GET", "/api/tasks/" + encodeURIComponent(t.id) + "/messages/").then(function (res) {
-          if (res.status !== 200) return;
-          res.data.results.forEach(keepTurnMessage);
-          render();
-        }).catch(function () { turnAsked.delete(t.id); });
-      }
-      return null;
-    }
-    var open = false;
-    byTask.forEach(function (m) { if (m.state === "sent" || m.state === "delivered") open = true; });
-    return open ? "working" : "waiting";
   }
 
   function taskFacts(t) {
     var facts = [];
     if (t.runtime_s !== null && t.runtime_s !== undefined) facts.push("runtime " + fmtDuration(t.runtime_s));
     else if (liveConversation(t)) {
-      var turn = conversationTurn(t);
-      if (turn !== "waiting") facts.push(turn === "working" ? "the agent is working on your message" : "conversation");
+      if (t.turn !== "waiting") facts.push(t.turn === "open" ? "the agent is working on your message" : "conversation");
     } else {
       var started = t.started_at || (t.lease && t.lease.granted_at);
       if (started && LEASED[t.state]) facts.push("running for " + fmtAge(started));
@@ -594,7 +561,7 @@
     }
     // B9 on the card: "waiting for you", the agent's last message (two lines), its usage;
     // the raw output only for a plain-text agent, and never its JSON lines.
-    if (!t.attention && liveConversation(t) && conversationTurn(t) === "waiting") {
+    if (!t.attention && liveConversation(t) && t.turn === "waiting") {
       li.appendChild(el("div", { className: "line attention conversation-waiting" },
         el("a", { className: "badge needs-you", href: "/tasks/" + encodeURIComponent(t.id) + "/", text: "waiting for you" }),
         el("span", { className: "muted", text: "the agent answered: reply in the chat" })));

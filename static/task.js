@@ -414,11 +414,13 @@
   // ---------------------------------------------------------------- the conversation (C2-C5, Q)
   /* The thread alternates the owner's messages and the agent's reply to each (C1's "one
    * message, one turn"): message 0 is the task's prompt, then the messages in seq order.
-   * The transcript (G4 entries) carries no mark of where a turn starts, so the page finds
-   * the turns in it: a turn starts at a `prompt` entry, or at an entry that opens a model
-   * call (it carries `usage`) right after the end of one (a `message`, an `error`, an
-   * interrupt); turn k answers the k-th message that reached the agent (delivered or
-   * answered, in seq order). "[Request interrupted by user...]" and the error that follows
+   * The worker marks where each message's turn starts (G4): a `prompt` entry with the
+   * message's `seq`; the entries after it, up to the next such entry, are that message's
+   * reply. A transcript without these marks (recorded before them) is read as before: a
+   * turn starts at a `prompt` entry, or at an entry that opens a model call (it carries
+   * `usage`) right after the end of one (a `message`, an `error`, an interrupt); turn k
+   * answers the k-th message that reached the agent (delivered or answered, in seq
+   * order). "[Request interrupted by user...]" and the error that follows
    * it read "stopped by you". Everything the agent or the owner wrote is set as
    * textContent in a dir="auto" element (bidi isolated, task.css). */
   var chat = { messages: new Map(), approvals: new Map(), key: C.newKey(), sending: false, keys: {},
@@ -447,14 +449,19 @@
     if (!known || m.version >= known.version) chat.messages.set(m.id, m);
   }
 
-  /** The transcript's turns, in order: [{entries, stopped, partial}] (see above). */
+  function opensTurn(e) { return e.kind === "prompt" && typeof e.seq === "number"; }
+
+  /** The transcript's turns, in order: [{entries, stopped, partial, seq}] (see above;
+   *  `seq` is the message whose turn it is, null where the transcript does not say). */
   function turnsOf(sorted) {
-    var turns = [], cur = null, prev = null;
+    var turns = [], cur = null, prev = null, exact = sorted.some(opensTurn);
     sorted.forEach(function (e) {
       var mark = e.kind === "prompt" && INTERRUPTED.test(e.text || "");
       var ended = prev && (prev.kind === "message" || prev.kind === "error" || prev.mark);
-      if (!cur || (e.kind === "prompt" && !mark) || ((e.usage || mark) && ended)) {
-        cur = { entries: [], stopped: false, partial: !turns.length && sorted[0].n !== 1 };
+      var starts = exact ? opensTurn(e) : (e.kind === "prompt" && !mark) || ((e.usage || mark) && ended);
+      if (!cur || starts) {
+        cur = { entries: [], stopped: false, partial: !turns.length && sorted[0].n !== 1,
+                seq: opensTurn(e) ? e.seq : null };
         turns.push(cur);
       }
       if (mark) cur.stopped = true;
@@ -471,11 +478,16 @@
     return [{ seq: 0, text: t.prompt, state: null, id: "prompt", synthetic: true }].concat(list);
   }
 
-  /** seq -> turn: turn k answers the k-th message the agent got. A transcript whose start
+  /** seq -> turn: each turn under the message its prompt entry names; without those
+   *  marks, turn k answers the k-th message the agent got, and a transcript whose start
    *  is gone (more than the service keeps) is matched from its end. */
   function repliesBySeq(t, messages, turns) {
     var out = {};
     if (t.conversation !== "live") { if (turns.length) out[0] = turns[0]; return out; }
+    if (turns.some(function (turn) { return turn.seq !== null; })) {
+      turns.forEach(function (turn) { if (turn.seq !== null) out[turn.seq] = turn; });
+      return out;
+    }
     var given = messages.filter(function (m) { return m.synthetic || m.state === "delivered" || m.state === "answered"; });
     var offset = turns.length && turns[0].partial ? given.length - turns.length : 0;
     turns.forEach(function (turn, i) { var m = given[i + offset]; if (m) out[m.seq] = turn; });
@@ -580,8 +592,8 @@
     }
   }
 
-  /* Message 0's turn has no message row to say it ended (issue 40: the worker does not
-   * mark turns): it is working while nothing came back yet or a tool call is the last word. */
+  /* A synthetic message 0 (the task's prompt) has no message row to say its turn ended:
+   * it is working while nothing came back yet or a tool call is the last word. */
   function firstTurnWorking(turn) {
     if (!turn) return true;
     var rest = turn.entries.filter(function (e) { return e.kind !== "prompt"; });

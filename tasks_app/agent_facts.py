@@ -177,7 +177,7 @@ def clean_evidence(evidence) -> dict:
     return {"git": clean_git(evidence["git"])} if evidence.get("git") is not None else {}
 
 
-ENTRY_KEYS = {"n", "kind", "text", "tool", "status", "call", "usage"}
+ENTRY_KEYS = {"n", "kind", "text", "tool", "status", "call", "usage", "seq"}
 ENTRY_USAGE_KEYS = {"input_tokens", "output_tokens"}
 
 
@@ -193,14 +193,16 @@ def _text(value, limit_bytes: int) -> bool:
 
 
 def clean_entry(entry) -> dict:
-    """One G4 transcript entry ``{n, kind, text, tool?, status?, call?, usage?}``:
-    ``n`` and ``call`` integers >= 1, ``kind`` one of ``ENTRY_KINDS``, ``text`` at most
+    """One G4 transcript entry ``{n, kind, text, tool?, status?, call?, usage?, seq?}``:
+    ``n`` and ``call`` integers >= 1, ``seq`` (a ``prompt`` entry only: the live
+    conversation's message whose turn it opens, C2) an integer >= 0, ``kind`` one of
+    ``ENTRY_KINDS``, ``text`` at most
     ``ENTRY_TEXT_MAX_BYTES`` of UTF-8, ``tool`` at most ``ENTRY_TOOL_MAX_CHARS``,
     ``status`` one of ``ENTRY_STATUSES``, ``usage`` ``{input_tokens, output_tokens}``
     (non-negative integers or null). Over a bound is refused, not cut (K3). Raises
     ``FactsError``."""
     if not isinstance(entry, dict) or set(entry) - ENTRY_KEYS or not {"n", "kind", "text"} <= set(entry):
-        raise FactsError("entries items must be {n, kind, text, tool?, status?, call?, usage?}")
+        raise FactsError("entries items must be {n, kind, text, tool?, status?, call?, usage?, seq?}")
     if not _int(entry["n"]) or entry["n"] < 1:
         raise FactsError("entries n must be an integer >= 1")
     if entry["kind"] not in ENTRY_KINDS:
@@ -226,6 +228,10 @@ def clean_entry(entry) -> dict:
                 not all(v is None or _int(v) for v in usage.values()):
             raise FactsError("entries usage must be {input_tokens, output_tokens}, each a non-negative integer or null")
         out["usage"] = {"input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"]}
+    if "seq" in entry:
+        if entry["kind"] != "prompt" or not _int(entry["seq"]):
+            raise FactsError("entries seq must be an integer >= 0, on a prompt entry only")
+        out["seq"] = entry["seq"]
     return out
 
 

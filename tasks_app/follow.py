@@ -33,6 +33,7 @@ import httpx
 from websockets.exceptions import WebSocketException
 from websockets.sync.client import connect
 
+from core.text import CONTROL  # what may not reach a terminal (C0 but tab and newline, DEL, C1, bidi)
 from machine.protocol import Backoff
 
 FINAL_STATES = frozenset({"succeeded", "failed", "failed_lease_lost", "cancelled", "not_started", "abandoned"})
@@ -45,10 +46,6 @@ LINE_MAX = 2000  # characters of one printed entry (entries are at most 2 KiB an
 # ECMA-48 sequences as terminals read them: CSI (ESC [ ... final byte), OSC, DCS, SOS, PM
 # and APC strings (up to BEL or ST), and the two-byte ESC sequences.
 ESCAPE_SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]?|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[ -~]?")
-# What may not reach a terminal: C0 but tab and newline, DEL, C1, and the Unicode bidi
-# controls (LRM, RLM, ALM, the embeddings and overrides U+202A-U+202E, the isolates
-# U+2066-U+2069).
-CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str) -> str:

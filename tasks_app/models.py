@@ -245,7 +245,7 @@ class TaskEvent(models.Model):
 
 class TranscriptEntry(models.Model):
     """One entry of a task's transcript (G4, B9) as the worker numbered it: ``n`` from 1,
-    ``data`` the entry ``{n, kind, text, tool?, status?, call?, usage?}``. Each ``n`` is
+    ``data`` the entry ``{n, kind, text, tool?, status?, call?, usage?, seq?}``. Each ``n`` is
     kept once; the service keeps the last ``ENTRIES_KEPT`` of a task
     (``tasks_app.services.progress.transcript_append``)."""
 

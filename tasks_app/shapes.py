@@ -19,7 +19,15 @@ from django.core.exceptions import ObjectDoesNotExist
 
 from core.wire import BoardEvent, Doc, Time, Url, Uuid, iso
 from machine.protocol.shapes import AnyPayload
-from tasks_app.models import IntegrationAction, IntegrationOutcome, TaskState
+from tasks_app.models import (
+    LEASED_STATES,
+    NEVER_LEASED_STATES,
+    ConversationMessage,
+    ConversationMessageState,
+    IntegrationAction,
+    IntegrationOutcome,
+    TaskState,
+)
 
 # GET /api/tasks/{id}/ lists at most this many receipts, newest last (H).
 DETAIL_RECEIPTS = 50
@@ -219,6 +227,8 @@ class EntryShape(TypedDict):
     status: NotRequired[Annotated[Literal["ok", "error"], Doc("a tool_result's status")]]
     call: NotRequired[Annotated[int, Doc("a tool_result's call: the n of its tool_call")]]
     usage: NotRequired[Annotated[TurnUsageShape, Doc("the model turn this entry opens, where the CLI reports it")]]
+    seq: NotRequired[Annotated[int, Doc("a live conversation's prompt entry: the seq of the message whose turn it "
+                                        "opens (C2)")]]
 
 
 class EntriesPageShape(TypedDict):
@@ -370,6 +380,9 @@ class TaskShape(TaskAgentPart, TaskApprovalsPart):
                             Doc("C1: live (the agent stays open) or resume (a follow-up per message); null: a task")]
     conversation_ended_at: Annotated[Time | None, Doc("C5: when the owner ended the conversation")]
     messages_sent: Annotated[int, Doc("C2: the conversation's messages so far (the last seq)")]
+    turn: Annotated[Literal["open", "waiting"] | None,
+                    Doc('C6: an unfinished live conversation\'s turn: "open" while one of its messages is sent '
+                        'or with the agent, "waiting" (for its owner) between turns; null otherwise')]
     version: int
 
 
@@ -410,10 +423,30 @@ def task_dict(task, *, full: bool = False) -> TaskShape:
         "conversation": task.conversation or None,
         "conversation_ended_at": iso(task.conversation_ended_at),
         "messages_sent": task.message_seq,
+        "turn": conversation_turn(task),
         **agent_dict(task, full=full),
         **approvals_of_task(task),
         "version": task.version,
     }
+
+
+# C3: the states of a message whose turn has not ended (sent: it waits for the agent).
+TURN_OPEN_STATES = (ConversationMessageState.SENT, ConversationMessageState.DELIVERED)
+
+
+def conversation_turn(task) -> Literal["open", "waiting"] | None:
+    """C6, B1: ``"open"`` while a live conversation's message is sent or delivered (its
+    turn runs, or is about to), ``"waiting"`` between turns (the agent waits for its
+    owner); None for anything else: a plain task, a resume conversation, a final or
+    ``unknown`` task, an ended conversation with nothing open. Reads the task's messages
+    only for an unfinished live conversation (one query; the few such tasks a list has).
+    Every change of a message's state republishes its task (``conversation``), so a
+    ``task`` event carries the turn as it is."""
+    if task.conversation != "live" or task.state not in NEVER_LEASED_STATES | LEASED_STATES:
+        return None
+    if ConversationMessage.objects.filter(task_id=task.pk, state__in=TURN_OPEN_STATES).exists():
+        return "open"
+    return None if task.conversation_ended_at else "waiting"
 
 
 BULKY_GIT_KEYS = ("files", "diff")  # G7: only in the full task shape

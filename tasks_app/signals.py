@@ -16,9 +16,11 @@ from django.dispatch import Signal
 # operation's clock reading, UTC). Receivers: S1 and Q5 (sessions), N1 (notifications).
 task_changed = Signal()
 
-# Sent by acceptance (A1) when ``POST /api/tasks/`` names a ``session``, inside the
+# Sent by acceptance (A1) when ``POST /api/tasks/`` names a ``session``, or accepts a
+# conversation without one (C6: acceptance then names a new session id), inside the
 # acceptance transaction before the task row is written. Arguments: ``sender=Task``,
-# ``owner``, ``session_id`` (UUID), ``now``. A receiver makes sure the owner's session
-# with that id exists (creating it idle when the id is new) and raises ApplicationError
-# to refuse (404 ``not_found`` for another owner's id, K2).
+# ``owner``, ``session_id`` (UUID), ``now``, ``title`` (for a session created now: a
+# conversation's, from its first prompt; else ""). A receiver makes sure the owner's
+# session with that id exists (creating it idle when the id is new) and raises
+# ApplicationError to refuse (404 ``not_found`` for another owner's id, K2).
 task_session_claimed = Signal()

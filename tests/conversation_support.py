@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
+from pathlib import Path
 
 from tests.claude_cli import write_claude_profile
 from tests.model_apis import AnthropicAPI
@@ -22,6 +23,36 @@ def conversation_setup(url: str, owner, tmp_path, api: AnthropicAPI) -> LiveSetu
     setup.start_worker()
     wait_live_profile(setup)
     return setup
+
+
+FAKE_CLAUDE = Path(__file__).resolve().parent.parent / "scripts" / "fake_claude.py"
+
+
+def fake_claude_setup(url, owner, tmp_path, *, pause_s: float = 1.2) -> LiveSetup:
+    """The demo's live profile: ``fake-claude`` (the claude preset run by
+    scripts/fake_claude.py, which converses over stream-json input as Claude Code does);
+    each turn is two assistant turns ``pause_s`` apart with a read-only tool call."""
+    setup = LiveSetup(url, owner, tmp_path)
+    subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
+    setup.config.write_text(
+        f'allowed_roots = ["{setup.root}"]\n[profiles.fake-claude]\npreset = "claude"\nbinary = "{FAKE_CLAUDE}"\n'
+        f'env = {{ FAKE_CLAUDE_PAUSE_S = "{pause_s}", FAKE_CLAUDE_TURNS = "2", FAKE_CLAUDE_COMMIT = "0" }}\n')
+    setup.start_worker()
+    wait_live_profile(setup)
+    return setup
+
+
+def session_status(setup: LiveSetup, session_id: str) -> str:
+    resp = setup.api.get(f"/api/sessions/{session_id}/")
+    assert resp.status_code == 200, resp.text
+    return resp.json()["status"]
+
+
+def idle_notices(session_id: str) -> int:
+    """N1 "session idle" notifications written for the session (one per true turn end)."""
+    from notifications.models import Kind, Notification
+
+    return Notification.objects.filter(kind=Kind.SESSION_IDLE, event_key__startswith=f"session:{session_id}:idle:").count()
 
 
 def wait_live_profile(setup: LiveSetup) -> None:

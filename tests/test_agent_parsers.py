@@ -445,3 +445,41 @@ def test_g2_c1_a_turn_without_figures_in_its_result_counts_its_messages():
         parser.feed_line(json.dumps({"type": "result", "subtype": "success", "is_error": False,
                                      "result": f"answer {n}"}))
     assert parser.usage() == usage(2, 0, 20, 4, None)
+
+
+def test_g4_c2_each_turn_of_a_live_conversation_opens_with_its_message_prompt_entry_and_seq():
+    """Three recorded turns (2.1.328), the messages handed as the conversation part hands
+    them (before the agent reads them): each turn's entries follow its own prompt entry,
+    which carries the message's seq; a re-parse with the same messages numbers it alike."""
+    data = (STREAM_INPUT / "two_turns.jsonl").read_bytes()
+
+    def parse(chunks):
+        parser = make_parser("claude")
+        for seq, text in enumerate(["first", "second", "third"]):
+            parser.turn_prompt(seq, text)
+        for chunk in chunks:
+            parser.feed(chunk)
+        parser.close()
+        return list(parser.entries)
+
+    entries = parse(data.splitlines(keepends=True))
+    prompts = [e for e in entries if e["kind"] == "prompt"]
+    assert [(e["seq"], e["text"]) for e in prompts] == [(0, "first"), (1, "second"), (2, "third")]
+    assert entries[0] == {"n": 1, "kind": "prompt", "text": "first", "seq": 0}
+    # Between two prompts, the earlier message's turn: at least one reply entry each.
+    at = [entries.index(p) for p in prompts] + [len(entries)]
+    assert all(b - a > 1 for a, b in zip(at, at[1:])), entries
+    assert parse([data]) == entries  # X3: the same numbering from one read
+
+
+def test_g4_c2_a_turn_that_made_no_entry_still_shows_its_prompt_before_its_end():
+    parser = make_parser("claude")
+    parser.turn_prompt(0, "hello")
+    parser.feed_line(json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": ""}))
+    parser.turn_prompt(1, "again")
+    # Claude Code echoing the message first (--replay-user-messages) adds no second prompt entry.
+    parser.feed_line(json.dumps({"type": "user", "message": {"role": "user", "content": "again"}}))
+    parser.feed_line(json.dumps({"type": "assistant", "message": {"id": "m1", "content": [
+        {"type": "text", "text": "hi"}]}}))
+    assert [(e["kind"], e["text"], e.get("seq")) for e in parser.entries] == [
+        ("prompt", "hello", 0), ("prompt", "again", 1), ("message", "hi", None)]

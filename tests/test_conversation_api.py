@@ -686,6 +686,113 @@ def test_c6_live_conversation_running_does_not_make_its_session_busy(owner, prof
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("agent", ["claude", "gemini"])
+def test_c6_a_conversation_accepted_without_session_gets_one_titled_by_its_prompt_replay_same(
+        owner, profiles, grant, grant_root, agent):
+    from sessions_app.models import Session
+
+    api = owner_api(owner)
+    resp = open_conversation(owner, profiles, grant_root / "repo", agent=agent, key="conv-s",
+                             prompt="\n  Fix the   flaky login test\nthen tell me why it failed")
+    assert resp.status_code == 201, resp.content
+    task = resp.json()
+    session = Session.objects.get(pk=task["session"])
+    assert (session.owner_id, session.title) == (owner.pk, "Fix the flaky login test")
+    assert Task.objects.get(pk=task["id"]).session_id == session.pk
+    # S1: accepted, so busy at once; the board and the session's own read agree.
+    assert api.get(f"/api/sessions/{session.pk}/").json()["status"] == "busy"
+    assert [s["id"] for s in api.get("/api/board/").json()["sessions"]] == [str(session.pk)]
+    # A1: a replay answers the same task and session, and makes no other.
+    replay = open_conversation(owner, profiles, grant_root / "repo", agent=agent, key="conv-s",
+                               prompt="\n  Fix the   flaky login test\nthen tell me why it failed")
+    assert replay.status_code == 201 and replay.content == resp.content
+    assert (Session.objects.count(), Task.objects.count()) == (1, 1)
+    # Its start message names the session, so the worker marks each turn in it (M8).
+    (start,) = outbox(task["id"], "start")
+    assert start.payload["session_id"] == str(session.pk)
+
+
+@pytest.mark.django_db
+def test_c6_a_plain_task_without_session_gets_none_and_a_given_session_is_kept(owner, profiles, grant, grant_root):
+    from sessions_app.models import Session
+
+    assert submit(owner, profiles, grant_root / "repo", agent="claude", exclusive=False).json()["session"] is None
+    assert Session.objects.count() == 0
+    sid = str(uuid.uuid4())
+    assert conversation_id(owner, profiles, grant_root / "repo", session=sid, prompt="hello") and \
+        Session.objects.get().pk == uuid.UUID(sid)
+    assert Session.objects.get().title == "hello"  # a new id given: titled like one made
+
+
+@pytest.mark.django_db
+def test_c6_a_conversation_refused_makes_no_session(owner, profiles, grant, grant_root):
+    from sessions_app.models import Session
+
+    with NothingWritten():
+        assert_error(open_conversation(owner, profiles, grant_root / "repo", agent="aider"), 400,
+                     "conversation_unsupported")
+    assert Session.objects.count() == 0
+
+
+@pytest.mark.parametrize("prompt, title", [
+    ("short", "short"),
+    ("   ", ""),
+    ("word " * 30, "word word word word word word word word word word word word…"),
+    ("x" * 80, "x" * 59 + "…"),
+    ("Refactor the payment module, then add tests for every edge case we know of",
+     "Refactor the payment module, then add tests for every edge…"),
+    ("first line\nsecond line", "first line"),
+])
+def test_c6_session_title_is_the_first_line_cut_at_a_word(prompt, title):
+    from tasks_app.services.acceptance import SESSION_TITLE_MAX_CHARS, session_title
+
+    assert session_title(prompt) == title
+    assert len(session_title(prompt)) <= SESSION_TITLE_MAX_CHARS
+
+
+@pytest.mark.django_db
+def test_c6_the_task_says_whether_a_live_conversations_turn_is_open_or_waiting_for_its_owner(
+        owner, profiles, grant, grant_root, board_events, django_capture_on_commit_callbacks):  # noqa: F811
+    api = owner_api(owner)
+
+    def turn():
+        return api.get(f"/api/tasks/{task_id}/").json()["turn"]
+
+    task_id = conversation_id(owner, profiles, grant_root / "repo")
+    assert turn() == "open"  # message 0 waits for the agent
+    running(profiles, task_id)
+    first = ConversationMessage.objects.get(task_id=task_id, seq=0)
+    message_receipt(profiles, task_id, first.pk, "delivered")
+    assert turn() == "open"
+    board_events.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert message_receipt(profiles, task_id, first.pk, "answered").json() == {"outcome": "applied"}
+    assert turn() == "waiting"
+    # The board hears it with the task, no extra read (B2).
+    assert [e["task"]["turn"] for e in board_events.of(owner) if e["type"] == "task"] == ["waiting"]
+    assert [t["turn"] for t in api.get("/api/board/").json()["tasks"] if t["id"] == task_id] == ["waiting"]
+    second = send(owner, task_id, "next").json()
+    assert turn() == "open"  # sent: the agent gets it next
+    message_receipt(profiles, task_id, second["id"], "answered")
+    assert turn() == "waiting"
+    assert api.post(f"/api/tasks/{task_id}/end/").status_code in (200, 202)
+    assert turn() is None  # ended, nothing open: the agent is finishing
+    receipt(profiles, task_id, "final", final_facts())
+    assert turn() is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["plain", "resume"])
+def test_c6_turn_is_null_for_a_plain_task_and_a_resume_conversation(owner, profiles, grant, grant_root, kind):
+    if kind == "plain":
+        task_id = submit(owner, profiles, grant_root / "repo", agent="claude", exclusive=False).json()["id"]
+    else:
+        task_id = conversation_id(owner, profiles, grant_root / "repo", agent="gemini")
+    running(profiles, task_id)
+    assert owner_api(owner).get(f"/api/tasks/{task_id}/").json()["turn"] is None
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("kind", ["plain", "resume"])
 def test_c6_other_running_tasks_keep_their_session_busy(owner, profiles, grant, grant_root, kind):
     """The control: a running plain task, and a resume conversation's running turn (its
@@ -766,6 +873,55 @@ def test_c7_empty_whitespace_or_nul_text_is_400_and_changes_nothing(owner, profi
     with NothingWritten():
         body = assert_error(send(owner, task_id, text), 400, "invalid")
     assert body["fields"] == {"text": [problem]}
+
+
+# C7 with T2's rule: what a message may not carry (core/text.py).
+CONTROL_TEXTS = [
+    ("ESC", "red \x1b[31mALERT\x1b[0m", "U+001B"), ("BEL", "ding\x07", "U+0007"), ("CR", "over\rwrite", "U+000D"),
+    ("RLO", "reversed \u202etxet\u202c", "U+202E"), ("DEL", "del\x7f", "U+007F"), ("C1 CSI", "c1 \x9b2J", "U+009B"),
+    ("VT", "v\x0btab", "U+000B"), ("LRI", "iso \u2066x\u2069", "U+2066"), ("RLM", "rlm\u200f", "U+200F"),
+    ("ALM", "alm\u061c", "U+061C"), ("FS", "fs\x1c", "U+001C"),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name, text, found", CONTROL_TEXTS, ids=[c[0] for c in CONTROL_TEXTS])
+def test_c7_control_characters_in_a_message_are_400_invalid_nothing_stored(owner, profiles, grant, grant_root,
+                                                                           name, text, found):
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    with NothingWritten():
+        body = assert_error(send(owner, task_id, text), 400, "invalid")
+    assert body["fields"] == {"text": [f"must not contain control characters (found {found})"]}
+    assert len(listed(owner, task_id)) == 1
+
+
+@pytest.mark.django_db
+def test_c7_newline_tab_and_plain_unicode_are_kept(owner, profiles, grant, grant_root):
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    text = "line one\n\tindented – «ünïcode» 🙂 עברית \u200d joiner"
+    resp = send(owner, task_id, text)
+    assert resp.status_code == 201, resp.content
+    assert listed(owner, task_id)[-1]["text"] == text
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("name, text, found", CONTROL_TEXTS[:4], ids=[c[0] for c in CONTROL_TEXTS[:4]])
+def test_c7_a_conversations_prompt_is_message_0_under_the_same_rule(owner, profiles, grant, grant_root,
+                                                                   name, text, found):
+    with NothingWritten():
+        body = assert_error(open_conversation(owner, profiles, grant_root / "repo", prompt=text), 400, "invalid")
+    assert body["fields"] == {"prompt": [f"a conversation's prompt must not contain control characters (found {found})"]}
+    # A plain task's prompt is the agent's business (and --follow strips what it prints).
+    assert submit(owner, profiles, grant_root / "repo", agent="claude", prompt=text, exclusive=False).status_code == 201
+
+
+def test_c7_one_rule_in_core_text_shared_with_the_terminal_client():
+    from core import text
+    from tasks_app import follow
+
+    assert follow.CONTROL is text.CONTROL
+    assert text.control_character("fine\n\ttext") is None
+    assert [text.control_character(t) for _, t, _ in CONTROL_TEXTS] == [f for _, _, f in CONTROL_TEXTS]
 
 
 @pytest.mark.django_db

@@ -2,17 +2,14 @@
 (Playwright) at 390 px against a real daphne and a real worker running the demo's live
 profile (``fake-claude``) or the real Claude Code in streaming-input mode, offline against
 the fake Messages API. Screenshots go to var/test-output/screenshots/."""
-import subprocess
-from pathlib import Path
-
 import pytest
 
 from tests.browser import chromium, new_page, shot  # noqa: F401  (fixtures)
 from tests.claude_cli import fake_model_api  # noqa: F401  (fixture)
-from tests.conversation_support import (conversation_setup, open_conversation, turns_started, wait_live_profile,
+from tests.conversation_support import (conversation_setup, fake_claude_setup, open_conversation, turns_started,
                                         wait_states)
 from tests.live import live_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import SHORT_TIMINGS, LiveSetup
+from tests.worker_harness import SHORT_TIMINGS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -81,21 +78,7 @@ def test_c2_c4_c5_phone_chat_send_interrupt_end(live_daphne, new_page, make_owne
         setup.close()
 
 
-FAKE_CLAUDE = Path(__file__).resolve().parent.parent / "scripts" / "fake_claude.py"
 VIEWPORT_H = PHONE["viewport"]["height"]
-
-
-def fake_claude_setup(url, owner, tmp_path) -> LiveSetup:
-    """The demo's live profile: ``fake-claude`` (the claude preset run by
-    scripts/fake_claude.py, which converses over stream-json input as Claude Code does)."""
-    setup = LiveSetup(url, owner, tmp_path)
-    subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
-    setup.config.write_text(
-        f'allowed_roots = ["{setup.root}"]\n[profiles.fake-claude]\npreset = "claude"\nbinary = "{FAKE_CLAUDE}"\n'
-        'env = { FAKE_CLAUDE_PAUSE_S = "1.2", FAKE_CLAUDE_TURNS = "2", FAKE_CLAUDE_COMMIT = "0" }\n')
-    setup.start_worker()
-    wait_live_profile(setup)
-    return setup
 
 
 def box_on_screen(page):

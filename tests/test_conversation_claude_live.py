@@ -12,10 +12,12 @@ from tests.barrier import race
 from tests.claude_cli import fake_model_api  # noqa: F401  (fixture)
 from tests.conversation_support import (
     conversation_setup,
+    idle_notices,
     messages,
     op_dir,
     open_conversation,
     send,
+    session_status,
     turns_started,
     user_texts_in_last_request,
     wait_states,
@@ -181,19 +183,6 @@ def test_c5_idle_conversation_ends_by_itself_and_the_task_succeeds(live, fake_mo
     assert turns_started(fake_model_api) == ["only one"]
     late = send(setup, task_id, "too late")
     assert late.status_code == 409 and late.json()["error"] == "already_final"
-
-
-def session_status(setup, session_id) -> str:
-    resp = setup.api.get(f"/api/sessions/{session_id}/")
-    assert resp.status_code == 200, resp.text
-    return resp.json()["status"]
-
-
-def idle_notices(session_id) -> int:
-    """N1 "session idle" notifications written for the session (one per true turn end)."""
-    from notifications.models import Kind, Notification
-
-    return Notification.objects.filter(kind=Kind.SESSION_IDLE, event_key__startswith=f"session:{session_id}:idle:").count()
 
 
 def test_c6_between_turns_the_task_runs_and_its_session_is_idle_one_turn_marker_per_message(

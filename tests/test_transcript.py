@@ -57,6 +57,14 @@ def test_g4_entries_are_kept_once_per_number_and_pushed_with_the_progress(
     assert page == {"results": first + again[1:], "next": None}
 
 
+def test_g4_c2_a_prompt_entry_keeps_the_seq_of_the_message_whose_turn_it_opens(owner, machine, grant, grant_root,
+                                                                               pinned):
+    task_id = running(owner, machine, grant_root)
+    sent = [entry(1, "prompt", "first", seq=0), entry(2), entry(3, "prompt", "second", seq=1), entry(4)]
+    assert post(machine, task_id, 1, sent).json() == {"outcome": "applied"}
+    assert owner_api(owner).get(f"/api/tasks/{task_id}/entries/").json()["results"] == sent
+
+
 def test_g4_a_post_not_applied_keeps_none_of_its_entries(owner, machine, grant, grant_root, pinned):
     task_id = running(owner, machine, grant_root)
     assert post(machine, task_id, 5, [entry(1)]).json()["outcome"] == "applied"
@@ -117,6 +125,10 @@ BAD_ENTRIES = [
     ("tool too long", [entry(1, "tool_call", tool="t" * 101)]),
     ("usage keys", [entry(1, usage={"turns": 1})]),
     ("usage as text", [entry(1, usage={"input_tokens": "1", "output_tokens": 1})]),
+    ("seq on a message", [entry(1, seq=1)]),
+    ("seq negative", [entry(1, "prompt", seq=-1)]),
+    ("seq as text", [entry(1, "prompt", seq="1")]),
+    ("seq boolean", [entry(1, "prompt", seq=True)]),
     ("not rising", [entry(2), entry(1)]),
     ("too many", [entry(n) for n in range(1, ENTRIES_PER_POST + 2)]),
     ("not a list", {"n": 1}),

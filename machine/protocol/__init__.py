@@ -96,8 +96,9 @@ class Backoff:
 # carry a worktree task's diff, at most 256 KiB of UTF-8, JSON-escaped (G7).
 RECEIPT_MAX_BYTES = 2 * 1024 * 1024
 
-# G4 transcript entries: ``{n, kind, text, tool?, status?, call?, usage?}``, numbered from 1
-# per task by the worker. ``text`` is at most ENTRY_TEXT_MAX_BYTES of UTF-8 (a longer one is
+# G4 transcript entries: ``{n, kind, text, tool?, status?, call?, usage?, seq?}``, numbered
+# from 1 per task by the worker; ``seq`` is on the ``prompt`` entry that opens a live
+# conversation's turn: the seq of its message (C2), so a reply is paired with it exactly. ``text`` is at most ENTRY_TEXT_MAX_BYTES of UTF-8 (a longer one is
 # cut and ends with ENTRY_CUT_MARK); a progress post or a final receipt carries at most
 # ENTRIES_PER_POST of them; the service keeps the last ENTRIES_KEPT of a task.
 ENTRY_KINDS = ("prompt", "message", "tool_call", "tool_result", "error")

@@ -19,6 +19,9 @@ Here, per run, a ``ConversationPart`` of the run (``run.py``), stepped by the ru
   written (record before write, C3). A recorded number whose file is missing (a crash
   between the two) is written again: the launcher takes each number once, so the agent
   reads each message at most once, and, as long as the agent runs, exactly once.
+  A message given its place goes to the run's transcript too (``parser.turn_prompt``,
+  G4): its ``prompt`` entry, with its ``seq``, opens its turn there; after a restart
+  every placed message again, in placement order, before the output is re-read.
 
 One message is one turn: the next message is placed only after the previous one's
 ``result``, because Claude Code merges lines written during a turn into one turn (or
@@ -57,6 +60,24 @@ def user_line(text: str) -> str:
 def interrupt_line(request_id: str) -> str:
     """Claude Code's interrupt control request (C4)."""
     return json.dumps({"type": "control_request", "request_id": request_id, "request": {"subtype": "interrupt"}})
+
+
+def _line_text(line: str | None) -> str:
+    """The text of a ``user_line``."""
+    try:
+        text = json.loads(line)["message"]["content"]
+    except (TypeError, ValueError, KeyError):
+        return ""
+    return text if isinstance(text, str) else ""
+
+
+def placed_prompts(items: list[dict]) -> list[tuple[int, str]]:
+    """G4: ``(seq, text)`` of the messages given their place among a run's ``items``
+    (the store's), in placement order: what a re-read of the run's output
+    (``parsers.TextParser.turn_prompt``) needs to open its turns as the live run did."""
+    placed = sorted((i for i in items if i["kind"] == "message" and i["placement"] is not None),
+                    key=lambda i: i["placement"])
+    return [(int(i["seq"]), _line_text(i["line"])) for i in placed]
 
 
 def record(store, *, kind: str, operation_id: str, payload: dict, wall: float, message_id: str | None) -> bool:
@@ -103,8 +124,13 @@ class ConversationPart:
         self.step(self.ctx.clock.monotonic())
 
     def adopted(self) -> None:
-        """After a restart (``Runner.adopt``): the device sweep closed the markers this
-        device left running (M5), so a turn still open gets a new ``running`` marker."""
+        """After a restart (``Runner.adopt``): the messages placed so far to the new
+        observer's transcript (it re-reads the output from the start); the device sweep
+        closed the markers this device left running (M5), so a turn still open gets a new
+        ``running`` marker."""
+        observer = self.run.process.observer
+        for seq, text in placed_prompts(self._items()) if observer is not None else ():
+            observer.parser.turn_prompt(seq, text)
         turn_open = any(i["kind"] == "message" and i["state"] == "written" for i in self._items())
         markers = self._marker(str(uuid.uuid4()), "running") if turn_open else []
         if markers:
@@ -267,9 +293,18 @@ class ConversationPart:
         n = max((i["placement"] for i in placed), default=-1) + 1
         if self.ctx.store.item_moved(item["item_id"], came_from="received", to="placed", placement=n):
             placed.append({**item, "placement": n})
+            if item["kind"] == "message":
+                self._to_transcript(item)
             if item["seq"]:  # a message after the prompt (crash tests)
                 faults.fault("conversation_after_record_before_write")
             self._write({**item, "placement": n})
+
+    def _to_transcript(self, item: dict) -> None:
+        """G4: a placed message's prompt entry (with its ``seq``) opens its turn in the
+        run's transcript (``parsers.TextParser.turn_prompt``)."""
+        observer = self.run.process.observer
+        if observer is not None:
+            observer.parser.turn_prompt(int(item["seq"]), _line_text(item["line"]))
 
     def _path(self, n: int) -> str:
         return os.path.join(self.inbox, f"{n:010d}.json")

@@ -141,16 +141,20 @@ class AgentObserver:
 
 
 def recovered_extras(*, parser: str, op_dir: str, folder: str | None, worktree: dict | None = None,
-                     prompt: str | None = None, record: str | None = None) -> dict:
+                     prompt: str | None = None, record: str | None = None,
+                     turn_prompts: list[tuple[int, str]] = ()) -> dict:
     """X3: the same keys for an operation a previous worker ran, from its output file (and
     run record) and the git start it recorded (no git start recorded -> no git evidence);
     ``worktree``: the worktree it recorded (G7), whose branch and diff join the evidence.
-    The transcript is numbered as the live run numbered it (same prompt, same stream); its
-    last entries go (the service keeps each number once)."""
+    The transcript is numbered as the live run numbered it (same prompt, or a live
+    conversation's ``turn_prompts``, same stream); its last entries go (the service keeps
+    each number once)."""
     if worktree is not None:
         folder = worktree["cwd"]
     observer = AgentObserver(parser=parser, op_dir=op_dir, folder=folder or "/", worktree=worktree, prompt=prompt,
                              record=record)
+    for seq, text in turn_prompts:
+        observer.parser.turn_prompt(seq, text)
     observer.finish()
     saved = _read_json(os.path.join(op_dir, "git_start.json")) or {}
     if folder and saved.get("git") is not None:

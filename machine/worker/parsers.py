@@ -17,8 +17,8 @@ What a parser keeps (``facts()``), the shapes of H's Task JSON:
 - ``last_message``: the last assistant message, at most 4 KiB of UTF-8 (its head).
 
 And the run as a person reads it (G4, B9), ``entries``: transcript entries ``{n, kind,
-text, tool?, status?, call?, usage?}`` numbered from 1 (the prompt, when the parser was
-given it), kinds ``prompt`` (a user turn), ``message`` (assistant text, line breaks
+text, tool?, status?, call?, usage?, seq?}`` numbered from 1 (the prompt, when the parser
+was given it), kinds ``prompt`` (a user turn), ``message`` (assistant text, line breaks
 kept), ``tool_call`` (``tool`` and its command or path as ``text``), ``tool_result``
 (``status`` ``ok``/``error``, the output as ``text``, ``call``: the ``n`` of its call)
 and ``error``; a ``message`` or ``tool_call`` that opens a model turn carries that turn's
@@ -26,6 +26,13 @@ and ``error``; a ``message`` or ``tool_call`` that opens a model turn carries th
 ``text`` is at most ``ENTRY_TEXT_MAX_BYTES`` of UTF-8 (cut ones end with
 ``ENTRY_CUT_MARK``), valid UTF-8 without NUL; the last ``ENTRIES_KEPT`` are held. The
 numbering depends only on the stream, so re-parsing an output file (X3) numbers it alike.
+
+A live conversation (C1) hands the parser each message in the order the agent is given
+them (``turn_prompt(seq, text)``, at placement: before the agent can read it), and the
+stream's own turn ends (``turn_ended``: Claude Code's ``result``) say where each turn
+starts: the k-th message's ``prompt`` entry, with its ``seq``, comes right before the
+first entry after the (k-1)-th turn end (or at the k-th turn end, for a turn that made
+no entry). Given the same messages, a re-parse (X3) places them alike.
 
 ``version`` increases whenever one of these changes (G4 sends progress only on change).
 
@@ -137,6 +144,9 @@ class TextParser:
         self._pending: dict | None = None  # a message still growing (deltas) or awaiting its turn's usage
         self._turn_usage: dict | None = None  # usage of the model turn whose first entry is not out yet
         self._calls: dict = {}  # tool call id -> (n, tool), the last CALLS_KEPT
+        self._turn_prompts: deque[tuple[int, str]] = deque()  # C1: messages given, prompt entry not yet out
+        self._turns_opened = 0  # live-conversation turns whose prompt entry is out
+        self._turns_ended = 0  # ... and that ended (``turn_ended``)
         if prompt:
             self.add_entry("prompt", prompt)
 
@@ -259,12 +269,33 @@ class TextParser:
 
     # --- transcript (G4) -----------------------------------------------------------------
 
+    def turn_prompt(self, seq: int, text: str) -> None:
+        """C1, G4: a live conversation's message ``seq`` is given to the agent after those
+        handed before it; its ``prompt`` entry opens its turn (module docstring)."""
+        self._turn_prompts.append((seq, text))
+
+    def turn_ended(self) -> None:
+        """The agent ended a turn of a live conversation (before the turn's own result
+        entries): a turn that made no entry still shows its prompt."""
+        self._open_turns()
+        self._turns_ended += 1
+
+    def _open_turns(self) -> None:
+        """The prompt entries of the turns that have begun (the k-th once k-1 ended)."""
+        while self._turn_prompts and self._turns_opened <= self._turns_ended:
+            seq, text = self._turn_prompts.popleft()
+            self._turns_opened += 1
+            self.add_entry("prompt", text, seq=seq)
+
     def add_entry(self, kind: str, text: str, **fields) -> int | None:
-        """Number and keep one entry (a pending message goes first); ``fields`` among
-        ``tool``, ``status``, ``call``, ``usage`` (None values left out). A ``prompt``
-        repeating the entry just before it (a CLI echoing the prompt) is not kept twice.
-        Returns the entry's ``n`` (None when skipped)."""
+        """Number and keep one entry (a pending message, then the prompt of a turn that
+        has begun, go first); ``fields`` among ``tool``, ``status``, ``call``, ``usage``,
+        ``seq`` (None values left out). A ``prompt`` repeating the entry just before it
+        (a CLI echoing the prompt) is not kept twice. Returns the entry's ``n`` (None when
+        skipped)."""
         self.flush_message()
+        if "seq" not in fields:
+            self._open_turns()
         text = entry_text(text if isinstance(text, str) else "")
         if kind == "prompt" and self.entries and self.entries[-1]["kind"] == "prompt" \
                 and self.entries[-1]["text"] == text:
@@ -444,6 +475,7 @@ class ClaudeParser(TextParser):
             self._claude_user(event)
             return True
         if kind == "result":
+            self.turn_ended()
             is_error = bool(event.get("is_error"))
             subtype = event.get("subtype") if isinstance(event.get("subtype"), str) else ("error" if is_error else "success")
             if is_error and subtype == "success":

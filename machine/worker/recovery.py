@@ -24,6 +24,7 @@ import os
 
 from . import process
 from .context import WorkerContext
+from .conversation import placed_prompts
 from .observe import recovered_extras
 from .lease import Deadline, LeaseTerms, SentAt, record_slept_s
 from .wire import final_facts, marker_item, receipt_item
@@ -48,17 +49,20 @@ def recover(ctx: WorkerContext, adopt=None) -> None:
             log.exception("operation %s: recovery failed", record["operation_id"])
 
 
-def _agent_extras(ctx: WorkerContext, payload: dict, op_dir: str, worktree: dict | None) -> dict:
+def _agent_extras(ctx: WorkerContext, operation_id: str, payload: dict, op_dir: str, worktree: dict | None) -> dict:
     """The agent facts of an operation a previous worker ran: its output file re-parsed
     with the profile's parser, git evidence from the recorded start (observe.py), in its
     worktree for a worktree task (G7)."""
     profile = ctx.config.profiles.get(payload.get("agent"))
     folder = payload.get("folder")
+    live = payload.get("mode") == "conversation"  # its prompt is message 0, placed like the others (G4)
     try:
         return recovered_extras(parser=profile.parser if profile else "text", op_dir=op_dir,
                                 folder=os.path.realpath(folder) if isinstance(folder, str) else None,
-                                worktree=worktree, prompt=payload.get("prompt"),
-                                record=profile.record_path(op_dir) if profile else None)
+                                worktree=worktree, prompt=None if live else payload.get("prompt"),
+                                record=profile.record_path(op_dir) if profile else None,
+                                turn_prompts=placed_prompts(ctx.store.items(operation_id))
+                                if live else ())
     except Exception:
         log.exception("agent facts of %s could not be recovered", op_dir)
         return {}
@@ -122,7 +126,7 @@ def recover_one(ctx: WorkerContext, record: dict) -> None:
                                 survivors=survivors, output_tail=process.output_tail(op_dir))
     if facts.get("process_started") is not False:
         worktree = json.loads(record["worktree"]) if record.get("worktree") else None
-        facts = {**_agent_extras(ctx, payload, op_dir, worktree), **facts}  # G2-G5, G7 from what it left
+        facts = {**_agent_extras(ctx, operation_id, payload, op_dir, worktree), **facts}  # G2-G5, G7 from what it left
     items.append(receipt_item(ctx.identity, operation_id=operation_id, kind="final", facts=facts, slept=slept))
     if record["turn_id"] and payload.get("session_id"):
         items.append(marker_item(ctx.identity, session_id=str(payload["session_id"]), turn_id=record["turn_id"],

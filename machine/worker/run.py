@@ -137,7 +137,7 @@ class ProcessPart:
         self.follower: OutputFollower | None = None
         self.next_snapshot: float | None = None
 
-    def observe(self, *, parser: str, folder: str, prompt: str, record: str | None) -> AgentObserver:
+    def observe(self, *, parser: str, folder: str, prompt: str | None, record: str | None) -> AgentObserver:
         """G2-G5: the observer of this run's stream and git evidence."""
         self.observer = AgentObserver(parser=parser, op_dir=self.run.op_dir, folder=folder, worktree=self.worktree,
                                       prompt=prompt, record=record)

@@ -190,7 +190,10 @@ class Runner:
         except ResumeUnsupported:
             return self.refuse(run, f"profile {profile.name!r} cannot resume an agent session (follow-up refused)",
                                code="resume_unsupported")
-        observer = run.process.observe(parser=profile.parser, folder=folder, prompt=run.payload["prompt"],
+        # A live conversation's prompt is its message 0: its entry (with its seq) comes from
+        # the conversation part, like every message's (G4).
+        observer = run.process.observe(parser=profile.parser, folder=folder,
+                                       prompt=None if live else run.payload["prompt"],
                                        record=profile.record_path(run.op_dir))
         observer.record_git_start()  # G5, before the lease: a slow git costs no lease time
         # W8: at most max_concurrent agents; a queued start waits here, unleased.
@@ -423,7 +426,7 @@ class Runner:
         if profile is not None:
             agent.worktree = json.loads(record["worktree"]) if record.get("worktree") else None
             folder = agent.worktree["cwd"] if agent.worktree else os.path.realpath(payload["folder"])
-            agent.observe(parser=profile.parser, folder=folder, prompt=payload["prompt"],
+            agent.observe(parser=profile.parser, folder=folder, prompt=None,  # the prompt is message 0 (G4)
                           record=profile.record_path(run.op_dir)).resume_git_start()
         run.conversation = ConversationPart(run, idle_s=float(payload.get("idle_s") or 1800))
         run.conversation.adopted()

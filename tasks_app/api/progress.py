@@ -31,7 +31,7 @@ class ProgressSerializer(StrictSerializer):
                                          max_length=OUTPUT_TAIL_CHARS_MAX)
     usage = serializers.JSONField(allow_null=True)
     entries = serializers.JSONField(required=False, help_text="G4: transcript entries parsed since the last post "
-                                    "({n, kind, text, tool?, status?, call?, usage?}, at most 50, rising n)")
+                                    "({n, kind, text, tool?, status?, call?, usage?, seq?}, at most 50, rising n)")
 
     def validate_usage(self, value):
         try:

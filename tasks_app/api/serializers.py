@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from core.pagination import PageQuery
 from core.strict import QueryFloatField, StrictQuerySerializer, StrictSerializer
+from core.text import control_character
 from tasks_app.agent_facts import FactsError, clean_agent_facts
 from tasks_app.models import IntegrationAction, IntegrationOutcome, TaskState
 from machine.protocol import DEFAULT_MAX_RUNTIME_S, LONG_POLL_MAX_S
@@ -48,6 +49,13 @@ class TaskCreateSerializer(StrictSerializer):
     def validate_folder(self, value):
         return _valid_folder(value)
 
+    def validate(self, attrs):
+        # C7: a conversation's prompt is its message 0, under the messages' rule.
+        if attrs.get("mode") == "conversation" and (found := control_character(attrs["prompt"])) is not None:
+            raise serializers.ValidationError(
+                {"prompt": [f"a conversation's prompt must not contain control characters (found {found})"]})
+        return attrs
+
 
 class IntegrateSerializer(StrictSerializer):
     """``POST /api/tasks/{id}/integrate/`` (G7)."""
@@ -57,7 +65,8 @@ class IntegrateSerializer(StrictSerializer):
 
 class MessageCreateSerializer(StrictSerializer):
     """``POST /api/tasks/{id}/messages/`` (C2, C7): ``{text}``, 1 to
-    ``RUNSTEAD_MESSAGE_MAX_BYTES`` bytes of UTF-8, not only white space, no NUL."""
+    ``RUNSTEAD_MESSAGE_MAX_BYTES`` bytes of UTF-8, not only white space, no control
+    character but newline and tab (``core.text``: C0, DEL, C1, the bidi controls; as T2)."""
 
     text = serializers.CharField(trim_whitespace=False, allow_blank=True)
 
@@ -68,6 +77,8 @@ class MessageCreateSerializer(StrictSerializer):
             raise serializers.ValidationError("must not be empty")
         if "\x00" in value:
             raise serializers.ValidationError("must not contain NUL")
+        if (found := control_character(value)) is not None:
+            raise serializers.ValidationError(f"must not contain control characters (found {found})")
         if len(value.encode()) > settings.RUNSTEAD_MESSAGE_MAX_BYTES:
             raise serializers.ValidationError(f"must be at most {settings.RUNSTEAD_MESSAGE_MAX_BYTES} bytes")
         return value

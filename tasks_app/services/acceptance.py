@@ -172,10 +172,16 @@ def create_task(*, owner, data, now) -> Task:
         raise ApplicationError("budget_exhausted", "not enough budget left for max_runtime_s", status_code=409)
 
     session_id = data.get("session")
+    if conversation and not session_id:
+        # C6, S1: every conversation is a session, so its turns show busy and the time
+        # between them idle ("waiting for you"), with B5 and N1 at each turn's end. A
+        # replay answers the stored task, so it names this same session.
+        session_id = uuid.uuid4()
     if session_id:
         # The sessions app makes sure the owner's session exists, or refuses (K2):
         # ``sessions_app/receivers.py`` lists what hears this and ``task_changed``.
-        task_session_claimed.send(sender=Task, owner=owner, session_id=session_id, now=now)
+        task_session_claimed.send(sender=Task, owner=owner, session_id=session_id, now=now,
+                                  title=session_title(data["prompt"]) if conversation else "")
 
     task = Task.objects.create(
         id=uuid.uuid4(),
@@ -209,6 +215,23 @@ def create_task(*, owner, data, now) -> Task:
         conversation_opened(task, now=now)  # before the start message, which names it
     task_created(task, actor=actor_owner(owner), now=now)
     return task
+
+
+SESSION_TITLE_MAX_CHARS = 60  # a board card's line on a phone (B6)
+
+
+def session_title(prompt: str, *, limit: int = SESSION_TITLE_MAX_CHARS) -> str:
+    """C6: the title of the session a conversation opens, from its first prompt: the
+    first line that is not blank, white space collapsed, cut at a word boundary to at
+    most ``limit`` characters with an ellipsis (mid-word only when the first word alone
+    is longer)."""
+    line = next((" ".join(ln.split()) for ln in prompt.splitlines() if ln.strip()), "")
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 1]
+    if line[limit - 1] != " " and " " in cut:
+        cut = cut[:cut.rindex(" ")]
+    return cut.rstrip(" ,.;:-") + "…"
 
 
 def conversation_opened(task: Task, *, now: datetime) -> None:

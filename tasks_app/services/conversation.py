@@ -155,6 +155,8 @@ def message_receipt_apply(task: Task, facts: dict, *, actor: str, now: datetime)
     if not message_advance(message, facts["state"], now=now):
         return {"outcome": "not_applied", "reason": "stale"}
     task_record(task, reason=f"message {message.seq} {facts['state']}", actor=actor, now=now)
+    if task.conversation == "live":
+        task_publish(task, now=now)  # its ``turn`` (C6) may have changed: board cards follow
     return {"outcome": "applied"}
 
 
