@@ -12,6 +12,8 @@ The poller long-polls the service and handles each message in order:
   by the integrator (``integrate.py``) once, whatever the number of deliveries;
 - ``message``, ``interrupt``, ``end`` (C2-C5): committed as a conversation item, acknowledged,
   and the run woken: its watch thread writes it to the agent (``conversation.py``);
+- ``session_message``, ``session_interrupt`` (T2, T5): recorded in the session's local
+  inbox, then acknowledged (``sessions.py``);
 - anything else, or a payload that is not its kind's shape (``machine.protocol.shapes``,
   checked here, where the message is received): acknowledged and ignored.
 
@@ -26,7 +28,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from . import conversation, faults
+from . import conversation, faults, sessions
 from machine.protocol import Backoff
 from machine.protocol.shapes import ProtocolError, ReportRecord, read_message
 
@@ -137,6 +139,10 @@ class Poller:
             run = ctx.run_for(operation_id)
             if run is not None:
                 run.wake.set()
+        elif kind in sessions.KINDS:  # T2, T5: recorded in the session's local inbox, then acknowledged
+            sessions.record(kind, payload)
+            faults.fault("after_commit_before_ack")
+            self.ack(service, message_id)
         elif kind == "integrate":
             integration_id = str(payload["integration_id"])
             new = ctx.store.record_integration(message_id=message_id, integration_id=integration_id,
