@@ -4,7 +4,13 @@ for a WebSocket, so each event shape is a component (``TaskBoardEvent``, ...) an
 event's builder returns. A new board event is added to ``BOARD_EVENTS``."""
 from core.schema import add_components
 from notifications.shapes import NotificationBoardEvent
-from sessions_app.shapes import ApprovalBoardEvent, MarkerBoardEvent, SessionDeletedBoardEvent, SessionStatusBoardEvent
+from sessions_app.shapes import (
+    ApprovalBoardEvent,
+    MarkerBoardEvent,
+    SessionDeletedBoardEvent,
+    SessionMessageBoardEvent,
+    SessionStatusBoardEvent,
+)
 from tasks_app.shapes import MachineBoardEvent, MessageBoardEvent, TaskBoardEvent, TaskProgressBoardEvent
 
 BOARD_EVENTS = (
@@ -17,6 +23,7 @@ BOARD_EVENTS = (
     SessionDeletedBoardEvent,
     NotificationBoardEvent,
     ApprovalBoardEvent,
+    SessionMessageBoardEvent,
 )
 
 

@@ -307,6 +307,9 @@ SPECTACULAR_SETTINGS = {
         "JobModeEnum": "sessions_app.models.JobMode",
         "ProfileConversationEnum": ["live", "resume", "none"],  # C1: what a profile can do
         "TaskConversationEnum": ["live", "resume"],  # C1: what a conversation task does
+        "SessionMessageStateEnum": "sessions_app.models.SessionMessageState",  # T2
+        "SessionMessageReportEnum": ["delivered", "answered", "undelivered"],  # T2-T4: what a machine reports
+        "SessionChannelEnum": "sessions_app.models.Channel",  # T1
     },
     # The board events as components (board/schema.py), before the enums are named so
     # theirs are named too.

@@ -17,6 +17,8 @@ import re
 
 from rest_framework import serializers
 
+from core.text import control_character
+
 # JSON types each field kind accepts as sent, most specific kind first (a RegexField is a
 # CharField, a MultipleChoiceField a ChoiceField).
 _JSON_TYPES = [
@@ -145,3 +147,19 @@ def valid_query(serializer_class: type[StrictQuerySerializer], request) -> dict:
 
 class NoQuery(StrictQuerySerializer):
     """Endpoints that take no query parameters refuse any (K3)."""
+
+
+def valid_message_text(value: str) -> str:
+    """The text of a message to an agent, a task's (C2, C7) or a session's (T2): not only
+    white space, at most ``RUNSTEAD_MESSAGE_MAX_BYTES`` of UTF-8, and no control character
+    but newline and tab (``core.text``: C0, DEL, C1, the bidi controls; it may be typed
+    into a terminal). A DRF field validator: raises ``ValidationError`` (400 ``invalid``)."""
+    from django.conf import settings
+
+    if not value.strip():
+        raise serializers.ValidationError("must not be empty")
+    if (found := control_character(value)) is not None:
+        raise serializers.ValidationError(f"must not contain control characters (found {found}; newline and tab are allowed)")
+    if len(value.encode()) > settings.RUNSTEAD_MESSAGE_MAX_BYTES:
+        raise serializers.ValidationError(f"must be at most {settings.RUNSTEAD_MESSAGE_MAX_BYTES} bytes")
+    return value

@@ -23,6 +23,17 @@ class Attention(models.TextChoices):
     APPROVAL = "approval", "approval pending"  # Q3: set and cleared by the approvals, never by PATCH
 
 
+class Channel(models.TextChoices):
+    """T1: how an owner's message can reach a session: ``terminal`` (the terminal wrapper
+    types it at the prompt, T3), ``hook`` (its Stop hook hands it over when the turn
+    ends, T4), ``native`` (a CLI's own way in, T4), ``none`` (unreachable)."""
+
+    TERMINAL = "terminal"
+    HOOK = "hook"
+    NATIVE = "native"
+    NONE = "none"
+
+
 class Session(models.Model):
     """A chat session. ``status`` is stored and changed only by compare-and-set (S2);
     ``version`` rises on every change of the row (B2).
@@ -41,6 +52,11 @@ class Session(models.Model):
     attention = models.CharField(max_length=20, choices=Attention.choices, blank=True, default=Attention.NONE)
     attention_message = models.CharField(max_length=500, blank=True, default="")
     attention_since = models.DateTimeField(null=True, blank=True)
+    # T1: the paired machine the session runs on, and how a message reaches it there.
+    machine = models.ForeignKey("tasks_app.Machine", null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="sessions")
+    channel = models.CharField(max_length=10, choices=Channel.choices, default=Channel.NONE)
+    message_seq = models.PositiveIntegerField(default=0)  # T2: the last seq given
     status = models.CharField(max_length=10, choices=SessionStatus.choices, default=SessionStatus.IDLE)
     status_since = models.DateTimeField()
     created_at = models.DateTimeField()
@@ -215,3 +231,37 @@ class Approval(models.Model):
 
     def __str__(self):
         return f"{self.tool_name} ({self.state})"
+
+
+class SessionMessageState(models.TextChoices):
+    """T2 (as C3, C10): ``sent`` (accepted), ``delivered`` (typed into the terminal or
+    claimed by the Stop hook), ``answered`` (the turn it started or joined ended),
+    ``undelivered`` (it can no longer reach the agent), ``withdrawn`` (by its owner)."""
+
+    SENT = "sent"
+    DELIVERED = "delivered"
+    ANSWERED = "answered"
+    UNDELIVERED = "undelivered"
+    WITHDRAWN = "withdrawn"
+
+
+class SessionMessage(models.Model):
+    """One owner message to a terminal session (T2), numbered per session in acceptance
+    order (``seq`` from 1). Its state only moves forward, by compare-and-set
+    (``sessions_app.messages``); ``version`` rises on every change."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="messages")
+    seq = models.PositiveIntegerField()
+    text = models.TextField()
+    state = models.CharField(max_length=12, choices=SessionMessageState.choices, default=SessionMessageState.SENT)
+    channel = models.CharField(max_length=10, choices=Channel.choices)  # the channel it was sent through
+    delivered_by = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    answered_at = models.DateTimeField(null=True, blank=True)
+    version = models.PositiveBigIntegerField(default=1)
+
+    class Meta:
+        ordering = ["seq"]
+        constraints = [models.UniqueConstraint(fields=["session", "seq"], name="session_message_seq")]

@@ -18,6 +18,7 @@ from core.broadcast import broadcast
 from core.errors import ApplicationError
 from sessions_app.models import Attention, EndedTurn, Job, JobMode, Marker, MarkerState, Session, SessionStatus
 from notifications.services import notify_session_attention, notify_session_idle
+from sessions_app.messages import messages_answer
 from sessions_app.rules import counting_jobs_q, running_markers_q
 from sessions_app.shapes import marker_event, session_deleted_event, session_status_event
 from tasks_app.models import FINAL_STATES, LEASED_STATES, NEVER_LEASED_STATES, Task, TaskState
@@ -53,11 +54,12 @@ def session_is_busy(*, session_id: uuid.UUID, now: datetime) -> bool:
 
 
 def _session_get_or_create(
-    *, owner, session_id: uuid.UUID, now: datetime, title: str, agent: str = "", cwd: str = ""
+    *, owner, session_id: uuid.UUID, now: datetime, title: str, agent: str = "", cwd: str = "", **binding
 ) -> tuple[Session, bool]:
     session, created = Session.objects.get_or_create(
         id=session_id,
-        defaults={"owner": owner, "title": title, "agent": agent, "cwd": cwd, "status_since": now, "created_at": now},
+        defaults={"owner": owner, "title": title, "agent": agent, "cwd": cwd, "status_since": now, "created_at": now,
+                  **binding},
     )
     if session.owner_id != owner.pk:
         raise ApplicationError("not_found", "no such session", status_code=404)
@@ -73,17 +75,31 @@ def session_get_or_create(*, owner, session_id: uuid.UUID, now: datetime, title:
 
 
 def session_create(
-    *, owner, session_id: uuid.UUID | None, title: str, now: datetime, agent: str = "", cwd: str = ""
+    *, owner, session_id: uuid.UUID | None, title: str, now: datetime, agent: str = "", cwd: str = "",
+    machine_id: uuid.UUID | None = None, channel: str | None = None,
 ) -> tuple[Session, bool]:
-    """``POST /api/sessions/``: create (with I6's ``agent`` and ``cwd``), idempotent on
-    ``session_id`` (an existing session of the owner is returned unchanged). Returns
-    ``(session, created)``; 404 for another owner's id."""
+    """``POST /api/sessions/``: create (with I6's ``agent`` and ``cwd``, T1's ``machine``
+    and ``channel``), idempotent on ``session_id`` (an existing session of the owner is
+    returned unchanged, except that a ``machine`` or ``channel`` given re-binds it, T1: a
+    session resumed under the terminal wrapper). Returns ``(session, created)``; 404 for
+    another owner's id, 403 ``machine_forbidden`` for a machine that is not the owner's."""
+    from tasks_app.models import Machine
+
+    if machine_id is not None and not Machine.objects.filter(pk=machine_id, owner=owner).exists():
+        raise ApplicationError("machine_forbidden", "no such machine of yours", status_code=403)
+    binding = {key: value for key, value in (("machine_id", machine_id), ("channel", channel)) if value is not None}
     if session_id is None:
         session = Session.objects.create(
-            owner=owner, title=title, agent=agent, cwd=cwd, status_since=now, created_at=now
+            owner=owner, title=title, agent=agent, cwd=cwd, status_since=now, created_at=now, **binding
         )
         return session, True
-    return _session_get_or_create(owner=owner, session_id=session_id, now=now, title=title, agent=agent, cwd=cwd)
+    with transaction.atomic():
+        session, created = _session_get_or_create(owner=owner, session_id=session_id, now=now, title=title,
+                                                  agent=agent, cwd=cwd, **binding)
+        if not created and binding:
+            session = session_lock(owner=owner, session_id=session_id)
+            _session_change_locked(session, {k: v for k, v in binding.items() if getattr(session, k) != v})
+    return session, created
 
 
 def session_lock(*, owner, session_id: uuid.UUID) -> Session:
@@ -349,6 +365,7 @@ def marker_write(
             if marker.state == MarkerState.ENDED:
                 return MarkerResult("applied", "duplicate", marker, session)
             _marker_end(session, marker, now)
+            messages_answer(session.pk, now=now)  # T2: the turn that took them ended
             _refresh_locked(session, now)
             return MarkerResult("applied", None, marker, session)
 

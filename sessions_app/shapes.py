@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from core.wire import BoardEvent, Doc, Time, Uuid
 from core.wire import iso
-from sessions_app.models import ApprovalState, JobMode, MarkerState, SessionStatus
+from sessions_app.models import ApprovalState, Channel, JobMode, MarkerState, SessionMessageState, SessionStatus
 from sessions_app.rules import job_counts, marker_is_running
 
 
@@ -72,10 +72,28 @@ class SessionInfoPart(TypedDict):
     attention: Annotated[str, Doc('I6: "", "permission" (needs you) or "approval" (Q3: one of its approvals is pending)')]
     attention_message: str
     attention_since: Time | None
+    machine: Annotated[Uuid | None, Doc("T1: the paired machine the session runs on")]
+    channel: Annotated[Channel, Doc("T1: how a message reaches it")]
+    reach: Annotated[str, Doc("T1: in words, when a message sent now will arrive")]
+
+
+# T1: the board's words for each channel.
+REACH_WORDS = {
+    Channel.TERMINAL: "now, at the prompt",
+    Channel.HOOK: "when this turn ends",
+    Channel.NATIVE: "through the CLI's own queue",
+}
+
+
+def session_reach(session) -> str:
+    """T1: when a message sent now reaches the session, in words."""
+    if session.machine_id is None or session.channel not in REACH_WORDS:
+        return f"cannot reach this session: start it with `runstead-term {session.agent or 'claude'}`"
+    return REACH_WORDS[session.channel]
 
 
 def session_info(session) -> SessionInfoPart:
-    """I6, what a board shows of a session besides its status."""
+    """I6, T1: what a board shows of a session besides its status."""
     return {
         "agent": session.agent,
         "title": session.title,
@@ -83,7 +101,57 @@ def session_info(session) -> SessionInfoPart:
         "attention": session.attention,
         "attention_message": session.attention_message,
         "attention_since": iso(session.attention_since),
+        "machine": None if session.machine_id is None else str(session.machine_id),
+        "channel": session.channel,
+        "reach": session_reach(session),
     }
+
+
+class SessionMessageShape(TypedDict):
+    """One owner message to a terminal session (T2)."""
+
+    id: Uuid
+    session_id: Uuid
+    seq: Annotated[int, Doc("from 1, in acceptance order")]
+    text: str
+    state: SessionMessageState
+    channel: Annotated[Channel, Doc("the channel it was sent through")]
+    created_at: Time
+    delivered_at: Time | None
+    answered_at: Time | None
+    version: int
+
+
+def session_message_dict(message) -> SessionMessageShape:
+    """One session message (T2)."""
+    return {
+        "id": str(message.id),
+        "session_id": str(message.session_id),
+        "seq": message.seq,
+        "text": message.text,
+        "state": message.state,
+        "channel": message.channel,
+        "created_at": iso(message.created_at),
+        "delivered_at": iso(message.delivered_at),
+        "answered_at": iso(message.answered_at),
+        "version": message.version,
+    }
+
+
+class SessionMessagesShape(TypedDict):
+    """``GET /api/sessions/{id}/messages/`` (T2): the latest 500, in ``seq`` order."""
+
+    results: list[SessionMessageShape]
+
+
+class SessionMessageBoardEvent(BoardEvent, SessionMessageShape):
+    """The ``session.message`` board event (B2, T6): a session message was sent or changed state."""
+
+    type: Literal["session.message"]
+
+
+def session_message_event(message) -> SessionMessageBoardEvent:
+    return {"type": "session.message", **session_message_dict(message)}
 
 
 class SessionShape(SessionInfoPart):

@@ -292,6 +292,8 @@ class MessageKind(models.TextChoices):
     MESSAGE = "message"  # C2: a message for a live conversation's agent
     INTERRUPT = "interrupt"  # C4: stop the conversation's current turn
     END = "end"  # C5: close the agent's input, let it finish
+    SESSION_MESSAGE = "session_message"  # T2: an owner's message for a terminal session on the machine
+    SESSION_INTERRUPT = "session_interrupt"  # T5: stop a terminal session's current turn
 
 
 class IntegrationAction(models.TextChoices):
@@ -334,8 +336,9 @@ class OutboxMessage(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="outbox")
-    operation = models.ForeignKey(Operation, on_delete=models.CASCADE, related_name="messages")
-    kind = models.CharField(max_length=10, choices=MessageKind.choices)
+    # None for the session kinds (T2, T5): they belong to a session, not to a task.
+    operation = models.ForeignKey(Operation, null=True, on_delete=models.CASCADE, related_name="messages")
+    kind = models.CharField(max_length=20, choices=MessageKind.choices)
     payload = models.JSONField()
     created_at = models.DateTimeField()
     # Delivered again once visible_at passes without an ack.

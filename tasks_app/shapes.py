@@ -698,15 +698,18 @@ class MessageShape(TypedDict):
     """One outbox message (W2)."""
 
     id: Uuid
-    kind: Literal["start", "cancel", "query", "integrate", "message", "interrupt", "end"]
-    operation_id: Uuid
+    kind: Literal["start", "cancel", "query", "integrate", "message", "interrupt", "end", "session_message",
+                  "session_interrupt"]
+    operation_id: Annotated[Uuid | None, Doc("null for the session kinds (T2, T5)")]
     payload: Annotated[AnyPayload, Doc("the shape of its kind (machine.protocol.shapes): start, cancel, query, "
-                                       "integrate (G7), message, interrupt, end (C2-C5)")]
+                                       "integrate (G7), message, interrupt, end (C2-C5), session_message, "
+                                       "session_interrupt (T2, T5)")]
 
 
 def message_dict(message) -> MessageShape:
     """One outbox message of ``GET /api/worker/messages/`` (W2)."""
-    return {"id": str(message.id), "kind": message.kind, "operation_id": str(message.operation_id), "payload": message.payload}
+    return {"id": str(message.id), "kind": message.kind, "operation_id": None if message.operation_id is None else str(message.operation_id),
+            "payload": message.payload}
 
 
 class MessagesShape(TypedDict):

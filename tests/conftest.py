@@ -260,7 +260,10 @@ def one_of_each(owner, machine, grant, pinned):
     lease_id = grant_lease(machine, task_id).json()["lease_id"]
     api = owner_api(owner)
     session_id = str(uuid.uuid4())
-    assert api.post("/api/sessions/", {"id": session_id, "title": "s"}, format="json").status_code == 201
+    assert api.post("/api/sessions/", {"id": session_id, "title": "s", "machine": str(machine.id), "channel": "terminal"},
+                    format="json").status_code == 201
+    assert api.post(f"/api/sessions/{session_id}/messages/", {"text": "hi"}, format="json",
+                    HTTP_IDEMPOTENCY_KEY="one-of-each").status_code == 201  # T2
     assert api.post(f"/api/sessions/{session_id}/jobs/", {"job_id": "j1", "mode": "held"}, format="json").status_code == 201
     assert api.post("/api/machines/pairing-codes/", {"name": "new"}, format="json").status_code == 201
     subscription = api.post("/api/push/subscriptions/", push_subscription(), format="json").json()["id"]
@@ -275,4 +278,4 @@ def one_of_each(owner, machine, grant, pinned):
     return {"subscription": subscription, "job": "j1", "device": "laptop", "approval": approval.json()["id"],
             "task": task_id, "conversation": conversation, "op": operation_id(task_id), "lease": lease_id, "message": message["id"],
             "session": session_id, "machine": str(machine.id), "grant": str(grant.id), "folder": grant.path,
-            "generation": machine.generation}
+            "generation": machine.generation, "seq": 1}

@@ -411,6 +411,16 @@ def walk_every_operation(call, owner, machine, grant, grant_root, make_machine):
     call(api, "put", f"/api/sessions/{sid}/marker/", marker, expect=200)
     call(api, "post", f"/api/sessions/{sid}/jobs/", {"job_id": "bg", "mode": "held"}, expect=201)
     call(api, "get", "/api/sessions/active/", expect=200)
+    # T1, T2, T5: the session on a machine under the wrapper, a message and what became of it
+    call(api, "post", "/api/sessions/", {"id": sid, "machine": str(machine.id), "channel": "terminal"}, expect=200)
+    call(api, "post", f"/api/sessions/{sid}/messages/", {"text": "and then?"}, expect=201,
+         HTTP_IDEMPOTENCY_KEY="walk-session-message")
+    call(api, "post", f"/api/sessions/{sid}/messages/", {"text": "withdrawn"}, expect=201,
+         HTTP_IDEMPOTENCY_KEY="walk-session-message-2")
+    call(api, "post", f"/api/sessions/{sid}/messages/2/withdraw/", expect=200)
+    call(api, "post", f"/api/sessions/{sid}/messages/1/delivery/", {"state": "delivered", "claim": "walk"}, expect=200)
+    call(api, "get", f"/api/sessions/{sid}/messages/", expect=200)
+    call(api, "post", f"/api/sessions/{sid}/interrupt/", expect=202)
     ask = {"key": "walk-ask", "session": sid, "agent": "claude", "tool_name": "Bash", "tool_input": {"command": "ls"},
            "cwd": "/tmp", "suggestions": [
                {"type": "setMode", "mode": "acceptEdits", "destination": "session"},

@@ -163,6 +163,12 @@ ROWS = {
     "api/sessions/<uuid:session_id>/": Row(OWNER, kwargs=_session, bodies={"PATCH": lambda w: {"title": "x"},
                                                                            "DELETE": lambda w: {}}),
     "api/sessions/<uuid:session_id>/stop/": Row(OWNER, kwargs=_session, bodies={"POST": lambda w: {}}),
+    # terminal sessions (T2, T5, T7): the victim's session on her machine, with a message
+    "api/sessions/<uuid:session_id>/messages/": Row(OWNER, kwargs=_session, bodies={"POST": lambda w: {"text": "mine now"}},
+                                                    headers={"HTTP_IDEMPOTENCY_KEY": "matrix"}),
+    "api/sessions/<uuid:session_id>/messages/<int:seq>/withdraw/": Row(
+        OWNER, kwargs=lambda w: {"session_id": w["session"], "seq": 1}, bodies={"POST": lambda w: {}}),
+    "api/sessions/<uuid:session_id>/interrupt/": Row(OWNER, kwargs=_session, bodies={"POST": lambda w: {}}),
     "api/notifications/settings/": Row(OWNER, bodies={"PUT": lambda w: notification_settings()}, other="self",
                                        self_status={"GET": 200, "HEAD": 200, "PUT": 200, "OPTIONS": 200}),
     "api/push/subscriptions/": Row(OWNER, bodies={"POST": lambda w: push_subscription()}, other="self",
@@ -195,6 +201,10 @@ ROWS = {
     "api/sessions/<uuid:session_id>/jobs/<str:job_id>/finish/": Row(
         OWNER_OR_MACHINE, kwargs=lambda w: {"session_id": w["session"], "job_id": "j1"},
         bodies={"POST": lambda w: {"wakes": False}}, sibling=None),
+    # T2-T4: what became of a message, from the session's own machine only (K2: a sibling is 404)
+    "api/sessions/<uuid:session_id>/messages/<int:seq>/delivery/": Row(
+        OWNER_OR_MACHINE, kwargs=lambda w: {"session_id": w["session"], "seq": 1},
+        bodies={"POST": lambda w: {"state": "delivered", "claim": "matrix"}}),
     # machine API (SPEC H, K2)
     "api/worker/messages/": Row(MACHINE, query="?wait=0", machine_other="self", sibling="self",
                                 self_status={"GET": 200, "HEAD": 200, "OPTIONS": 200}),
@@ -402,7 +412,10 @@ def world(owner, other_owner, machine, grant, make_machine, pinned):
     assert api.post(f"/api/tasks/{conversation['id']}/messages/", {"text": "hi"}, format="json",
                     HTTP_IDEMPOTENCY_KEY="victim").status_code == 201
     session_id = str(uuid.uuid4())
-    assert api.post("/api/sessions/", {"id": session_id, "title": "alice's"}, format="json").status_code == 201
+    assert api.post("/api/sessions/", {"id": session_id, "title": "alice's", "machine": str(machine.id),
+                                       "channel": "terminal"}, format="json").status_code == 201
+    assert api.post(f"/api/sessions/{session_id}/messages/", {"text": "hi"}, format="json",
+                    HTTP_IDEMPOTENCY_KEY="victim").status_code == 201
     assert api.post(f"/api/sessions/{session_id}/jobs/", {"job_id": "j1", "mode": "held"}, format="json").status_code == 201
     marker = {"turn_id": "t1", "device_id": str(machine.id), "state": "running"}
     assert machine_api(machine).put(f"/api/sessions/{session_id}/marker/", marker, format="json").status_code == 200

@@ -80,6 +80,10 @@ def test_h_service_outbox_payloads_match_their_shapes(owner, machine, grant, gra
     decided = running(machine, created(submit(owner, machine, grant_root / "m", agent="wt")))
     assert receipt(machine, decided, "final", service_final_facts(evidence={"git": GIT})).json()["outcome"] == "applied"
     post(owner, f"/api/tasks/{decided}/integrate/", {"action": "merge"})
+    session = {"id": str(uuid.uuid4()), "machine": str(machine.id), "channel": "terminal"}  # T1
+    post(owner, "/api/sessions/", session)
+    post(owner, f"/api/sessions/{session['id']}/messages/", {"text": "and you?"})  # T2
+    post(owner, f"/api/sessions/{session['id']}/interrupt/")  # T5
 
     messages = list(OutboxMessage.objects.all())
     assert {m.kind for m in messages} == set(MessageKind.values) == set(PAYLOADS)

@@ -250,7 +250,8 @@ def test_machine_imports_no_framework_and_no_app():
 
 # What the worker and the hooks share (issue 39): the outbox and its sender, the atomic
 # write and the settings reader, each loading only the standard library's ``os``.
-MACHINE_SHARED = {"machine", "machine.protocol", "machine.outbox", "machine.files", "machine.settings"}
+MACHINE_SHARED = {"machine", "machine.protocol", "machine.outbox", "machine.files", "machine.settings",
+                  "machine.inbox"}  # T2-T5: the sessions' local inbox (worker, wrapper, Stop hook)
 
 
 def test_hooks_import_only_the_hooks_and_the_protocol():

@@ -57,6 +57,15 @@ def run(argv: list[str]) -> None:
 
             return answer_permission(task_approval.ask(payload, os.environ) if task_entry else None)
         event = mapping.identify(agent, payload)
+        if agent == "claude" and event.name == "Stop" and not os.environ.get(TERMINAL_ENV):
+            from machine.hooks import deliver
+
+            block = deliver.stop_delivery(str(state_dir), session_id=mapping.session_uuid(agent, event.agent_session_id),
+                                          payload=payload,
+                                          config=store.read_config(state_dir))
+            if block:
+                os.write(1, block.encode() + b"\n")
+                return  # T4: the turn goes on with the message; its next Stop does the rest
         now = time.time()
         class_s = DEFAULT_MARKER_CLASS_S
         if mapping.is_activity(event, payload):
@@ -69,7 +78,8 @@ def run(argv: list[str]) -> None:
         with store.Outbox(state_dir) as outbox:
             with outbox.transaction():
                 state = outbox.session_state(event.key)
-                writes = mapping.handle(event, payload, state, hostname=hostname, now=now, class_s=class_s)
+                writes = mapping.handle(event, payload, state, hostname=hostname, now=now, class_s=class_s,
+                                        binding=binding(store.read_config(state_dir), os.environ, agent))
                 if asking:
                     from machine.hooks import approval
 
@@ -80,6 +90,9 @@ def run(argv: list[str]) -> None:
                     outbox.append(writes)
                 if writes or asking:
                     outbox.save_session_state(event.key, state)
+        if os.environ.get(TERMINAL_ENV):
+            terminal_state(os.environ[TERMINAL_ENV], session_id=mapping.session_uuid(agent, event.agent_session_id),
+                           busy=bool(state.get("turn")))
         if writes:
             from machine.hooks import launch
 
@@ -92,6 +105,35 @@ def run(argv: list[str]) -> None:
         store.log_line(state_dir, store.HOOK_LOG, f"{agent or '-'}: ignored: {error}")
     except Exception as error:  # noqa: BLE001 - a hook never hurts its host (STYLE 12)
         store.log_line(state_dir, store.HOOK_LOG, f"{agent or '-'}: error: {error!r}")
+
+
+# T3: set by the terminal wrapper in its agent's environment: the wrapper's own folder,
+# where the hooks say which session runs in it and whether a turn is open.
+TERMINAL_ENV = "RUNSTEAD_TERMINAL"
+
+
+def binding(config: dict, environ, agent: str) -> dict:
+    """T1: the session's machine (``install_hooks --machine``) and channel: ``terminal``
+    under the wrapper, ``hook`` for Claude Code (its Stop hook, T4), else ``none``; {}
+    when the hooks were not installed on a paired machine."""
+    machine = config.get("machine")
+    if not isinstance(machine, str) or not machine:
+        return {}
+    channel = "terminal" if environ.get(TERMINAL_ENV) else "hook" if agent == "claude" else "none"
+    return {"machine": machine, "channel": channel}
+
+
+def terminal_state(folder: str, *, session_id: str, busy: bool) -> None:
+    """T3: tell the wrapper which session it runs and whether a turn is open (one small
+    file, replaced at once; no fsync: the next hook writes it again)."""
+    from machine.files import write_atomic
+    from machine.hooks import json_dumps
+
+    try:
+        write_atomic(os.path.join(folder, "state.json"), json_dumps({"session_id": session_id, "busy": busy}),
+                     sync=False)
+    except OSError:
+        pass
 
 
 def answer_permission(output: str | None) -> None:

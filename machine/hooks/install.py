@@ -282,11 +282,14 @@ def _opencode(path: Path, argv: list[str], uninstall: bool) -> tuple:
 
 
 def install(agent: str, *, server: str, token: str | None = None, config_dir: Path | None = None,
-            state_dir: Path | None = None, uninstall: bool = False, approval_wait_s: int | None = None) -> Report:
+            state_dir: Path | None = None, uninstall: bool = False, approval_wait_s: int | None = None,
+            machine: str | None = None) -> Report:
     """Installs (or with ``uninstall`` removes) RunStead's hooks for ``agent``; see the
     module docstring. ``approval_wait_s``: how long the PermissionRequest hook waits for
     the owner (Q3; default: the value configured before, else 600 s), kept in
-    ``config.json`` when not the default. Every file is checked before any is written.
+    ``config.json`` when not the default. ``machine``: the id of the paired machine the
+    hooks run on (T1: sessions are bound to it and can take messages; default: the one
+    configured before). Every file is checked before any is written.
     Raises InstallError."""
     if agent not in AGENTS:
         raise InstallError(f"unknown agent {agent!r}; one of {', '.join(AGENTS)}")
@@ -323,6 +326,9 @@ def install(agent: str, *, server: str, token: str | None = None, config_dir: Pa
         if not token:
             raise InstallError("no owner token: pass --token (it is kept in the hook state directory, mode 0600)")
         extra = {} if approval_wait_s == DEFAULT_APPROVAL_WAIT_S else {"approval_wait_s": approval_wait_s}
+        machine = machine or existing.get("machine")
+        if machine:
+            extra["machine"] = str(machine)
         if existing != {"server": server, "token": token, **extra}:
             path = store.write_config(state_dir, server=server, token=token, extra=extra)
             action = "updated" if existing else "created"

@@ -134,6 +134,7 @@ class Writes:
         self.session_id = session_uuid(event.agent, event.agent_session_id)
         self.device_id = device_id(hostname, event.agent, event.agent_session_id)
         self.items: list[dict] = []
+        self.binding: dict = {}
 
     def add(self, method: str, path: str, body: dict | None) -> None:
         self.items.append({"method": method, "path": path, "body": body})
@@ -141,13 +142,18 @@ class Writes:
     def ensure_session(self, *, cwd: str, title: str = "") -> None:
         """``POST /api/sessions/`` once per session (idempotent on ``id`` on the service)."""
         if self.state.get("created"):
+            if self.binding and self.state.get("bound") != self.binding:  # T1: re-bind
+                self.add("POST", "/api/sessions/", {"id": self.session_id, **self.binding})
+                self.state["bound"] = dict(self.binding)
             return
         folder_name = cwd.rstrip("/").rsplit("/", 1)[-1] if cwd else ""
         self.add("POST", "/api/sessions/", {
             "id": self.session_id, "title": (title or folder_name)[:TITLE_MAX], "agent": self.event.agent,
-            "cwd": cwd,
+            "cwd": cwd, **self.binding,
         })
         self.state["created"] = True
+        if self.binding:
+            self.state["bound"] = dict(self.binding)
         if title:
             self.state["titled"] = True
 
@@ -528,9 +534,12 @@ def nothing_due(event: Event, payload: dict, state: dict, *, now: float, class_s
 
 
 def handle(event: Event, payload: dict, state: dict, *, hostname: str, now: float = 0.0,
-           class_s: float = DEFAULT_MARKER_CLASS_S) -> list[dict]:
+           class_s: float = DEFAULT_MARKER_CLASS_S, binding: dict | None = None) -> list[dict]:
     """The writes one hook call implies, in delivery order; updates ``state`` in place.
-    ``now``: the hook's wall clock (seconds); ``class_s``: the marker class (I7)."""
+    ``now``: the hook's wall clock (seconds); ``class_s``: the marker class (I7);
+    ``binding``: T1's ``{"machine", "channel"}`` of the session, sent with its create and
+    again whenever it changes (the session started again under the wrapper)."""
     writes = Writes(event, state, hostname, now=now, class_s=class_s)
+    writes.binding = binding or {}
     HANDLERS[event.agent][event.name](writes, payload)
     return writes.items

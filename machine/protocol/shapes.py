@@ -116,6 +116,29 @@ class EndPayload(TypedDict):
     last_seq: int
 
 
+class SessionMessagePayload(TypedDict):
+    """``session_message`` (T2): the owner's message number ``seq`` (from 1) for the
+    terminal session ``session_id`` on this machine (agent session id: ``agent`` and
+    the session's own id as the hooks name it). ``channel`` says who hands it to the
+    agent: the terminal wrapper (``terminal``, T3) or the session's Stop hook (``hook``,
+    T4); the worker records it before it acknowledges (W2) and puts it where that one
+    takes it once (``machine/inbox.py``)."""
+
+    session_id: str
+    message_id: str
+    seq: int
+    text: str
+    channel: str  # terminal, hook, native (a Literal here would be a second enum of the name in the schema)
+
+
+class SessionInterruptPayload(TypedDict):
+    """``session_interrupt`` (T5): the terminal wrapper of ``session_id`` sends its CLI's
+    interrupt key once."""
+
+    session_id: str
+    interrupt_id: str
+
+
 # The payload shape of each message kind, in the order of ``MessageKind``.
 PAYLOADS: dict[str, type] = {
     "start": StartPayload,
@@ -125,9 +148,11 @@ PAYLOADS: dict[str, type] = {
     "message": MessagePayload,
     "interrupt": InterruptPayload,
     "end": EndPayload,
+    "session_message": SessionMessagePayload,
+    "session_interrupt": SessionInterruptPayload,
 }
 AnyPayload = (StartPayload | CancelPayload | QueryPayload | IntegratePayload | MessagePayload | InterruptPayload
-              | EndPayload)
+              | EndPayload | SessionMessagePayload | SessionInterruptPayload)
 
 
 def check_message(kind: str, payload):

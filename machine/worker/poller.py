@@ -13,6 +13,8 @@ The poller long-polls the service and handles each message in order:
 - ``message``, ``interrupt``, ``end`` (C2-C5): committed as a conversation item, acknowledged,
   and handed to the run's conversation part, which writes it to the agent on its next
   step (``conversation.py``);
+- ``session_message``, ``session_interrupt`` (T2, T5): recorded in the session's local
+  inbox, then acknowledged (``sessions.py``);
 - anything else, or a payload without a required field of its kind's shape
   (``machine.protocol.shapes``, read here, where the message is received): acknowledged
   and ignored; a field the shape does not name is left out and logged.
@@ -28,7 +30,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from . import conversation, faults
+from . import conversation, faults, sessions
 from machine.protocol import Backoff
 from machine.protocol.shapes import ProtocolError, ReportRecord, read_message
 
@@ -139,6 +141,10 @@ class Poller:
             run = ctx.run_for(operation_id)
             if run is not None and run.conversation is not None:
                 run.conversation.take(kind, message_id)
+        elif kind in sessions.KINDS:  # T2, T5: recorded in the session's local inbox, then acknowledged
+            sessions.record(kind, payload)
+            faults.fault("after_commit_before_ack")
+            self.ack(service, message_id)
         elif kind == "integrate":
             integration_id = str(payload["integration_id"])
             new = ctx.store.record_integration(message_id=message_id, integration_id=integration_id,

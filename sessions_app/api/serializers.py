@@ -4,9 +4,9 @@ Answers are rendered, and described for OpenAPI, by the shapes of
 ``sessions_app/shapes.py``."""
 from rest_framework import serializers
 
-from core.strict import StrictSerializer
+from core.strict import StrictSerializer, valid_message_text
 
-from sessions_app.models import Attention, JobMode, MarkerState
+from sessions_app.models import Attention, Channel, JobMode, MarkerState, SessionMessageState
 
 # A device id names one app instance (M5): a machine id, or ``<hostname>:<session id>``.
 DEVICE_ID_RE = r"^[^/\s]{1,200}$"
@@ -31,6 +31,26 @@ class SessionCreateIn(StrictSerializer):
     agent = serializers.ChoiceField(choices=SESSION_AGENTS, required=False, default="")
     cwd = serializers.CharField(max_length=1024, required=False, allow_blank=True, default="",
                                 validators=[absolute_or_blank], trim_whitespace=False)
+    # T1: the paired machine the session runs on and its channel (the hooks and the
+    # terminal wrapper send them; given for an existing session, they re-bind it).
+    machine = serializers.UUIDField(required=False, allow_null=True, default=None)
+    channel = serializers.ChoiceField(choices=Channel.choices, required=False, allow_null=True, default=None)
+
+
+class SessionMessageIn(StrictSerializer):
+    """``POST /api/sessions/{id}/messages/`` (T2): ``{text}``."""
+
+    text = serializers.CharField(trim_whitespace=False, allow_blank=True, validators=[valid_message_text])
+
+
+class SessionDeliveryIn(StrictSerializer):
+    """``POST /api/sessions/{id}/messages/{seq}/delivery/`` (T2-T4): what became of a message."""
+
+    state = serializers.ChoiceField(choices=[SessionMessageState.DELIVERED, SessionMessageState.ANSWERED,
+                                             SessionMessageState.UNDELIVERED])
+    # T4: the Stop hook's claim names itself, so that its own retry is answered 200 and
+    # any other claimant 409.
+    claim = serializers.RegexField(TOKEN_RE, required=False)
 
 
 class SessionUpdateIn(StrictSerializer):

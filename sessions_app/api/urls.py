@@ -12,6 +12,12 @@ urlpatterns = [
     path(
         "sessions/<uuid:session_id>/jobs/<str:job_id>/finish/", views.JobFinishView.as_view(), name="session-job-finish"
     ),
+    path("sessions/<uuid:session_id>/messages/", views.SessionMessagesView.as_view(), name="session-messages"),
+    path("sessions/<uuid:session_id>/messages/<int:seq>/delivery/", views.SessionMessageDeliveryView.as_view(),
+         name="session-message-delivery"),
+    path("sessions/<uuid:session_id>/messages/<int:seq>/withdraw/", views.SessionMessageWithdrawView.as_view(),
+         name="session-message-withdraw"),
+    path("sessions/<uuid:session_id>/interrupt/", views.SessionInterruptView.as_view(), name="session-interrupt"),
     path("sessions/<uuid:session_id>/stop/", views.SessionStopView.as_view(), name="session-stop"),
     path("devices/<str:device_id>/sweep/", views.DeviceSweepView.as_view(), name="device-sweep"),
     path("approvals/", approvals.ApprovalListCreate.as_view(), name="approvals"),

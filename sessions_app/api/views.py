@@ -1,5 +1,5 @@
 """Sessions API (SPEC H): views parse and authorise, ``sessions_app.services`` decides."""
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.generics import GenericAPIView
@@ -11,13 +11,16 @@ from core.errors import ApplicationError
 from core.pagination import PageQuery
 from core.schema import errors, shape
 from core.strict import EmptyBody, NoQuery, valid_body, valid_query
-from sessions_app import services
+from core.idempotency import body_digest, parse_idempotency_key, respond_once
+from sessions_app import messages, services
 from sessions_app.api import serializers as s
 from sessions_app.models import Session
 from sessions_app.shapes import (
     ActiveSessionsShape,
     JobShape,
     MarkerWriteShape,
+    SessionMessageShape,
+    SessionMessagesShape,
     SessionShape,
     StopShape,
     SweepShape,
@@ -25,9 +28,11 @@ from sessions_app.shapes import (
     job_dict,
     marker_write_dict,
     session_dict,
+    session_message_dict,
     stop_dict,
 )
 from tasks_app.auth import IsOwnerOrMachine, request_machine
+from tasks_app.models import IdempotencyRecord
 
 
 def actor_of(request) -> str:
@@ -54,7 +59,7 @@ class SessionListView(GenericAPIView):
         now = clock.now()
         session, created = services.session_create(
             owner=request.user, session_id=data.get("id"), title=data["title"], agent=data["agent"], cwd=data["cwd"],
-            now=now,
+            machine_id=data["machine"], channel=data["channel"], now=now,
         )
         return Response(session_out(session, now), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
@@ -141,6 +146,70 @@ class SessionStopView(APIView):
             owner=request.user, session_id=session_id, actor=actor_of(request), now=clock.now()
         )
         return Response(stop_dict(result))
+
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key", str, OpenApiParameter.HEADER, required=True,
+    description="1-255 printable ASCII; a replay returns the stored answer with Idempotent-Replayed: true")
+
+
+class SessionMessagesView(APIView):
+    """T2: GET the session's messages in ``seq`` order; POST one (Idempotency-Key, A1-A4)."""
+
+    @extend_schema(operation_id="session_messages_list", request=None,
+                   responses={200: shape(SessionMessagesShape), **errors()})
+    def get(self, request, session_id):
+        valid_query(NoQuery, request)
+        found = messages.session_messages(owner=request.user, session_id=session_id)
+        return Response({"results": [session_message_dict(m) for m in found]})
+
+    @extend_schema(request=s.SessionMessageIn, responses={201: shape(SessionMessageShape), **errors(409, 422)},
+                   parameters=[IDEMPOTENCY_KEY])
+    def post(self, request, session_id):
+        valid_query(NoQuery, request)
+        key = parse_idempotency_key(request.headers.get("Idempotency-Key"))
+        data = valid_body(s.SessionMessageIn, request)
+        now = clock.now()
+        return respond_once(
+            IdempotencyRecord, owner=request.user, scope=messages.message_scope(session_id), key=key,
+            digest=body_digest(request.data), now=now,
+            work=lambda: messages.message_accept(owner=request.user, session_id=session_id, text=data["text"], now=now))
+
+
+class SessionMessageDeliveryView(APIView):
+    """T2-T4: what became of a message, reported from the session's machine (the hooks or
+    the wrapper with the owner token, or the worker's machine token); ``delivered`` from
+    ``sent`` is the Stop hook's claim: one caller wins, the others get 409."""
+
+    permission_classes = [IsOwnerOrMachine]
+
+    @extend_schema(request=s.SessionDeliveryIn, responses={200: shape(SessionMessageShape), **errors(409)})
+    def post(self, request, session_id, seq):
+        data = _valid(s.SessionDeliveryIn, request)
+        return Response(messages.message_delivery(
+            owner=request.user, session_id=session_id, seq=seq, state=data["state"],
+            machine=request_machine(request), by=actor_of(request), claim=data.get("claim"), now=clock.now()))
+
+
+class SessionMessageWithdrawView(APIView):
+    """C10 for T2: withdraw a message not yet delivered."""
+
+    @extend_schema(request=EmptyBody, responses={200: shape(SessionMessageShape), **errors(409)})
+    def post(self, request, session_id, seq):
+        _valid(EmptyBody, request)
+        return Response(messages.message_withdraw(owner=request.user, session_id=session_id, seq=seq,
+                                                  now=clock.now()))
+
+
+class SessionInterruptView(APIView):
+    """T5: stop the terminal session's current turn (the wrapper sends the CLI's interrupt key)."""
+
+    @extend_schema(request=EmptyBody, responses={202: shape(SessionShape), **errors(409)})
+    def post(self, request, session_id):
+        _valid(EmptyBody, request)
+        now = clock.now()
+        session = messages.session_interrupt(owner=request.user, session_id=session_id, now=now)
+        return Response(session_out(session, now), status=status.HTTP_202_ACCEPTED)
 
 
 class ActiveSessionsView(APIView):

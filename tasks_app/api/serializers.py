@@ -6,7 +6,7 @@ import uuid
 from rest_framework import serializers
 
 from core.pagination import PageQuery
-from core.strict import QueryFloatField, StrictQuerySerializer, StrictSerializer
+from core.strict import QueryFloatField, StrictQuerySerializer, StrictSerializer, valid_message_text
 from core.text import control_character
 from tasks_app.agent_facts import FactsError, clean_agent_facts
 from tasks_app.models import IntegrationAction, IntegrationOutcome, TaskState
@@ -68,20 +68,7 @@ class MessageCreateSerializer(StrictSerializer):
     ``RUNSTEAD_MESSAGE_MAX_BYTES`` bytes of UTF-8, not only white space, no control
     character but newline and tab (``core.text``: C0, DEL, C1, the bidi controls; as T2)."""
 
-    text = serializers.CharField(trim_whitespace=False, allow_blank=True)
-
-    def validate_text(self, value):
-        from django.conf import settings
-
-        if not value.strip():
-            raise serializers.ValidationError("must not be empty")
-        if "\x00" in value:
-            raise serializers.ValidationError("must not contain NUL")
-        if (found := control_character(value)) is not None:
-            raise serializers.ValidationError(f"must not contain control characters (found {found})")
-        if len(value.encode()) > settings.RUNSTEAD_MESSAGE_MAX_BYTES:
-            raise serializers.ValidationError(f"must be at most {settings.RUNSTEAD_MESSAGE_MAX_BYTES} bytes")
-        return value
+    text = serializers.CharField(trim_whitespace=False, allow_blank=True, validators=[valid_message_text])
 
 
 class GrantCreateSerializer(StrictSerializer):

@@ -1,5 +1,6 @@
 """``python manage.py install_hooks AGENT --server URL [--token T] [--config-dir DIR]
 [--state-dir DIR] [--approval-wait-s S] [--uninstall]`` (SPEC I5, Q3). The work is in ``machine.hooks.install``."""
+import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -23,6 +24,8 @@ class Command(BaseCommand):
         parser.add_argument("--approval-wait-s", type=int, default=None,
                             help="how long Claude Code's PermissionRequest hook waits for your answer (Q3; "
                                  "default 600; its hook timeout is this plus 30)")
+        parser.add_argument("--machine", type=uuid.UUID, default=None,
+                            help="the paired machine these hooks run on (T1: its sessions can take messages)")
         parser.add_argument("--uninstall", action="store_true", help="remove only RunStead's entries")
 
     def handle(self, *args, **options):
@@ -34,7 +37,7 @@ class Command(BaseCommand):
             report = install(
                 options["agent"], server=options["server"], token=options["token"],
                 config_dir=options["config_dir"], state_dir=options["state_dir"], uninstall=options["uninstall"],
-                approval_wait_s=options["approval_wait_s"],
+                approval_wait_s=options["approval_wait_s"], machine=options["machine"] and str(options["machine"]),
             )
         except InstallError as error:
             raise CommandError(str(error)) from None
