@@ -153,13 +153,14 @@ def valid_message_text(value: str) -> str:
     """The text of a message to an agent, a task's (C2, C7) or a session's (T2): not only
     white space, at most ``RUNSTEAD_MESSAGE_MAX_BYTES`` of UTF-8, and no control character
     but newline and tab (``core.text``: C0, DEL, C1, the bidi controls; it may be typed
-    into a terminal). A DRF field validator: raises ``ValidationError`` (400 ``invalid``)."""
+    into a terminal). Called from a serializer's ``validate_text`` (DRF runs a field's
+    ``validators`` on no blank value); raises ``ValidationError`` (400 ``invalid``)."""
     from django.conf import settings
 
     if not value.strip():
         raise serializers.ValidationError("must not be empty")
     if (found := control_character(value)) is not None:
-        raise serializers.ValidationError(f"must not contain control characters (found {found}; newline and tab are allowed)")
+        raise serializers.ValidationError(f"must not contain control characters (found {found})")
     if len(value.encode()) > settings.RUNSTEAD_MESSAGE_MAX_BYTES:
         raise serializers.ValidationError(f"must be at most {settings.RUNSTEAD_MESSAGE_MAX_BYTES} bytes")
     return value

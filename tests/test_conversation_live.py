@@ -40,7 +40,7 @@ def test_c6_a_conversation_without_session_is_one_busy_in_each_turn_idle_between
         assert idle_notices(session_id) == seq
         assert live.task(task_id)["turn"] == "open"
         wait_states(live, task_id, {seq: "answered"}, timeout=30)
-        wait_for(lambda: session_status(live, session_id) == "idle", timeout=10, what=f"idle after turn {seq}")
+        wait_for(lambda: session_status(live, session_id) == "idle", timeout_s=10, what=f"idle after turn {seq}")
         assert board_session(live, session_id)["status"] == "idle"
         assert live.task(task_id)["state"] == "running"  # between turns: the task runs on (C6)
         assert live.task(task_id)["turn"] == "waiting"
@@ -63,7 +63,7 @@ def test_g4_c2_each_message_opens_its_turn_in_the_transcript_with_its_seq(live):
         assert resp.status_code == 200, resp.text
         return resp.json()["results"]
 
-    wait_for(lambda: len([e for e in entries() if e["kind"] == "prompt"]) == 4, timeout=15,
+    wait_for(lambda: len([e for e in entries() if e["kind"] == "prompt"]) == 4, timeout_s=15,
              what="every turn's prompt entry on the service")
     got = entries()
     prompts = [e for e in got if e["kind"] == "prompt"]

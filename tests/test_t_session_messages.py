@@ -86,7 +86,9 @@ def test_t2_message_numbered_in_order_and_sent_to_its_machine_in_one_transaction
     assert (first.status_code, second.status_code) == (201, 201)
     assert [first.json()["seq"], second.json()["seq"]] == [1, 2]
     assert (first.json()["state"], first.json()["channel"]) == ("sent", "terminal")
-    messages = pulled(machine)
+    # One pinned clock: both rows have the same created_at, so the pull's order between them
+    # is the uuid's; the worker's inbox orders a session's messages by seq (machine/inbox.py).
+    messages = sorted(pulled(machine), key=lambda m: m["payload"]["seq"])
     assert [(m["kind"], m["operation_id"], m["payload"]["seq"], m["payload"]["text"]) for m in messages] == [
         ("session_message", None, 1, "run the tests"), ("session_message", None, 2, "then\tcommit\nplease")]
     assert messages[0]["payload"] == {"session_id": session_id, "message_id": first.json()["id"], "seq": 1,

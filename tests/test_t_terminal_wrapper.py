@@ -18,6 +18,7 @@ import pytest
 from machine import inbox
 from machine.terminal import inert, paste
 from tests.tmux import Terminal
+from tests.wait import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = ROOT / "tests" / "agents" / "raw_agent.py"
@@ -29,15 +30,6 @@ def received(log: Path) -> list[bytes]:
     except FileNotFoundError:
         return []
     return [ast.literal_eval(line) for line in lines if line.startswith("b")]
-
-
-def wait(predicate, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {timeout} s")
-        time.sleep(0.05)
-    return value
 
 
 @pytest.fixture
@@ -62,21 +54,21 @@ def test_t3_keys_ctrl_c_window_size_and_exit_status_pass_through(wrapped):
     term.type("héllo")
     term.key("C-c")
     term.key("Escape")
-    wait(lambda: b"\x03" in b"".join(received(log)) and b"\x1b" in b"".join(received(log)), what="keys")
+    wait_for(lambda: b"\x03" in b"".join(received(log)) and b"\x1b" in b"".join(received(log)), what="keys")
     assert b"".join(received(log)) == "héllo".encode() + b"\x03\x1b"
     assert "size 120x40" in log.read_text()
     term._run("resize-window", "-t", "main", "-x", "100", "-y", "30")
-    wait(lambda: "size 100x30" in log.read_text(), what="SIGWINCH with the new size")
+    wait_for(lambda: "size 100x30" in log.read_text(), what="SIGWINCH with the new size")
     assert "\x1b[38;5;208m" not in term.screen()  # the colour was a colour, not text
     term.type("q")
-    assert wait(lambda: status.exists() and status.read_text().strip(), what="exit status") == "7"
+    assert wait_for(lambda: status.exists() and status.read_text().strip(), what="exit status") == "7"
 
 
 def test_t3_message_typed_once_as_a_paste_then_enter_when_idle_and_quiet(wrapped):
     term, hook_dir, log, session_id, _ = wrapped
     one = message(session_id, 1, "run the tests\nthen commit")
     assert inbox.record(hook_dir, one)
-    wait(lambda: b"\r" in received(log), what="the Enter")
+    wait_for(lambda: b"\r" in received(log), what="the Enter")
     assert received(log)[-2:] == [paste("run the tests\nthen commit"), b"\r"]
     (name,) = inbox.in_state(hook_dir, session_id, inbox.DONE)
     assert one["message_id"] in name and not inbox.waiting(hook_dir, session_id)
@@ -88,13 +80,13 @@ def test_t3_message_typed_once_as_a_paste_then_enter_when_idle_and_quiet(wrapped
 def test_t3_persons_typing_wins_and_is_never_mixed_with_a_message(wrapped):
     term, hook_dir, log, session_id, _ = wrapped
     term.type("my own")
-    wait(lambda: received(log), what="the person's keys")
+    wait_for(lambda: received(log), what="the person's keys")
     inbox.record(hook_dir, message(session_id, 1, "from the phone"))
     time.sleep(1.5)  # quiet for three times the quiet period, but the line is half typed
     assert all(not r.startswith(b"\x1b[200~") for r in received(log))
     term.type(" words")
     term.key("Enter")
-    wait(lambda: b"".join(received(log)).endswith(b"\x1b[201~\r"), what="the message after the Enter")
+    wait_for(lambda: b"".join(received(log)).endswith(b"\x1b[201~\r"), what="the message after the Enter")
     got = b"".join(received(log))
     assert got == b"my own words\r" + paste("from the phone") + b"\r"
 
@@ -103,7 +95,7 @@ def test_t7_escape_sequences_ctrl_c_and_paste_end_reach_the_agent_only_as_text(w
     term, hook_dir, log, session_id, _ = wrapped
     hostile = "a\x1b[201~\x03rm -rf ~\x1b[2J\x7fb\x9b" + "\n" * 10000
     inbox.record(hook_dir, message(session_id, 1, hostile))
-    wait(lambda: b"\r" in received(log), timeout=20, what="the Enter")
+    wait_for(lambda: b"\r" in received(log), timeout_s=20, what="the Enter")
     got = b"".join(received(log))
     assert got == b"\x1b[200~a[201~rm -rf ~[2Jb" + b"\r" * 10000 + b"\x1b[201~\r"
     assert got.count(b"\x1b") == 2 and b"\x03" not in got  # only the paste's own start and end
@@ -113,7 +105,7 @@ def test_t7_escape_sequences_ctrl_c_and_paste_end_reach_the_agent_only_as_text(w
 def test_t5_interrupt_sends_the_key_once(wrapped):
     term, hook_dir, log, session_id, _ = wrapped
     assert inbox.record_interrupt(hook_dir, session_id, "i1")
-    wait(lambda: received(log), what="the interrupt key")
+    wait_for(lambda: received(log), what="the interrupt key")
     time.sleep(0.5)
     assert received(log) == [b"\x03"]  # a CLI without its own key gets Ctrl-C; Claude Code and Codex get Esc
     assert not inbox.record_interrupt(hook_dir, session_id, "i1")
@@ -132,7 +124,7 @@ def test_t2_a_message_a_killed_wrapper_took_is_reported_undelivered_never_typed(
     with Terminal(tmp_path / "tmux.sock", [sys.executable, "-m", "machine.terminal", sys.executable, str(AGENT)],
                   env=env, cwd=tmp_path) as term:
         term.wait_for("raw agent ready")
-        wait(lambda: inbox.in_state(hook_dir, session_id, inbox.LOST), what="the message marked lost")
+        wait_for(lambda: inbox.in_state(hook_dir, session_id, inbox.LOST), what="the message marked lost")
         time.sleep(0.5)
         assert all(not r.startswith(b"\x1b[200~") for r in received(log))
     with store.Outbox(hook_dir) as outbox:

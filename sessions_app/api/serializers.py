@@ -40,7 +40,10 @@ class SessionCreateIn(StrictSerializer):
 class SessionMessageIn(StrictSerializer):
     """``POST /api/sessions/{id}/messages/`` (T2): ``{text}``."""
 
-    text = serializers.CharField(trim_whitespace=False, allow_blank=True, validators=[valid_message_text])
+    text = serializers.CharField(trim_whitespace=False, allow_blank=True)
+
+    def validate_text(self, value):
+        return valid_message_text(value)
 
 
 class SessionDeliveryIn(StrictSerializer):

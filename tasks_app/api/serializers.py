@@ -68,7 +68,10 @@ class MessageCreateSerializer(StrictSerializer):
     ``RUNSTEAD_MESSAGE_MAX_BYTES`` bytes of UTF-8, not only white space, no control
     character but newline and tab (``core.text``: C0, DEL, C1, the bidi controls; as T2)."""
 
-    text = serializers.CharField(trim_whitespace=False, allow_blank=True, validators=[valid_message_text])
+    text = serializers.CharField(trim_whitespace=False, allow_blank=True)
+
+    def validate_text(self, value):
+        return valid_message_text(value)
 
 
 class GrantCreateSerializer(StrictSerializer):
