@@ -27,6 +27,9 @@ class ErrorShape(TypedDict):
     fields: NotRequired[Annotated[dict[str, Any], Doc("on invalid: the problems per field")]]
     task_id: NotRequired[Annotated[Uuid, Doc("on folder_locked: the task that holds the lock")]]
     retry_after_s: NotRequired[Annotated[int, Doc("on 429: seconds to wait, as in Retry-After")]]
+    machines: NotRequired[Annotated[list[dict[str, Any]], Doc(
+        "on no_machine_available (C8): per machine of yours, why it cannot take the task: "
+        "{id, name, reason, ...}")]]
 
 
 class ApplicationError(Exception):

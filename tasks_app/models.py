@@ -29,6 +29,12 @@ class Machine(models.Model):
     # B10: the profile names and presets the worker last reported (PUT /api/worker/profiles/).
     profiles = models.JSONField(default=list, blank=True)
     profiles_reported_at = models.DateTimeField(null=True, blank=True)
+    # C8: what the worker reported with its profiles: its ``max_concurrent`` (W8; null:
+    # never reported, so acceptance picks it for no ``"machine": "any"`` task) and the
+    # identity of the git repositories under its allowed roots
+    # (``[{"path", "remote", "root_commit"}]``, ``machine/worker/repositories.py``).
+    max_concurrent = models.PositiveIntegerField(null=True, blank=True)
+    repositories = models.JSONField(default=list, blank=True)
 
     def __str__(self):
         return f"{self.name} (gen {self.generation})"
@@ -136,6 +142,9 @@ class Task(models.Model):
         "sessions_app.Session", null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks"
     )
     folder = models.CharField(max_length=4096)
+    # C8: "any" when acceptance picked ``machine`` (and ``folder``, that machine's path of
+    # the same repository); "" when the owner named the machine. Never changes.
+    machine_choice = models.CharField(max_length=20, blank=True, default="")
     agent = models.CharField(max_length=100)
     prompt = models.TextField()
     deep_research = models.BooleanField(default=False)

@@ -351,6 +351,8 @@ class TaskShape(TaskAgentPart, TaskApprovalsPart):
     state: TaskState
     state_reason: str
     machine: Uuid
+    machine_choice: Annotated[Literal["any"] | None, Doc('"any": acceptance picked the machine and its folder (C8); '
+                                                         'null: the owner named the machine')]
     folder: str
     agent: str
     prompt: str
@@ -395,6 +397,7 @@ def task_dict(task, *, full: bool = False) -> TaskShape:
         "state": task.state,
         "state_reason": task.state_reason,
         "machine": str(task.machine_id),
+        "machine_choice": task.machine_choice or None,
         "folder": task.folder,
         "agent": task.agent,
         "prompt": task.prompt,

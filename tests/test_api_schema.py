@@ -377,7 +377,10 @@ def walk_every_operation(call, owner, machine, grant, grant_root, make_machine):
     }, expect=200)
     call(api, "get", f"/api/tasks/{task['id']}/entries/?limit=2", expect=200)  # with a next link
     call(worker, "put", "/api/worker/profiles/", {"profiles": [{"name": "default", "preset": "claude"},
-                                                               {"name": "bare", "preset": None, "isolation": "worktree"}]},
+                                                               {"name": "bare", "preset": None, "isolation": "worktree"}],
+                                                  "max_concurrent": 4,  # C8
+                                                  "repositories": [{"path": grant.path, "remote": None,
+                                                                    "root_commit": "a" * 40}]},
          expect=200)
     survivor = {"pid": 9191, "process_start_time": 3.5, "name": "sleep", "cmdline": "sleep 60"}
     facts = final_facts(survivors=[survivor], **agent_facts())
@@ -392,6 +395,12 @@ def walk_every_operation(call, owner, machine, grant, grant_root, make_machine):
     call(api, "get", f"/api/tasks/{uuid.uuid4()}/", expect=404)
     other = submit(owner, machine, grant.path, exclusive=False).json()
     call(api, "post", f"/api/tasks/{other['id']}/cancel/", expect=200)
+    # C8: a machine picked by acceptance, and none that can take it (why, per machine)
+    anywhere = {"machine": "any", "folder": grant.path + "/any", "agent": "default", "prompt": "x", "exclusive": False}
+    assert call(api, "post", "/api/tasks/", anywhere, expect=201, HTTP_IDEMPOTENCY_KEY="walk-any")["machine_choice"] == "any"
+    nowhere = call(api, "post", "/api/tasks/", {**anywhere, "agent": "absent"}, expect=409,
+                   HTTP_IDEMPOTENCY_KEY="walk-any-2")
+    assert [m["reason"] for m in nowhere["machines"]] == ["profile_not_reported"]
     walk_worktree_task(call, api, worker, owner, machine, grant)
     walk_conversation(call, api, worker, machine, grant)
 

@@ -20,6 +20,7 @@ from machine.protocol.shapes import (
     check_receipt,
 )
 
+from .repositories import repository_identities
 from .store import Identity
 
 # J6 footnote: a refused renewal becomes the worker's stop_reason.
@@ -93,7 +94,9 @@ def profiles_item(config) -> dict:
     """An outbox row for ``PUT /api/worker/profiles/`` (B10): the profile names, presets
     and isolation (G7) of this worker's local configuration, for the board's task form
     and for acceptance, which takes no folder lock for a worktree task; ``conversation``
-    (C1) says how acceptance answers ``"mode": "conversation"``."""
+    (C1) says how acceptance answers ``"mode": "conversation"``; ``max_concurrent`` (W8)
+    and the ``repositories`` under the allowed roots are how acceptance picks a machine
+    for ``"machine": "any"`` (C8)."""
     return {
         "event_id": f"profiles:{uuid.uuid4()}",
         "kind": "profiles",
@@ -102,7 +105,9 @@ def profiles_item(config) -> dict:
         "path": "/api/worker/profiles/",
         "body": {"profiles": [{"name": name, "preset": p.preset, "isolation": p.isolation,
                                "conversation": p.conversation}
-                              for name, p in sorted(config.profiles.items())]},
+                              for name, p in sorted(config.profiles.items())],
+                 "max_concurrent": config.max_concurrent,
+                 "repositories": repository_identities(config.allowed_roots)},
     }
 
 

@@ -3,6 +3,7 @@
 shapes of ``tasks_app/shapes.py``."""
 import uuid
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from core.pagination import PageQuery
@@ -26,8 +27,30 @@ def _valid_folder(value: str) -> str:
     return value
 
 
+@extend_schema_field({"oneOf": [{"type": "string", "format": "uuid"}, {"type": "string", "enum": ["any"]}],
+                      "description": 'a machine id, or "any": acceptance picks one (C8)'})
+class MachineChoiceField(serializers.Field):
+    """C8: a machine id (a ``uuid.UUID``), or ``"any"``: acceptance picks the machine.
+    Owner-defined pools are not offered: any other name is a bad body (400)."""
+
+    default_error_messages = {"invalid": 'must be a machine id or "any"'}
+
+    def to_internal_value(self, data):
+        if data == "any":
+            return "any"
+        if isinstance(data, str):
+            try:
+                return uuid.UUID(data)
+            except ValueError:
+                pass
+        self.fail("invalid")
+
+    def to_representation(self, value):
+        return str(value)
+
+
 class TaskCreateSerializer(StrictSerializer):
-    machine = serializers.UUIDField()
+    machine = MachineChoiceField()  # C8: or "any"
     folder = serializers.CharField(max_length=4096, trim_whitespace=False)
     agent = serializers.RegexField(r"^[A-Za-z0-9_.-]{1,100}$")
     prompt = serializers.CharField(trim_whitespace=False, allow_blank=False)

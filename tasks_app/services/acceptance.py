@@ -21,6 +21,7 @@ from tasks_app.models import (
 )
 from tasks_app.services.folders import folder_lock_holder, folder_locked_error, normalize_folder, path_within
 from tasks_app.services.locking import for_key_share
+from tasks_app.services.machine_choice import ANY, machine_pick
 from tasks_app.services.transitions import budget_reserve, task_created
 from tasks_app.shapes import message_event, task_dict
 from tasks_app.signals import task_session_claimed
@@ -38,7 +39,8 @@ def task_accept(*, owner, data: dict, now: datetime) -> Answer:
     no folder lock, no ``start`` message until its turn).
 
     ``data``: the validated fields (machine, folder, agent, prompt, session,
-    deep_research, max_runtime_s, exclusive, continue_task?, isolation?). Writes the task,
+    deep_research, max_runtime_s, exclusive, continue_task?, isolation?; machine is a
+    machine id or ``"any"``, C8: ``services.machine_choice``). Writes the task,
     operation, budget reservation, folder lock and outbox ``start`` message (with the
     idempotency record: all or nothing, A5). Refusals (A6) raise ApplicationError.
     Returns ``(201, task shape, {"task": task})`` (``task_dict``; the task ties the record).
@@ -130,12 +132,20 @@ def create_task(*, owner, data, now) -> Task:
     # the folder lock's per-machine lock. The budget row comes before the folder lock:
     # a queued follow-up's promotion (G8) runs inside a final transition, which holds
     # the budget row, and takes the folder lock there.
-    machines = for_key_share(Machine.objects.filter(pk=machine_id, owner=owner))
-    if not machines:
-        raise ApplicationError("machine_forbidden", "no such machine among yours", status_code=403)
-    machine = machines[0]
-    grants = for_key_share(Grant.objects.filter(machine_id=machine.pk, revoked_at__isnull=True).order_by("pk"))
-    budget = Budget.objects.select_for_update().filter(owner=owner).first()
+    if machine_id == ANY:  # C8: the pick takes the same locks, in the same order
+        if data.get("continue_task") is not None:
+            raise ApplicationError("invalid", "a follow-up runs on its task's machine: name it",
+                                   fields={"machine": ["a follow-up runs on its task's machine: name it"]})
+        pick = machine_pick(owner=owner, folder=folder, agent=data["agent"], exclusive=data["exclusive"], now=now,
+                            isolation_of=lambda m: data.get("isolation") or profile_isolation(m, data["agent"]))
+        machine, grants, budget, folder = pick.machine, pick.grants, pick.budget, pick.folder
+    else:
+        machines = for_key_share(Machine.objects.filter(pk=machine_id, owner=owner))
+        if not machines:
+            raise ApplicationError("machine_forbidden", "no such machine among yours", status_code=403)
+        machine = machines[0]
+        grants = for_key_share(Grant.objects.filter(machine_id=machine.pk, revoked_at__isnull=True).order_by("pk"))
+        budget = Budget.objects.select_for_update().filter(owner=owner).first()
     # A6: a bad follow-up is a bad body (400), checked once the machine is known to be the owner's.
     followed = _followed_task(owner=owner, machine=machine, task_id=data.get("continue_task"))
     covering = [g for g in grants if path_within(folder, g.path)]
@@ -190,6 +200,7 @@ def create_task(*, owner, data, now) -> Task:
         grant=grant,
         session_id=session_id or None,
         folder=folder,
+        machine_choice=ANY if machine_id == ANY else "",
         agent=data["agent"],
         prompt=data["prompt"],
         deep_research=data["deep_research"],
