@@ -1,0 +1,218 @@
+"""C8: ``"machine": "any"``: acceptance picks a machine (paired, heard from, with the
+folder's repository granted and room under its ``max_concurrent``, least loaded first),
+records the pick, replays it; none: 409 ``no_machine_available`` with why per machine.
+Racing submits never overfill a machine (PostgreSQL, rows checked afterwards)."""
+import subprocess
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from machine.worker.repositories import repository_identities, strip_credentials
+from tasks_app.models import Budget, Grant, IdempotencyRecord, Machine, OutboxMessage, Task
+from tasks_app.services.machine_choice import normalize_remote
+from tests.barrier import race
+from tests.conftest import owner_api
+
+ROOT_A = "1" * 40
+
+
+@pytest.fixture(autouse=True)
+def _no_acceptance_brake(settings):
+    settings.RUNSTEAD_ACCEPT_RATE = "100000/min"
+
+
+def ready(machine, *, max_concurrent=2, repositories=(), heard=True, profiles=("demo",)):
+    """A machine as its worker's start report leaves it (B10, C8), heard from just now."""
+    Machine.objects.filter(pk=machine.pk).update(
+        max_concurrent=max_concurrent, repositories=list(repositories),
+        profiles=[{"name": p, "preset": None, "isolation": "none", "conversation": "none"} for p in profiles],
+        last_heard_at=timezone.now() if heard else None)
+    machine.refresh_from_db()
+    return machine
+
+
+def grant(machine, path):
+    return Grant.objects.create(owner=machine.owner, machine=machine, path=str(path))
+
+
+def submit_any(owner, folder, *, key=None, **extra):
+    body = {"machine": "any", "folder": str(folder), "agent": "demo", "prompt": "do it", "exclusive": False, **extra}
+    return owner_api(owner).post("/api/tasks/", body, format="json",
+                                 HTTP_IDEMPOTENCY_KEY=key or f"any-{uuid.uuid4()}")
+
+
+def nothing_written(owner):
+    return (Task.objects.count(), IdempotencyRecord.objects.filter(owner=owner).count(),
+            OutboxMessage.objects.count(), Budget.objects.get(owner=owner).reserved_s) == (0, 0, 0, 0)
+
+
+@pytest.mark.django_db
+def test_c8_least_loaded_machine_picked_recorded_and_replayed(owner, make_machine, tmp_path):
+    laptop, desktop = ready(make_machine(owner, "laptop")), ready(make_machine(owner, "desktop"))
+    for m in (laptop, desktop):
+        grant(m, tmp_path)
+    first = submit_any(owner, tmp_path / "repo", key="k1")
+    assert first.status_code == 201, first.content
+    assert (first.json()["machine"], first.json()["machine_choice"]) == (str(desktop.id), "any")  # a tie: by name
+    second = submit_any(owner, tmp_path / "repo")
+    assert second.json()["machine"] == str(laptop.id)  # the least loaded
+    # A2: the replay answers the stored pick, byte-equal, though the loads changed since.
+    replay = submit_any(owner, tmp_path / "repo", key="k1")
+    assert (replay.content, replay.headers["Idempotent-Replayed"]) == (first.content, "true")
+    assert Task.objects.count() == 2
+    assert Task.objects.get(pk=first.json()["id"]).machine_id == desktop.id
+
+
+@pytest.mark.django_db
+def test_c8_same_repository_at_another_path_is_picked_there(owner, make_machine, tmp_path):
+    """The folder's repository (by root commit, or origin URL once normalised) on another
+    machine at another path: the task runs in the same sub-folder of that copy."""
+    laptop = ready(make_machine(owner, "laptop"), max_concurrent=1,
+                   repositories=[{"path": "/home/me/code/app", "remote": "git@github.com:me/app.git",
+                                  "root_commit": ROOT_A}])
+    desktop = ready(make_machine(owner, "desktop"), max_concurrent=1,
+                    repositories=[{"path": "/Users/me/src/app-clone", "remote": "https://tok@github.com/me/app",
+                                   "root_commit": None}])
+    grant(laptop, "/home/me/code")
+    grant(desktop, "/Users/me/src")
+    Task.objects.all().delete()
+    first = submit_any(owner, "/home/me/code/app/web")
+    assert first.json()["machine"] == str(desktop.id)  # a tie: by name
+    assert first.json()["folder"] == "/Users/me/src/app-clone/web"
+    second = submit_any(owner, "/home/me/code/app/web")
+    assert (second.json()["machine"], second.json()["folder"]) == (str(laptop.id), "/home/me/code/app/web")
+    full = submit_any(owner, "/home/me/code/app/web")
+    assert full.status_code == 409
+    assert [(m["name"], m["reason"], m["load"]) for m in full.json()["machines"]] == [
+        ("desktop", "full", 1), ("laptop", "full", 1)]
+
+
+@pytest.mark.django_db
+def test_c8_no_machine_available_says_why_per_machine_and_writes_nothing(owner, make_machine, tmp_path):
+    gone = make_machine(owner, "a-unpaired")
+    Machine.objects.filter(pk=gone.pk).update(paired=False)
+    quiet = ready(make_machine(owner, "b-offline"))
+    Machine.objects.filter(pk=quiet.pk).update(last_heard_at=timezone.now() - timedelta(hours=1))
+    ready(make_machine(owner, "c-no-profile"), profiles=("other",))
+    old = make_machine(owner, "d-old-worker")
+    Machine.objects.filter(pk=old.pk).update(last_heard_at=timezone.now(), profiles=[{"name": "demo"}])
+    ready(make_machine(owner, "e-no-grant"))
+    other_repo = ready(make_machine(owner, "f-no-repo"), repositories=[{"path": "/x/other", "remote": None,
+                                                                       "root_commit": "2" * 40}])
+    grant(other_repo, "/x")
+    resp = submit_any(owner, tmp_path / "repo")
+    assert resp.status_code == 409
+    body = resp.json()
+    assert body["error"] == "no_machine_available"
+    assert [(m["name"], m["reason"]) for m in body["machines"]] == [
+        ("a-unpaired", "unpaired"), ("b-offline", "offline"), ("c-no-profile", "profile_not_reported"),
+        ("d-old-worker", "limits_not_reported"), ("e-no-grant", "folder_not_granted"),
+        ("f-no-repo", "folder_not_granted")]
+    assert nothing_written(owner)
+
+
+@pytest.mark.django_db
+def test_c8_exclusive_folder_locked_on_one_machine_goes_to_the_other(owner, make_machine, tmp_path):
+    laptop, desktop = ready(make_machine(owner, "laptop")), ready(make_machine(owner, "desktop"))
+    for m in (laptop, desktop):
+        grant(m, tmp_path)
+    first = submit_any(owner, tmp_path, exclusive=True)
+    second = submit_any(owner, tmp_path, exclusive=True)
+    assert {first.json()["machine"], second.json()["machine"]} == {str(laptop.id), str(desktop.id)}
+    third = submit_any(owner, tmp_path, exclusive=True)
+    assert [m["reason"] for m in third.json()["machines"]] == ["folder_locked", "folder_locked"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("body, status, code", [
+    ({"machine": "gpu-pool"}, 400, "invalid"),  # no owner-defined pools: an unknown name
+    ({"machine": "ANY"}, 400, "invalid"),
+    ({"machine": 7}, 400, "invalid"),
+    ({"machine": None}, 400, "invalid"),
+    ({"continue_task": str(uuid.uuid4())}, 400, "invalid"),  # a follow-up names its machine
+    ({}, 409, "no_machine_available"),  # "any" with no machine at all
+])
+def test_c8_bad_any_requests_are_refused_and_change_nothing(owner, body, status, code, tmp_path):
+    resp = submit_any(owner, tmp_path, **body)
+    assert (resp.status_code, resp.json()["error"]) == (status, code), resp.content
+    if code == "no_machine_available":
+        assert resp.json()["machines"] == []
+    assert nothing_written(owner)
+
+
+def test_c8_remote_urls_normalised():
+    same = ["git@github.com:Me/App.git", "https://github.com/me/app", "ssh://git@github.com:22/me/app.git/",
+            "https://user:tok@github.com/me/app.git"]
+    assert {normalize_remote(u) for u in same} == {"github.com/me/app"}
+    assert normalize_remote("https://gitlab.com/me/app") != normalize_remote(same[0])
+    assert strip_credentials("https://user:secret@host/r.git") == "https://host/r.git"
+    assert strip_credentials("git@host:r.git") == "git@host:r.git"
+
+
+def test_c8_worker_reports_roots_and_their_child_repositories(tmp_path):
+    """The worker's report (machine/worker/repositories.py) with real git: a root that is
+    a repository, a clone under another root (same root commit, its own path), a folder
+    that is none, and no credentials in the remote."""
+    def git(*args, cwd):
+        subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                       env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                            "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"})
+
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    git("init", "-q", cwd=origin)
+    git("commit", "-q", "--allow-empty", "-m", "root", cwd=origin)
+    git("remote", "add", "origin", "https://me:secret@example.com/me/app.git", cwd=origin)
+    code = tmp_path / "code"
+    (code / "plain").mkdir(parents=True)
+    git("clone", "-q", str(origin), str(code / "app"), cwd=tmp_path)
+    found = repository_identities([str(origin), str(code)])
+    assert [r["path"] for r in found] == [str(code / "app"), str(origin)]
+    clone, first = found
+    assert clone["root_commit"] == first["root_commit"] and len(first["root_commit"]) == 40
+    assert first["remote"] == "https://example.com/me/app.git"
+    assert clone["remote"] == str(origin)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_c8_racing_any_submits_never_overfill_a_machine(owner, make_machine, tmp_path):
+    """Sixteen racing ``"any"`` submits for two machines of room 2 and 3: five accepted,
+    eleven 409; the rows afterwards: no machine over its ``max_concurrent``."""
+    laptop = ready(make_machine(owner, "laptop"), max_concurrent=2)
+    desktop = ready(make_machine(owner, "desktop"), max_concurrent=3)
+    for m in (laptop, desktop):
+        grant(m, tmp_path)
+    results = race(16, lambda i: submit_any(owner, tmp_path / f"f{i}").status_code)
+    assert sorted(results) == [201] * 5 + [409] * 11
+    assert {m: Task.objects.filter(machine=m).count() for m in (laptop, desktop)} == {laptop: 2, desktop: 3}
+    assert IdempotencyRecord.objects.filter(owner=owner).count() == 5
+    assert OutboxMessage.objects.filter(kind="start").count() == 5
+    assert Budget.objects.get(owner=owner).reserved_s == 5 * 1800
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_c8_p1_unpair_racing_any_submits_leaves_nothing_on_the_unpaired_machine(owner, make_machine, tmp_path):
+    """P1 for a pick: an unpairing and racing ``"any"`` submits serialize; a task on the
+    unpaired machine was accepted before it (and ends ``not_started``, P3), never after."""
+    from tasks_app.services.revocation import machine_unpair
+
+    laptop = ready(make_machine(owner, "laptop"), max_concurrent=50)
+    desktop = ready(make_machine(owner, "desktop"), max_concurrent=50)
+    for m in (laptop, desktop):
+        grant(m, tmp_path)
+
+    def work(i):
+        if i == 0:
+            machine_unpair(machine=Machine.objects.get(pk=desktop.pk), actor="owner", now=timezone.now())
+            return None
+        return submit_any(owner, tmp_path / f"f{i}").status_code
+
+    results = race(12, work)
+    assert results[1:] == [201] * 11
+    on_desktop = Task.objects.filter(machine=desktop)
+    assert set(on_desktop.values_list("state", flat=True)) <= {"not_started"}
+    assert Task.objects.filter(machine=laptop).count() + on_desktop.count() == 11
