@@ -658,12 +658,16 @@
       var chosen = select.value;
       select.textContent = "";
       paired.forEach(function (m) { select.appendChild(el("option", { value: m.id, text: m.name })); });
-      if (chosen && paired.some(function (m) { return m.id === chosen; })) select.value = chosen;
+      // C8: acceptance picks a paired, recently heard machine with the folder's repository and room.
+      if (paired.length) select.appendChild(el("option", { value: ANY_MACHINE, text: "any machine" }));
+      if (chosen && (chosen === ANY_MACHINE || paired.some(function (m) { return m.id === chosen; }))) select.value = chosen;
       select.dataset.signature = signature;
     }
-    // B10: the chosen machine's reported profiles and its granted folders.
+    // B10: the chosen machine's reported profiles and its granted folders; for "any
+    // machine" (C8), those of every paired machine.
+    var any = select.value === ANY_MACHINE;
     var machine = board.machines.get(select.value);
-    var profiles = (machine && machine.profiles) || [];
+    var profiles = any ? anyProfiles(paired) : (machine && machine.profiles) || [];
     var agent = form.elements.agent;
     var profileSig = select.value + "|" + profiles.map(function (p) { return p.name + ":" + (p.preset || ""); }).join("|");
     if (agent.dataset.signature !== profileSig) {
@@ -682,7 +686,10 @@
     form.elements.conversation.disabled = !converses;
     if (!converses) form.elements.conversation.checked = false;
     var folder = form.elements.folder;
-    var paths = board.grants.filter(function (g) { return g.machine === select.value; }).map(function (g) { return g.path; });
+    var pairedIds = paired.map(function (m) { return m.id; });
+    var paths = board.grants.filter(function (g) { return any ? pairedIds.indexOf(g.machine) >= 0 : g.machine === select.value; })
+      .map(function (g) { return g.path; })
+      .filter(function (p, i, all) { return all.indexOf(p) === i; });
     var sig = select.value + "|" + paths.join("|");
     if (folder.dataset.signature !== sig) {
       var chosenFolder = folder.value;
@@ -691,6 +698,28 @@
       if (paths.indexOf(chosenFolder) >= 0) folder.value = chosenFolder;
       folder.dataset.signature = sig;
     }
+  }
+
+  var ANY_MACHINE = "any";
+
+  function anyProfiles(machines) {
+    var seen = {};
+    var all = [];
+    machines.forEach(function (m) {
+      (m.profiles || []).forEach(function (p) { if (!seen[p.name]) { seen[p.name] = true; all.push(p); } });
+    });
+    return all.sort(function (a, b) { return String(a.name).localeCompare(String(b.name)); });
+  }
+
+  var WHY_NOT = { unpaired: "unpaired", offline: "offline", profile_not_reported: "no such profile",
+    limits_not_reported: "its worker has not reported its limits", repository_not_found: "does not have this repository",
+    folder_not_granted: "folder not granted", full: "at its max_concurrent", folder_locked: "folder in use" };
+
+  function noMachineText(d) {
+    // C8: why each machine could not take the task.
+    return "No machine can take this task now: " + (d.machines || []).map(function (m) {
+      return m.name + " (" + (WHY_NOT[m.reason] || m.reason) + ")";
+    }).join(", ") + ".";
   }
 
   function formStatus(text, isError) { C.tell($("form-status"), text, isError); }
@@ -733,7 +762,7 @@
           formStatus("This form was already submitted with different content; check the task list, then submit again for a new task.", true);
           return;
         }
-        formStatus(C.errorText(res.status, d), true);
+        formStatus(d.error === "no_machine_available" ? noMachineText(d) : C.errorText(res.status, d), true);
       })
       .catch(function () {
         // The service may have accepted it: keep the key so a resubmit replays (A2).

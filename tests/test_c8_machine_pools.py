@@ -14,8 +14,11 @@ from tasks_app.models import Budget, Grant, IdempotencyRecord, Machine, OutboxMe
 from tasks_app.services.machine_choice import normalize_remote
 from tests.barrier import race
 from tests.conftest import owner_api
+from tests.live import module_daphne  # noqa: F401  (fixture)
+from tests.wait import wait_for
 
 ROOT_A = "1" * 40
+FINAL_OR_UNKNOWN = ("succeeded", "failed", "failed_lease_lost", "cancelled", "not_started", "abandoned", "unknown")
 
 
 @pytest.fixture(autouse=True)
@@ -216,3 +219,78 @@ def test_c8_p1_unpair_racing_any_submits_leaves_nothing_on_the_unpaired_machine(
     on_desktop = Task.objects.filter(machine=desktop)
     assert set(on_desktop.values_list("state", flat=True)) <= {"not_started"}
     assert Task.objects.filter(machine=laptop).count() + on_desktop.count() == 11
+
+
+# --- two real workers ----------------------------------------------------------------------
+
+
+def _git(*args, cwd):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(cwd), "PATH": "/usr/bin:/bin"})
+
+
+def test_c8_two_real_workers_share_ten_tasks_within_limits_and_an_unpaired_one_gets_nothing_new(
+        module_daphne, transactional_db, make_owner, tmp_path):  # noqa: F811
+    """Two real workers of one owner (``max_concurrent = 2`` each) with one repository at
+    two paths (a clone): ten ``"any"`` tasks named by the first machine's path spread
+    over both, each in its own machine's copy, never more than two accepted-and-unfinished
+    per machine (rows afterwards); after the second machine is unpaired mid-way, every new
+    task goes to the first and a refusal names the second ``unpaired``."""
+    from tests.worker_harness import SHORT_TIMINGS, LiveSetup
+
+    owner = make_owner()
+    url = module_daphne(**SHORT_TIMINGS)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one = LiveSetup(url, owner, tmp_path / "a", max_concurrent=2)
+    two = LiveSetup(url, owner, tmp_path / "b", max_concurrent=2)
+    try:
+        _git("init", "-q", cwd=one.repo)
+        _git("commit", "-q", "--allow-empty", "-m", "root", cwd=one.repo)
+        _git("clone", "-q", str(one.repo), str(two.repo), cwd=tmp_path)
+        for live in (one, two):
+            live.start_worker()
+        wait_for(lambda: all(Machine.objects.get(pk=live.machine_id).repositories for live in (one, two)),
+                 timeout_s=30, what="both workers' repository reports")
+
+        def submit():
+            resp = one.api.post("/api/tasks/", headers={"Idempotency-Key": str(uuid.uuid4())}, json={
+                "machine": "any", "folder": str(one.repo), "agent": "brief", "prompt": "go", "exclusive": False})
+            assert resp.status_code in (201, 409), resp.text
+            return resp.json() if resp.status_code == 201 else None
+
+        accepted = []
+
+        def submit_when_room():
+            return submit()
+
+        for _ in range(5):
+            accepted.append(wait_for(submit_when_room, timeout_s=30, interval_s=0.2, what="room on a machine"))
+        assert {t["machine"] for t in accepted} == {one.machine_id, two.machine_id}
+        assert {t["folder"] for t in accepted if t["machine"] == two.machine_id} == {str(two.repo)}
+        assert one.api.post(f"/api/machines/{two.machine_id}/unpair/").status_code == 200
+        later = [wait_for(submit_when_room, timeout_s=30, interval_s=0.2, what="room on the first machine")
+                 for _ in range(5)]
+        assert {t["machine"] for t in later} == {one.machine_id}
+        for task in later:
+            one.wait_final(task["id"], timeout=60)
+        # P3: the unpaired machine's work stops; a task it ran ends unknown (its lease
+        # refused, its worker's token revoked), one it never started not_started.
+        for task in accepted:
+            one.wait_state(task["id"], FINAL_OR_UNKNOWN, timeout=60)
+        assert all(one.task(t["id"])["state"] == "succeeded" for t in later)
+        # Never more than max_concurrent accepted-and-unfinished per machine, from the rows.
+        for live in (one, two):
+            rows = list(Task.objects.filter(machine_id=live.machine_id).values("accepted_at", "final_at"))
+            for row in rows:
+                at = row["accepted_at"]
+                assert sum(1 for r in rows if r["accepted_at"] <= at < (r["final_at"] or timezone.now())) <= 2
+        # A refusal after the unpairing says why, per machine.
+        full = one.api.post("/api/tasks/", headers={"Idempotency-Key": str(uuid.uuid4())}, json={
+            "machine": "any", "folder": str(one.repo), "agent": "absent", "prompt": "go"})
+        reasons = {m["id"]: m["reason"] for m in full.json()["machines"]}
+        assert reasons == {one.machine_id: "profile_not_reported", two.machine_id: "unpaired"}
+    finally:
+        one.close()
+        two.close()
