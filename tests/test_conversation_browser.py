@@ -22,8 +22,12 @@ def no_horizontal_scroll(page):
     assert widths[0] <= widths[1], widths
 
 
-def test_c2_c4_c5_phone_chat_send_interrupt_end(live_daphne, new_page, make_owner, tmp_path,  # noqa: F811
-                                                fake_model_api):  # noqa: F811
+def test_c2_c4_c5_b9_phone_chat_with_the_real_claude_code(live_daphne, new_page, make_owner, tmp_path,  # noqa: F811
+                                                          fake_model_api):  # noqa: F811
+    """The real Claude Code in streaming-input mode (offline, fake Messages API): three
+    messages sent from the page, each reply under its message, the box on screen after
+    every send, "waiting for you" on the board between turns, a stopped turn reads
+    "stopped by you", no horizontal scroll; screenshots kept."""
     from playwright.sync_api import expect
 
     setup = conversation_setup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, fake_model_api)
@@ -33,36 +37,60 @@ def test_c2_c4_c5_phone_chat_send_interrupt_end(live_daphne, new_page, make_owne
         page.goto(f"{setup.url}/tasks/{task_id}/")
         page.wait_for_selector("#conn[data-state=live]")
         page.evaluate("window.__sameDocument = true")
-        chat = page.locator("#chat")
-        expect(chat).to_be_visible()
+        chat = page.locator("#chat-log")
+        expect(page.locator("#chat")).to_be_visible()
         expect(page.locator("#reply")).to_be_hidden()  # messages go to the chat, not a follow-up
+        expect(page.locator("#transcript")).to_be_hidden()  # one tap away, under Run details
         first = chat.locator(".msg[data-seq='0']")
         expect(first).to_contain_text("hello from the board")
         expect(first).to_have_attribute("data-state", "answered", timeout=60000)
-        expect(page.locator("#transcript")).to_contain_text("ok: hello from the board")
-        # The message box fits the phone and sits on screen.
-        box = page.locator("#chat-text").bounding_box()
-        assert box["x"] >= 0 and box["x"] + box["width"] <= 390, box
-        page.fill("#chat-text", "also update the changelog")
-        page.click("#chat-send")
-        second = chat.locator(".msg[data-seq='1']")
-        expect(second).to_contain_text("also update the changelog")
-        expect(second).to_have_attribute("data-state", "answered", timeout=60000)
-        expect(page.locator("#chat-text")).to_have_value("")
-        expect(page.locator("#transcript")).to_contain_text("ok: also update the changelog")
+        expect(chat.locator(".reply[data-seq='0']")).to_contain_text("ok: hello from the board")
+        box_on_screen(page)
+        board = new_page(setup.url, setup.owner, **PHONE)
+        texts = ["also update the changelog", "now the readme, please", "and a summary at the end"]
+        for seq, text in enumerate(texts, start=1):
+            page.fill("#chat-text", text)
+            page.click("#chat-send")
+            bubble = chat.locator(f".msg[data-seq='{seq}']")
+            expect(bubble).to_contain_text(text)
+            box_on_screen(page)
+            expect(bubble).to_have_attribute("data-state", "answered", timeout=60000)
+            expect(bubble.locator(".msg-state")).to_have_text("answered")
+            expect(page.locator("#chat-text")).to_have_value("")
+            reply = chat.locator(f".reply[data-seq='{seq}']")
+            expect(reply).to_contain_text(f"ok: {text}")
+            expect(reply).not_to_contain_text("hello from the board")  # no other turn's words
+            assert page.evaluate(f"document.querySelector(\".msg[data-seq='{seq}']\").nextElementSibling"
+                                 f".matches(\".reply[data-seq='{seq}']\")")
+            box_on_screen(page)
+            # Between turns the board's card says the agent waits, not a timer.
+            board.goto(f"{setup.url}/")
+            card = board.locator(f"li.task[data-task-id='{task_id}']")
+            expect(card.locator(".conversation-waiting")).to_contain_text("waiting for you")
+            expect(card).not_to_contain_text("running for")
+        no_horizontal_scroll(page)
+        shot(page, "c2-real-claude-chat-three-turns-390.png")
+        shot(board, "c6-real-claude-board-waiting-for-you-390.png")
         # A long tool call: "Stop this turn" shows while it runs and stops it.
         page.fill("#chat-text", LONG_TOOL)
         page.locator("#chat-text").press("Control+Enter")
-        third = chat.locator(".msg[data-seq='2']")
-        expect(third).to_have_attribute("data-state", "delivered", timeout=30000)
+        stopped = chat.locator(".msg[data-seq='4']")
+        expect(stopped).to_have_attribute("data-state", "delivered", timeout=30000)
+        expect(stopped.locator(".msg-state")).to_have_text("with the agent")
+        box_on_screen(page)
+        reply = chat.locator(".reply[data-seq='4']")
+        expect(reply.locator("details.reply-tool")).to_have_count(1, timeout=30000)  # the tool call, one line
         expect(page.locator("#chat-interrupt")).to_be_visible()
-        expect(page.locator("#transcript li[data-kind=tool_call]").last).to_have_attribute(
-            "data-status", "running", timeout=30000)
         page.click("#chat-interrupt")
-        expect(third).to_have_attribute("data-state", "answered", timeout=30000)
+        expect(reply.locator(".reply-stopped")).to_have_text("stopped by you", timeout=30000)
+        expect(stopped).to_have_attribute("data-state", "answered", timeout=30000)
         expect(page.locator("#chat-interrupt")).to_be_hidden()
+        expect(chat).not_to_contain_text("Request interrupted")
+        expect(chat).not_to_contain_text("error_during_execution")
         assert setup.task(task_id)["state"] == "running"
+        box_on_screen(page)
         no_horizontal_scroll(page)
+        shot(page, "c4-real-claude-stopped-by-you-390.png")
         page.click("#chat-end")
         expect(page.locator("#chat-form")).to_be_hidden()
         expect(page.locator("#chat-mode")).to_have_text("ended")
@@ -70,8 +98,8 @@ def test_c2_c4_c5_phone_chat_send_interrupt_end(live_daphne, new_page, make_owne
         assert task["state"] == "succeeded", task
         assert task["agent_result"]["subtype"] == "interrupted"  # the owner's stop, not the agent failing
         expect(page.locator("#task-state")).to_have_text("succeeded")
-        assert turns_started(fake_model_api) == ["hello from the board", "also update the changelog", LONG_TOOL]
-        wait_states(setup, task_id, {0: "answered", 1: "answered", 2: "answered"})
+        assert turns_started(fake_model_api) == ["hello from the board", *texts, LONG_TOOL]
+        wait_states(setup, task_id, {seq: "answered" for seq in range(5)})
         assert page.evaluate("window.__sameDocument") is True  # all of it without a reload
         no_horizontal_scroll(page)
     finally:
