@@ -241,6 +241,10 @@ def test_c2_c7_b9_newcomer_sees_words_not_ids_states_in_words_long_message_folde
         chat = page.locator("#chat-log")
         expect(chat.locator(".msg[data-seq='0'] .msg-state")).to_have_text("answered")
         assert not_alarming(page, 0) == "answered"
+        # Everything agent-controlled reads as isolated text (C7): a reply's direction its own.
+        isolation = page.evaluate("""[...document.querySelectorAll('#chat-log .reply-text, #chat-log .msg-text')]
+            .map(e => [getComputedStyle(e).unicodeBidi, e.getAttribute('dir')])""")
+        assert isolation and all(pair == ["isolate", "auto"] for pair in isolation), isolation
         # The approval says what will change, in words: the file, the edit as - / + lines.
         approval = page.locator("#chat-approvals .chat-approval")
         expect(approval).to_contain_text("Edit")
