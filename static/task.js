@@ -754,10 +754,12 @@
   /* Receipts as a readable list (inside "Run details" on a conversation): each fact a
    * "name: value" line, nested facts by their dotted path, no JSON. */
   var RECEIPT_ROWS = 24;
+  /* The agent's raw output (its stream's last lines) is the run's "raw" view, not a fact to read here. */
+  var RECEIPT_SKIP = { output_tail: true };
   function factRows(facts, prefix, rows) {
     Object.keys(facts || {}).forEach(function (k) {
       var v = facts[k], name = prefix ? prefix + "." + k : k;
-      if (rows.length > RECEIPT_ROWS || v === null || v === undefined || v === "") return;
+      if (rows.length > RECEIPT_ROWS || v === null || v === undefined || v === "" || RECEIPT_SKIP[name]) return;
       if (Array.isArray(v)) {
         if (!v.length) return;
         rows.push([name, v.map(function (x) { return typeof x === "object" ? Object.values(x || {}).join(" ") : String(x); })
