@@ -217,7 +217,8 @@ def test_history_short_seeded_run_under_faults_passes_the_checker(transactional_
     from tests.history.runner import Run
 
     seed = int(os.environ.get("HISTORY_SEED", "42"))
-    run = Run(tmp_path, seed=seed, duration_s=float(os.environ.get("HISTORY_DURATION_S", "25")))
+    run = Run(tmp_path, seed=seed, duration_s=float(os.environ.get("HISTORY_DURATION_S", "20")),
+              settle_s=45)
     record = run.go()
     lines = load(record)
     found = check(lines)
