@@ -3,7 +3,8 @@
 
 Runs the seeded history run (``tests.history.runner.Run``: PostgreSQL + the run's own
 Redis, three daphnes behind one address, two or more real workers, the client mix, the
-seeded faults) for ``--duration`` seconds on a scratch database ``history_<pid>`` of
+seeded faults, and unless ``--no-claude`` one live conversation with the real Claude
+Code offline) for ``--duration`` seconds on a scratch database ``history_<pid>`` of
 ``DATABASE_URL``'s server (created, migrated, dropped afterwards), then checks the record
 (``tests.history.checker``): prints the run's figures and every violation with its
 timeline, and exits 1 on any. The record and the processes' logs stay in ``--out``
@@ -35,6 +36,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--fault-every", type=float, default=4.0, help="mean seconds between faults")
     parser.add_argument("--settle", type=float, default=120.0, help="longest wait for every task to settle")
+    parser.add_argument("--claude", action=argparse.BooleanOptionalAction, default=True,
+                        help="one live conversation with the real Claude Code offline (var/agent-clis)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix=f"history-{args.seed}-"))
@@ -46,7 +49,7 @@ def main() -> int:
 
         work = Path(tempfile.mkdtemp(prefix="history-", dir=out))
         run = Run(work, seed=args.seed, duration_s=args.duration, workers=args.workers, clients=args.clients,
-                  fault_every_s=args.fault_every, settle_s=args.settle)
+                  fault_every_s=args.fault_every, settle_s=args.settle, claude=args.claude)
         record = run.go()
     lines = load(record)
     found = check(lines)

@@ -106,7 +106,7 @@ class History:
                         self.op_task[line["op"]] = task
 
     def task_of_agent(self, line: dict) -> str | None:
-        return self.pid_task.get(line["pid"]) or self.op_task.get(line.get("op"))
+        return self.pid_task.get(line["pid"]) or self.op_task.get(line.get("op")) or line.get("task")
 
     def reads(self, task_id: str) -> list[dict]:
         """Acknowledged answers that show the task's live state (not acceptance snapshots,

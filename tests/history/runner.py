@@ -18,8 +18,9 @@ The client mix (``clients`` threads, each its own seeded choice): submit with ne
 or not), racing duplicates (two threads, one key, released together), a key reused with
 another body; cancel; read; decisions on pending approvals from two clients at once (and
 a replay); merge/discard of worktree tasks from two clients at once; conversation
-messages (new keys, replays, racing keys), interrupts, ends; a grant revoked and granted
-again. One unpair and re-pair of a machine per run. A reader thread reads tasks all along
+messages (new keys, replays, racing keys), interrupts, ends. A grant revoked and granted
+again about every ``REVOKE_EVERY_S``, and one unpair and re-pair of a machine, on a
+seeded schedule (``admin``). A reader thread reads tasks all along
 (the observations of ``states``).
 
 Then the settle: faults healed, conversations ended, pending approvals decided, reads
@@ -59,7 +60,8 @@ WORKER_EXTRA = {"RUNSTEAD_WORKER_PULL_IDLE_S": "1.5", "RUNSTEAD_LOG_LEVEL": "INF
 # (operation, weight): the client mix
 MIX = (("submit", 22), ("submit_ask", 5), ("submit_wt", 5), ("submit_follow", 3), ("submit_conv", 3),
        ("replay", 8), ("race", 5), ("reuse", 2), ("cancel", 8), ("read", 6), ("decide", 8), ("integrate", 6),
-       ("message", 12), ("message_replay", 3), ("message_race", 3), ("interrupt", 2), ("end", 1), ("revoke", 1))
+       ("message", 12), ("message_replay", 3), ("message_race", 3), ("interrupt", 2), ("end", 1))
+REVOKE_EVERY_S = 12.0  # a grant revoked and granted again about this often (each ends its never-leased tasks, P3)
 
 
 def config_toml(root: Path, agent_log: Path) -> str:
@@ -100,7 +102,7 @@ class Run:
     database (its rows committed: ``transactional_db`` under pytest)."""
 
     def __init__(self, tmp: Path, *, seed: int, duration_s: float, workers: int = 2, clients: int = 3,
-                 fault_every_s: float = 2.5, settle_s: float = 60.0):
+                 fault_every_s: float = 2.5, settle_s: float = 60.0, claude: bool = False):
         self.tmp, self.seed, self.duration_s = Path(tmp), seed, duration_s
         self.n_workers, self.n_clients = workers, clients
         self.fault_every_s, self.settle_s = fault_every_s, settle_s
@@ -117,6 +119,7 @@ class Run:
         self.stop = threading.Event()
         self.figures: dict = {}
         self.servers, self.machines = [], []
+        self.claude, self.model_api, self.claude_task = claude, None, None
 
     # --- recording calls ------------------------------------------------------------------
 
@@ -170,12 +173,77 @@ class Run:
             proxy = faults.Partition(int(self.balancer.url.rsplit(":", 1)[1]))
             setup = LiveSetup(f"http://127.0.0.1:{proxy.port}", owner, self.tmp / f"w{i}")
             self.machines.append(Machine(setup, proxy, self.agent_log))
+        if self.claude:
+            self.add_claude(self.machines[0])
         connection.close()  # the run's faults kill database connections; this process reconnects when it needs one
         for machine in self.machines:
             machine.start_worker()
         with self.client() as http:
             for machine in self.machines:
                 self.wait(lambda m=machine: self.profiles_known(http, m.id), 60, f"machine {machine.id} reports its profiles")
+
+    def add_claude(self, machine: Machine) -> None:
+        """A ``claude`` profile on ``machine``: the real Claude Code offline against the
+        fake Messages API (``tests.model_apis.AnthropicAPI``), whose request log is the
+        agent's side of the record for its live conversation."""
+        from tests.claude_cli import CLI_ENV_KEYS, claude_bin, claude_env
+        from tests.model_apis import AnthropicAPI
+
+        self.model_api = AnthropicAPI().__enter__()
+        env = claude_env(home=self.tmp / "claude-home", api=self.model_api)
+        profile_env = ", ".join(f'{k} = "{env[k]}"' for k in CLI_ENV_KEYS)
+        with open(machine.setup.config, "a") as config:
+            config.write(f'\n[profiles.claude]\npreset = "claude"\nbinary = "{claude_bin()}"\n'
+                         'extra_args = ["--permission-mode", "bypassPermissions"]\n'
+                         f"env = {{ {profile_env} }}\n")
+
+    def claude_loop(self) -> None:
+        """One live conversation with the real CLI for the run: messages one after
+        another (each once the previous is answered, or after 15 s), a replay of each,
+        a racing pair now and then; ended in the settle."""
+        rng = random.Random(f"claude-{self.seed}")
+        machine = self.machines[0]
+        body = {"machine": machine.id, "folder": str(machine.setup.repo), "agent": "claude", "mode": "conversation",
+                "prompt": f"claude-{uuid.uuid4().hex[:8]}", "exclusive": False, "max_runtime_s": 600}
+        with self.client() as http:
+            for _ in range(5):
+                status, answer = self.call(http, "claude", "submit", "POST", "/api/tasks/", json=body, key=f"claude-{self.seed}")
+                if status == 201:
+                    break
+            else:
+                return
+            task = self.claude_task = answer["id"]
+            with self.lock:
+                self.tasks[task] = {"kind": "claude", "machine": machine.id, "state": answer["state"]}
+            path = f"/api/tasks/{task}/messages/"
+            while not self.stop.is_set():
+                key, sent = uuid.uuid4().hex, {"text": f"claude-msg-{uuid.uuid4().hex[:8]}"}
+                if rng.random() < 0.3:
+                    with self.client() as other:
+                        self.race(lambda h, n: self.call(h, n, "message", "POST", path, json=sent, key=key),
+                                  (http, "claude"), (other, "claudeb"))
+                else:
+                    self.call(http, "claude", "message", "POST", path, json=sent, key=key)
+                self.call(http, "claude", "message", "POST", path, json=sent, key=key)
+                deadline = time.monotonic() + 15
+                while time.monotonic() < deadline and not self.stop.is_set():
+                    status, listed = self.call(http, "claude", "messages", "GET", path)
+                    if status == 200 and all(m["state"] in ("answered", "undelivered") for m in listed["results"]):
+                        break
+                    time.sleep(0.5)
+
+    def claude_record(self) -> None:
+        """The fake model API's request log as the agent's side of the real CLI's
+        conversation: each user text that began a turn, in the order the API saw them."""
+        from tests.conversation_support import turns_started
+
+        if self.model_api is None:
+            return
+        if self.claude_task:
+            for text in turns_started(self.model_api):
+                self.rec.write({"type": "agent", "ev": "message", "text": text, "pid": -1, "op": None,
+                                "task": self.claude_task, "t": None, "via": "model_api"})
+        self.model_api.__exit__(None, None, None)
 
     def profiles_known(self, http, machine_id) -> bool:
         answer = http.get("/api/machines/")
@@ -287,8 +355,6 @@ class Run:
                 if what == "end":
                     self.ended.add(task)
                 self.call(http, name, what, "POST", f"/api/tasks/{task}/{what}/")
-        elif what == "revoke":
-            self.revoke(http, name, rng.choice(self.machines))
 
     def read(self, http, name, task):
         status, answer = self.call(http, name, "read", "GET", f"/api/tasks/{task}/")
@@ -390,6 +456,25 @@ class Run:
             self.revoke(http, name, machine)
         machine.start_worker()
 
+    def admin(self, rng) -> None:
+        """The owner's rare operations on a seeded schedule, until the run's end: one
+        unpair and re-pair (at 30-60 % of the run), a grant revoked and granted again
+        about every ``REVOKE_EVERY_S``."""
+        began = time.monotonic()
+        events = [(self.duration_s * rng.uniform(0.3, 0.6), "repair")]
+        at = REVOKE_EVERY_S * rng.uniform(0.3, 1.0)
+        while at < self.duration_s:
+            events.append((at, "revoke"))
+            at += REVOKE_EVERY_S * rng.uniform(0.7, 1.3)
+        with self.client() as http:
+            for at, what in sorted(events):
+                while time.monotonic() - began < at:
+                    time.sleep(POLL_S)
+                machine = rng.choice(self.machines)
+                (self.repair if what == "repair" else self.revoke)(http, "admin", machine)
+        while time.monotonic() - began < self.duration_s:
+            time.sleep(POLL_S)
+
     def client_loop(self, index: int) -> None:
         name = f"c{index}"
         rng = random.Random(f"client-{self.seed}-{index}")
@@ -479,18 +564,12 @@ class Run:
             self.start()
             threads = [threading.Thread(target=self.client_loop, args=(i,), daemon=True) for i in range(self.n_clients)]
             threads += [threading.Thread(target=self.reader_loop, daemon=True)]
+            if self.claude:
+                threads += [threading.Thread(target=self.claude_loop, daemon=True)]
             fault_thread = threading.Thread(target=self.fault_loop, args=(plan,), daemon=True)
             for t in [*threads, fault_thread]:
                 t.start()
-            rng = random.Random(f"repair-{self.seed}")
-            began = time.monotonic()
-            repair_at = began + self.duration_s * rng.uniform(0.3, 0.6)
-            with self.client() as http:
-                while time.monotonic() < repair_at:
-                    time.sleep(POLL_S)
-                self.repair(http, "pairer", rng.choice(self.machines))
-            while time.monotonic() - began < self.duration_s:
-                time.sleep(POLL_S)
+            self.admin(random.Random(f"admin-{self.seed}"))
             self.stop.set()
             fault_thread.join(30)
             for t in threads:
@@ -515,7 +594,7 @@ class Run:
         rng = random.Random(f"settle-{self.seed}")
         with self.client() as http:
             with self.lock:
-                conversations = [i for i, t in self.tasks.items() if t["kind"] == "conv"]
+                conversations = [i for i, t in self.tasks.items() if t["kind"] in ("conv", "claude")]
             for task in conversations:
                 if task not in self.ended:
                     self.ended.add(task)
@@ -533,7 +612,7 @@ class Run:
                 time.sleep(POLL_S)
             for task in list(self.tasks):
                 self.read(http, "final", task)
-                if self.tasks[task]["kind"] == "conv":
+                if self.tasks[task]["kind"] in ("conv", "claude"):
                     self.call(http, "final", "messages", "GET", f"/api/tasks/{task}/messages/")
         for machine in self.machines:
             self.rec.write({"type": "repo", "machine": machine.id,
@@ -544,6 +623,7 @@ class Run:
             machine.setup.close()
             machine.proxy.close()
         starts = self.rec.agent_logs(self.agent_log) if self.agent_log.exists() else 0
+        self.claude_record()
         if getattr(self, "balancer", None):
             self.balancer.close()
         for server in self.servers:
