@@ -30,6 +30,7 @@ full read of each, the repositories' base branches, the agents' logs. Waits are 
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -119,7 +120,7 @@ class Run:
         self.stop = threading.Event()
         self.figures: dict = {}
         self.servers, self.machines = [], []
-        self.claude, self.model_api, self.claude_task = claude, None, None
+        self.claude, self.model_api, self.claude_tasks = claude, None, []
 
     # --- recording calls ------------------------------------------------------------------
 
@@ -198,51 +199,64 @@ class Run:
                          f"env = {{ {profile_env} }}\n")
 
     def claude_loop(self) -> None:
-        """One live conversation with the real CLI for the run: messages one after
+        """Live conversations with the real CLI, one at a time, each opened when the last
+        one is over (a lease lost to a long partition ends one): messages one after
         another (each once the previous is answered, or after 15 s), a replay of each,
-        a racing pair now and then; ended in the settle."""
+        a racing pair now and then; the last one is ended in the settle."""
         rng = random.Random(f"claude-{self.seed}")
         machine = self.machines[0]
-        body = {"machine": machine.id, "folder": str(machine.setup.repo), "agent": "claude", "mode": "conversation",
-                "prompt": f"claude-{uuid.uuid4().hex[:8]}", "exclusive": False, "max_runtime_s": 600}
+        self.claude_tasks = []
         with self.client() as http:
-            for _ in range(5):
-                status, answer = self.call(http, "claude", "submit", "POST", "/api/tasks/", json=body, key=f"claude-{self.seed}")
-                if status == 201:
+            while not self.stop.is_set() and len(self.claude_tasks) < 4:
+                body = {"machine": machine.id, "folder": str(machine.setup.repo), "agent": "claude",
+                        "mode": "conversation", "prompt": f"claude-{uuid.uuid4().hex[:8]}", "exclusive": False,
+                        "max_runtime_s": 600}
+                status, answer = self.call(http, "claude", "submit", "POST", "/api/tasks/", json=body,
+                                           key=uuid.uuid4().hex)
+                if status != 201:
+                    continue
+                task = answer["id"]
+                self.claude_tasks.append(task)
+                with self.lock:
+                    self.tasks[task] = {"kind": "claude", "machine": machine.id, "state": answer["state"]}
+                self.converse(http, rng, task)
+
+    def converse(self, http, rng, task: str) -> None:
+        path = f"/api/tasks/{task}/messages/"
+        while not self.stop.is_set():
+            key, sent = uuid.uuid4().hex, {"text": f"claude-msg-{uuid.uuid4().hex[:8]}"}
+            if rng.random() < 0.3:
+                with self.client() as other:
+                    self.race(lambda h, n: self.call(h, n, "message", "POST", path, json=sent, key=key),
+                              (http, "claude"), (other, "claudeb"))
+            status, _ = self.call(http, "claude", "message", "POST", path, json=sent, key=key)
+            if status == 409:
+                return  # the conversation is over (final, unknown, cancel requested)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and not self.stop.is_set():
+                status, listed = self.call(http, "claude", "messages", "GET", path)
+                if status == 200 and all(m["state"] in ("answered", "undelivered") for m in listed["results"]):
                     break
-            else:
-                return
-            task = self.claude_task = answer["id"]
-            with self.lock:
-                self.tasks[task] = {"kind": "claude", "machine": machine.id, "state": answer["state"]}
-            path = f"/api/tasks/{task}/messages/"
-            while not self.stop.is_set():
-                key, sent = uuid.uuid4().hex, {"text": f"claude-msg-{uuid.uuid4().hex[:8]}"}
-                if rng.random() < 0.3:
-                    with self.client() as other:
-                        self.race(lambda h, n: self.call(h, n, "message", "POST", path, json=sent, key=key),
-                                  (http, "claude"), (other, "claudeb"))
-                else:
-                    self.call(http, "claude", "message", "POST", path, json=sent, key=key)
-                self.call(http, "claude", "message", "POST", path, json=sent, key=key)
-                deadline = time.monotonic() + 15
-                while time.monotonic() < deadline and not self.stop.is_set():
-                    status, listed = self.call(http, "claude", "messages", "GET", path)
-                    if status == 200 and all(m["state"] in ("answered", "undelivered") for m in listed["results"]):
-                        break
-                    time.sleep(0.5)
+                time.sleep(0.5)
 
     def claude_record(self) -> None:
         """The fake model API's request log as the agent's side of the real CLI's
         conversation: each user text that began a turn, in the order the API saw them."""
         from tests.conversation_support import turns_started
+        from tests.history.record import load
 
         if self.model_api is None:
             return
-        if self.claude_task:
-            for text in turns_started(self.model_api):
-                self.rec.write({"type": "agent", "ev": "message", "text": text, "pid": -1, "op": None,
-                                "task": self.claude_task, "t": None, "via": "model_api"})
+        # Each conversation's prompt and messages carry its own tag: the text says the task.
+        tags = {}
+        for op in load(self.record_path):
+            if op["type"] == "op" and op["f"] == "submit" and op["status"] == 201 and op["client"] == "claude":
+                tags[op["json"]["prompt"]] = json.loads(op["body"])["id"]
+            elif op["type"] == "op" and op["f"] == "message" and op["client"].startswith("claude"):
+                tags[op["json"]["text"]] = op["path"].split("/")[-3]
+        for text in turns_started(self.model_api):
+            self.rec.write({"type": "agent", "ev": "message", "text": text, "pid": -1, "op": None,
+                            "task": tags.get(text), "t": None, "via": "model_api"})
         self.model_api.__exit__(None, None, None)
 
     def profiles_known(self, http, machine_id) -> bool:
