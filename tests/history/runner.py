@@ -610,9 +610,14 @@ class Run:
             with self.lock:
                 conversations = [i for i, t in self.tasks.items() if t["kind"] in ("conv", "claude")]
             for task in conversations:
-                if task not in self.ended:
-                    self.ended.add(task)
-                    self.call(http, "settle", "end", "POST", f"/api/tasks/{task}/end/")
+                # Ended here even when a client ended it during the run: that answer may
+                # have been lost (ending twice is the same answer, C5). A 5xx (a killed
+                # database connection) is tried again, as a client would.
+                for _ in range(20):
+                    status, _ = self.call(http, "settle", "end", "POST", f"/api/tasks/{task}/end/")
+                    if status is not None and status < 500:
+                        break
+                    time.sleep(POLL_S)
             deadline = time.monotonic() + self.settle_s
             while time.monotonic() < deadline:
                 self.decide(http, "settle", rng)
