@@ -8,6 +8,7 @@ whole history against the contract, from the record alone.
 - ``faults``: the fault injector (kill -9 and restart, partitions, Redis restart,
   PostgreSQL connections killed) and its seeded schedule;
 - ``runner``: the run (services, workers, the client mix, the settle, the record);
+- ``proxies``: the balancer in front of the daphnes and the blackholing proxy;
 - ``agent.py``: the agent every worker runs, which writes the agents' side of the record.
 
 ``tests/test_history.py`` runs a short seeded form; ``bench/history.py`` a long one by hand.

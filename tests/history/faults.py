@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 
-from tests.test_longpoll import BlackholeProxy
+from tests.history.proxies import BlackholeProxy
 
 KINDS = ("kill_daphne", "kill_worker", "kill_agent", "partition_short", "partition_long", "redis_restart", "pg_kill")
 

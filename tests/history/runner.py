@@ -3,9 +3,9 @@ faults, every operation recorded, then settled and handed to the checker.
 
 What runs, all real processes: the run's own redis-server; three daphnes on one database
 (the test database under pytest, a scratch one under ``bench/history.py``) behind one
-address (``tests.test_several_daphnes.Balancer``, the proxy's balancing); two or more
+address (``tests.history.proxies.Balancer``, the proxy's balancing); two or more
 paired workers (``manage.py worker``), each reaching that address through its own
-``faults.Partition`` (the tests' blackholing proxy with a switch); every agent is
+``faults.Partition`` (the tests' blackholing proxy, with a switch); every agent is
 ``tests/history/agent.py``, which logs its own side of the record. Short real timings
 (``tests.worker_harness.SHORT_TIMINGS``: a 3 s lease renewed every 0.5 s).
 
@@ -158,7 +158,7 @@ class Run:
 
         from tasks_app.models import Budget
         from tests.live import database_env, free_port, start_daphne
-        from tests.test_several_daphnes import Balancer
+        from tests.history.proxies import Balancer
         from tests.worker_harness import SHORT_TIMINGS, LiveSetup
 
         self.redis = faults.OwnRedis(free_port(), self.tmp / "redis.log")
