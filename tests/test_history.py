@@ -77,6 +77,10 @@ def test_a_clean_history_passes_every_check():
     book = Book()
     lived(book)
     book.submit("t1", raw=book.lines[0]["body"], replayed=True)  # a replay, byte-equal
+    book.submit("t9", key="k9", prompt="p9")  # another process that got the same pid later
+    book.agent("start", "t9", prompt="p9", proc="100-b")
+    book.read("t9", "succeeded", events=[(None, "accepted", T0), ("accepted", "starting", book.t - 0.5),
+                                         ("starting", "running", book.t), ("running", "succeeded", book.t)])
     assert check(book.lines) == []
 
 
@@ -97,6 +101,16 @@ def test_a5_an_acknowledged_acceptance_never_settled_or_gone_is_reported():
     book.read("t1", "not_started", events=[(None, "accepted", T0), ("accepted", "not_started", T0 + 1)])
     book.op("read", "GET", "/api/tasks/t1/", status=404, answer={"error": "not_found"})
     assert checks_of(book) == ["acceptance"]
+
+
+def test_g8_a_follow_up_may_stay_queued_only_behind_an_unknown_task():
+    for before, caught in (("unknown", []), ("succeeded", ["acceptance"])):
+        book = Book()
+        book.submit("t1")
+        book.read("t1", before)
+        book.submit("t2", key="k2", prompt="p2", state="queued")
+        book.op("read", "GET", "/api/tasks/t2/", answer={"id": "t2", "state": "queued", "queued_behind": "t1"})
+        assert checks_of(book) == caught, before
 
 
 def test_a2_a3_a_replay_that_differs_or_a_key_answered_for_two_bodies_is_reported():
@@ -202,7 +216,7 @@ def test_c2_c3_a_message_twice_out_of_order_or_answered_unseen_is_reported():
     assert check(book.lines) == []
     for received, states in ((["one", "one", "two"], ["answered", "answered"]),
                              (["two", "one"], ["answered", "answered"]),
-                             (["one"], ["answered", "answered"])):
+                             (["one"], ["answered", "answered"])):  # "two" answered, never read
         book = Book()
         conversation(book, received, states)
         assert checks_of(book) == ["messages"], received

@@ -22,6 +22,9 @@ Each check returns ``Violation``s; ``check(lines)`` runs them all. The rules:
 - ``messages`` (C2, C3): every message reached its agent at most once, in ``seq`` order,
   and one reported ``answered`` reached it.
 
+A queued follow-up may end the run ``queued`` when the task it follows ended it
+``unknown`` (G8: its turn comes when that one is final).
+
 ``python -m tests.history.checker RECORD`` prints each violation with the timeline of its
 operations and exits 1 on any.
 """
@@ -67,14 +70,21 @@ def epoch(iso: str | None) -> float | None:
 
 
 def body(op: dict):
-    try:
-        return json.loads(op.get("body") or "null")
-    except ValueError:
-        return None
+    """The answer's JSON (parsed once per operation), or None."""
+    if "_parsed" not in op:
+        try:
+            op["_parsed"] = json.loads(op.get("body") or "null")
+        except ValueError:
+            op["_parsed"] = None
+    return op["_parsed"]
 
 
 def acked(op: dict) -> bool:
     return op.get("status") is not None and 200 <= op["status"] < 300
+
+
+def process(line: dict):
+    return line.get("proc") or line["pid"]
 
 
 class History:
@@ -94,34 +104,37 @@ class History:
             if acked(op) and isinstance(answer, dict) and answer.get("id"):
                 self.accepted.setdefault(answer["id"], op)
                 self.prompt_task[(op.get("json") or {}).get("prompt")] = answer["id"]
-        # pid -> task of the agent process, and operation -> task
-        self.pid_task: dict[int, str] = {}
+        self._reads: dict[str, list] = defaultdict(list)
+        self._detail: dict[str, dict] = {}
+        for op in self.ops:
+            answer = body(op) if op.get("status") == 200 and op["f"] in ("read", "cancel") else None
+            if isinstance(answer, dict) and answer.get("id"):
+                self._reads[answer["id"]].append(op)
+                if op["f"] == "read" and "events" in answer:
+                    self._detail[answer["id"]] = answer
+        # agent process -> its task, and operation -> task. A process is its log file
+        # (``proc``): pids are reused over a long run.
+        self.pid_task: dict = {}
         self.op_task: dict[str, str] = {}
         for line in self.agent:
             if line["ev"] == "start":
                 task = line.get("task") or self.prompt_task.get(line.get("prompt"))
                 if task:
-                    self.pid_task[line["pid"]] = task
+                    self.pid_task[process(line)] = task
                     if line.get("op"):
                         self.op_task[line["op"]] = task
 
     def task_of_agent(self, line: dict) -> str | None:
-        return self.pid_task.get(line["pid"]) or self.op_task.get(line.get("op")) or line.get("task")
+        return self.pid_task.get(process(line)) or self.op_task.get(line.get("op")) or line.get("task")
 
     def reads(self, task_id: str) -> list[dict]:
         """Acknowledged answers that show the task's live state (not acceptance snapshots,
         which A2 keeps at acceptance time)."""
-        return [o for o in self.ops if o["f"] in ("read", "cancel") and o.get("status") == 200
-                and (body(o) or {}).get("id") == task_id]
+        return self._reads.get(task_id, [])
 
     def detail(self, task_id: str) -> dict | None:
         """The last full read (with ``events``) of the task."""
-        for op in reversed(self.ops):
-            answer = body(op)
-            if op["f"] == "read" and op.get("status") == 200 and (answer or {}).get("id") == task_id \
-                    and "events" in answer:
-                return answer
-        return None
+        return self._detail.get(task_id)
 
 
 def check_double_start(h: History) -> list[Violation]:
@@ -137,8 +150,9 @@ def check_double_start(h: History) -> list[Violation]:
     seen = set()
     for key, starts in [*by_op.items(), *by_task.items()]:
         pids = sorted({s["pid"] for s in starts})
-        if len(starts) > 1 and tuple(pids) not in seen:
-            seen.add(tuple(pids))
+        procs = tuple(sorted({str(process(s)) for s in starts}))
+        if len(starts) > 1 and procs not in seen:
+            seen.add(procs)
             task = h.task_of_agent(starts[0])
             out.append(Violation("double_start", "W3/X4", f"{key} started {len(starts)} times (pids {pids})",
                                  [h.accepted[task]["id"]] if task in h.accepted else []))
@@ -147,10 +161,13 @@ def check_double_start(h: History) -> list[Violation]:
 
 def check_acceptances(h: History) -> list[Violation]:
     out = []
+    gone = defaultdict(list)
+    for op in h.ops:
+        if op["f"] == "read" and op.get("status") == 404:
+            gone[op["path"].split("/")[-2]].append(op)
     for task_id, submit in h.accepted.items():
         reads = h.reads(task_id)
-        missing = [o for o in h.ops if o["f"] == "read" and o.get("status") == 404 and o["path"].endswith(f"/{task_id}/")
-                   and o["t0"] > submit["t1"]]
+        missing = [o for o in gone.get(task_id, []) if o["t0"] > submit["t1"]]
         if missing:
             out.append(Violation("acceptance", "A5", f"acknowledged task {task_id} answered 404 to a read",
                                  [submit["id"], missing[0]["id"]]))
@@ -159,10 +176,21 @@ def check_acceptances(h: History) -> list[Violation]:
             continue
         last = reads[-1]
         state = body(last)["state"]
+        if state == "queued" and waits_on_unknown(h, body(last)):
+            continue  # G8: a follow-up waits while the task it follows waits for its owner (U)
         if state not in FINAL and state != "unknown":
             out.append(Violation("acceptance", "SPEC 2/U", f"task {task_id} ended the run in {state!r}, neither final "
                                  "nor unknown", [submit["id"], last["id"]]))
     return out
+
+
+def waits_on_unknown(h: History, task: dict, depth: int = 0) -> bool:
+    """Whether a queued task's chain ends in a task whose last read says ``unknown``."""
+    behind = h.reads(task.get("queued_behind") or "")
+    if not behind or depth > 50:
+        return False
+    last = body(behind[-1])
+    return last["state"] == "unknown" or (last["state"] == "queued" and waits_on_unknown(h, last, depth + 1))
 
 
 def canonical(value) -> str:
@@ -240,6 +268,7 @@ def check_start_after_stop(h: History) -> list[Violation]:
         task = h.task_of_agent(line) if line["ev"] == "start" else None
         if task and task in h.accepted:
             starts.setdefault(task, line)
+    stops = [op for op in h.ops if op["f"] in ("cancel", "revoke", "unpair") and acked(op)]
     for task_id, start in starts.items():
         submit = h.accepted[task_id]
         sent = submit.get("json") or {}
@@ -249,7 +278,7 @@ def check_start_after_stop(h: History) -> list[Violation]:
                                  "in its history", [submit["id"]]))
             continue
         queued = (body(submit) or {}).get("state") == "queued"
-        for op in h.ops:
+        for op in stops:
             if not acked(op) or op["t1"] >= leased:
                 continue
             args = op.get("args") or {}
@@ -374,7 +403,9 @@ def check_messages(h: History) -> list[Violation]:
         task = op["path"].split("/")[-3]
         got = {line["text"] for line in received.get(task, [])}
         for message in (body(op) or {}).get("results", []):
-            if message["state"] in ("delivered", "answered") and message["text"] not in got:
+            # ``delivered`` is written to the agent's input, which an agent stopped at once
+            # never reads; ``answered`` means its turn ended: it was read (C3).
+            if message["state"] == "answered" and message["text"] not in got:
                 send = sends.get((task, message["text"]))
                 out.append(Violation("messages", "C3", f"task {task}: seq {message['seq']} reported {message['state']!r} "
                                      "never reached the agent", [op["id"], *([send["id"]] if send else [])]))
@@ -393,9 +424,9 @@ def check(lines: list[dict]) -> list[Violation]:
     return found
 
 
-def timeline(lines: list[dict], violation: Violation) -> str:
+def timeline(lines: list[dict] | History, violation: Violation) -> str:
     """The violation's operations, one line each, in completion order."""
-    h = History(lines)
+    h = lines if isinstance(lines, History) else History(lines)
     rows = []
     for op_id in violation.ops:
         op = h.by_id.get(op_id)
@@ -409,14 +440,15 @@ def main(argv: list[str]) -> int:
     from tests.history.record import load
 
     lines = load(argv[0])
-    found = check(lines)
+    history = History(lines)
+    found = [v for each in CHECKS for v in each(history)]
     ops = sum(1 for x in lines if x["type"] == "op")
     faults = sum(1 for x in lines if x["type"] == "fault")
     starts = sum(1 for x in lines if x["type"] == "agent" and x["ev"] == "start")
     print(f"{ops} operations, {faults} faults, {starts} agent starts: {len(found)} violation(s)")
     for violation in found:
         print(violation)
-        print(timeline(lines, violation))
+        print(timeline(history, violation))
     return 1 if found else 0
 
 

@@ -12,7 +12,8 @@ Line types (``type``):
   and ``replayed`` (the ``Idempotent-Replayed`` header);
 - ``fault``: ``what``, ``t0``, ``t1``, ``detail``;
 - ``agent``: a line of an agent's own log (``tests/history/agent.py``): ``ev`` ``start``,
-  ``message`` or ``acted``, with ``pid``, ``op``, ``t``;
+  ``message`` or ``acted``, with ``pid``, ``op``, ``t`` and ``proc`` (its file: one per
+  process, so a pid the system reused in a long run is not taken for the same process);
 - ``repo``: ``machine``, ``subjects``: the commit subjects of a repository's base branch
   at the end of the run (G7: what merges left);
 - ``run``: the run's parameters and figures.
@@ -67,7 +68,7 @@ class Recorder:
                     line = json.loads(raw)
                 except ValueError:
                     continue  # a line cut short by a kill -9 of its agent
-                self.write({"type": "agent", **line})
+                self.write({"type": "agent", "proc": file.stem, **line})
                 count += 1
         return count
 
