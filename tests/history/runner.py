@@ -62,6 +62,7 @@ WORKER_EXTRA = {"RUNSTEAD_WORKER_PULL_IDLE_S": "1.5", "RUNSTEAD_LOG_LEVEL": "INF
 MIX = (("submit", 22), ("submit_ask", 5), ("submit_wt", 5), ("submit_follow", 3), ("submit_conv", 3),
        ("replay", 8), ("race", 5), ("reuse", 2), ("cancel", 8), ("read", 6), ("decide", 8), ("integrate", 6),
        ("message", 12), ("message_replay", 3), ("message_race", 3), ("interrupt", 2), ("end", 1))
+MAX_OPEN_TASKS = 24  # no new submit while this many tasks are unfinished: the workers keep up
 REVOKE_EVERY_S = 12.0  # a grant revoked and granted again about this often (each ends its never-leased tasks, P3)
 
 
@@ -333,6 +334,8 @@ class Run:
             t.join()
 
     def op(self, http, name, rng, what: str) -> None:
+        if what.startswith("submit") and self.open_tasks() >= MAX_OPEN_TASKS:
+            what = "read"
         if what.startswith("submit"):
             self.submit(http, name, rng, {"submit": "plain"}.get(what, what.removeprefix("submit_")))
         elif what in ("replay", "reuse") and self.sent:
@@ -369,6 +372,10 @@ class Run:
                 if what == "end":
                     self.ended.add(task)
                 self.call(http, name, what, "POST", f"/api/tasks/{task}/{what}/")
+
+    def open_tasks(self) -> int:
+        with self.lock:
+            return sum(1 for t in self.tasks.values() if t["state"] not in (*FINAL, "unknown"))
 
     def read(self, http, name, task):
         status, answer = self.call(http, name, "read", "GET", f"/api/tasks/{task}/")
