@@ -2,6 +2,8 @@
 
 - The checker can fail: hand-made histories, each with one kind of violation, are each
   reported by the check that owns the rule, and a clean one passes every check.
+- A real run of a service with a fault injected (a replay answered with one more byte,
+  ``tests/history/inject/``) fails the checker.
 - The short seeded run (PostgreSQL + Redis, three daphnes behind one address, two real
   workers, the client mix under faults) passes the checker.
 """
@@ -239,3 +241,18 @@ def test_history_short_seeded_run_under_faults_passes_the_checker(transactional_
     print(run.summary())
     assert not found, "\n".join(f"{v}\n{timeline(lines, v)}" for v in found)
     assert run.figures["faults"] >= 4 and run.figures["agent_starts"] >= 5, run.figures
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_history_a_service_with_a_fault_injected_fails_the_checker(transactional_db, tmp_path):
+    from tests.history.record import load
+    from tests.history.runner import Run
+
+    run = Run(tmp_path, seed=7, duration_s=8, workers=1, fault_every_s=10_000, settle_s=20,
+              service_fault="replay_differs")
+    found = check(load(run.go()))
+    print(run.summary())
+    assert {v.check for v in found} == {"replay"}, [str(v) for v in found]
+    assert all("not byte-equal" in v.detail for v in found)

@@ -9,7 +9,8 @@ whole history against the contract, from the record alone.
   PostgreSQL connections killed) and its seeded schedule;
 - ``runner``: the run (services, workers, the client mix, the settle, the record);
 - ``proxies``: the balancer in front of the daphnes and the blackholing proxy;
-- ``agent.py``: the agent every worker runs, which writes the agents' side of the record.
+- ``agent.py``: the agent every worker runs, which writes the agents' side of the record;
+- ``inject/``: a fault put into the service from the test side (the checker's own proof).
 
 ``tests/test_history.py`` runs a short seeded form; ``bench/history.py`` a long one by hand.
 No Django in ``record`` and ``checker``.

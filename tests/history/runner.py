@@ -104,7 +104,8 @@ class Run:
     database (its rows committed: ``transactional_db`` under pytest)."""
 
     def __init__(self, tmp: Path, *, seed: int, duration_s: float, workers: int = 2, clients: int = 3,
-                 fault_every_s: float = 2.5, settle_s: float = 60.0, claude: bool = False):
+                 fault_every_s: float = 2.5, settle_s: float = 60.0, claude: bool = False,
+                 service_fault: str | None = None):
         self.tmp, self.seed, self.duration_s = Path(tmp), seed, duration_s
         self.n_workers, self.n_clients = workers, clients
         self.fault_every_s, self.settle_s = fault_every_s, settle_s
@@ -122,6 +123,7 @@ class Run:
         self.figures: dict = {}
         self.servers, self.machines = [], []
         self.claude, self.model_api, self.claude_tasks = claude, None, []
+        self.service_fault = service_fault  # tests/history/inject/sitecustomize.py
 
     # --- recording calls ------------------------------------------------------------------
 
@@ -165,6 +167,8 @@ class Run:
         self.redis = faults.OwnRedis(free_port(), self.tmp / "redis.log")
         self.env = {**SHORT_TIMINGS, **SERVICE_ENV, "REDIS_URL": f"redis://127.0.0.1:{self.redis.port}/0",
                     "RUNSTEAD_CHANNEL_PREFIX": f"history{os.getpid()}"}
+        if self.service_fault:
+            self.env.update(HISTORY_SERVICE_FAULT=self.service_fault, PYTHONPATH=str(Path(__file__).parent / "inject"))
         self.database = database_env()
         self.servers = [start_daphne(self.env, log_dir=self.tmp) for _ in range(3)]
         self.balancer = Balancer([s.port for s in self.servers])
