@@ -1,0 +1,258 @@
+"""The history checker (issue 42; tests/history/).
+
+- The checker can fail: hand-made histories, each with one kind of violation, are each
+  reported by the check that owns the rule, and a clean one passes every check.
+- A real run of a service with a fault injected (a replay answered with one more byte,
+  ``tests/history/inject/``) fails the checker.
+- The short seeded run (PostgreSQL + Redis, three daphnes behind one address, two real
+  workers, the client mix under faults) passes the checker.
+"""
+import json
+import os
+
+import pytest
+
+from tests.history.checker import check
+
+T0 = 1_700_000_000.0
+M, GRANT_PATH, FOLDER = "m-1", "/root", "/root/repo"
+
+
+def iso(t: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
+
+
+class Book:
+    """A hand-made record, built in time order."""
+
+    def __init__(self):
+        self.lines, self.n, self.t = [], 0, T0
+
+    def op(self, f, method, path, *, status=200, answer=None, key=None, sent=None, args=None, replayed=False,
+           t0=None, t1=None, raw=None):
+        self.n += 1
+        self.t += 1
+        line = {"type": "op", "id": self.n, "client": "c1", "f": f, "method": method, "path": path, "key": key,
+                "json": sent, "args": args or {}, "t0": self.t if t0 is None else t0,
+                "t1": self.t + 0.5 if t1 is None else t1, "status": status,
+                "body": raw if raw is not None else (None if answer is None else json.dumps(answer)),
+                "replayed": replayed}
+        self.lines.append(line)
+        return line
+
+    def submit(self, task, key="k1", prompt="p1", state="accepted", **kw):
+        sent = {"machine": M, "folder": FOLDER, "agent": "task", "prompt": prompt}
+        return self.op("submit", "POST", "/api/tasks/", status=201, key=key, sent=sent,
+                       answer={"id": task, "state": state}, **kw)
+
+    def read(self, task, state, events=None, **kw):
+        answer = {"id": task, "state": state}
+        if events is not None:
+            answer["events"] = [{"old_state": a, "new_state": b, "reason": "", "at": iso(t)} for a, b, t in events]
+        return self.op("read", "GET", f"/api/tasks/{task}/", answer=answer, **kw)
+
+    def agent(self, ev, task, t=None, **fields):
+        self.t += 1
+        self.lines.append({"type": "agent", "ev": ev, "pid": fields.pop("pid", 100), "op": fields.pop("op", "op-" + task),
+                           "t": t or self.t, "task": task, **fields})
+
+
+def lived(book, task="t1", prompt="p1"):
+    """A task accepted, leased, started once and succeeded, read along the way."""
+    book.submit(task, prompt=prompt)
+    book.read(task, "accepted")
+    leased = book.t + 0.2
+    book.agent("start", task, prompt=prompt)
+    book.read(task, "succeeded", events=[(None, "accepted", T0), ("accepted", "delivered", T0 + 0.1),
+                                         ("delivered", "starting", leased), ("starting", "running", leased + 0.1),
+                                         ("running", "succeeded", leased + 0.2)])
+    return leased
+
+
+def checks_of(book):
+    return sorted({v.check for v in check(book.lines)})
+
+
+def test_a_clean_history_passes_every_check():
+    book = Book()
+    lived(book)
+    book.submit("t1", raw=book.lines[0]["body"], replayed=True)  # a replay, byte-equal
+    book.submit("t9", key="k9", prompt="p9")  # another process that got the same pid later
+    book.agent("start", "t9", prompt="p9", proc="100-b")
+    book.read("t9", "succeeded", events=[(None, "accepted", T0), ("accepted", "starting", book.t - 0.5),
+                                         ("starting", "running", book.t), ("running", "succeeded", book.t)])
+    assert check(book.lines) == []
+
+
+def test_w3_x4_an_operation_started_twice_is_reported():
+    book = Book()
+    lived(book)
+    book.agent("start", "t1", pid=101, prompt="p1")
+    assert checks_of(book) == ["double_start"]
+
+
+def test_a5_an_acknowledged_acceptance_never_settled_or_gone_is_reported():
+    book = Book()
+    book.submit("t1")
+    book.read("t1", "running")
+    assert checks_of(book) == ["acceptance"]
+    book = Book()
+    book.submit("t1")
+    book.read("t1", "not_started", events=[(None, "accepted", T0), ("accepted", "not_started", T0 + 1)])
+    book.op("read", "GET", "/api/tasks/t1/", status=404, answer={"error": "not_found"})
+    assert checks_of(book) == ["acceptance"]
+
+
+def test_g8_a_follow_up_may_stay_queued_only_behind_an_unknown_task():
+    for before, caught in (("unknown", []), ("succeeded", ["acceptance"])):
+        book = Book()
+        book.submit("t1")
+        book.read("t1", before)
+        book.submit("t2", key="k2", prompt="p2", state="queued")
+        book.op("read", "GET", "/api/tasks/t2/", answer={"id": "t2", "state": "queued", "queued_behind": "t1"})
+        assert checks_of(book) == caught, before
+
+
+def test_a2_a3_a_replay_that_differs_or_a_key_answered_for_two_bodies_is_reported():
+    book = Book()
+    lived(book)
+    book.submit("t1", state="running", replayed=True)
+    assert checks_of(book) == ["replay"]
+    book = Book()
+    lived(book)
+    book.submit("t2", prompt="other")  # same key, another body, answered 201: A3 broken
+    book.read("t2", "not_started", events=[(None, "accepted", T0), ("accepted", "not_started", T0 + 1)])
+    assert "replay" in checks_of(book)
+    book = Book()
+    lived(book)
+    book.op("submit", "POST", "/api/tasks/", status=422, key="k1", sent=book.lines[0]["json"],
+            answer={"error": "idempotency_key_reused"})
+    assert checks_of(book) == ["replay"]
+
+
+def test_spec2_a_state_read_going_backwards_or_a_forbidden_event_is_reported():
+    book = Book()
+    lived(book)
+    book.read("t1", "running")  # after succeeded (and so the run ends unsettled too)
+    assert checks_of(book) == ["acceptance", "states"]
+    book = Book()
+    book.submit("t1")
+    book.read("t1", "cancelled", events=[(None, "accepted", T0), ("accepted", "running", T0 + 1),
+                                         ("running", "cancelled", T0 + 2)])
+    assert checks_of(book) == ["states"]
+
+
+def test_p_j7_a_start_leased_after_an_acknowledged_cancel_revoke_or_unpair_is_reported():
+    for f, path, args in (("cancel", "/api/tasks/t1/cancel/", {}),
+                          ("revoke", "/api/grants/g1/revoke/", {"machine": M, "path": GRANT_PATH}),
+                          ("unpair", f"/api/machines/{M}/unpair/", {"machine": M})):
+        book = Book()
+        book.submit("t1")
+        book.op(f, "POST", path, answer={"id": "t1", "state": "accepted"} if f == "cancel" else {}, args=args)
+        leased = book.t + 5
+        book.agent("start", "t1", prompt="p1", t=leased + 0.1)
+        book.read("t1", "succeeded", events=[(None, "accepted", T0), ("accepted", "starting", leased),
+                                             ("starting", "running", leased), ("running", "succeeded", leased + 1)])
+        assert checks_of(book) == ["start_after_stop"], f
+    book = Book()
+    book.submit("t1")
+    book.agent("start", "t1", prompt="p1")  # no lease at all
+    book.read("t1", "not_started", events=[(None, "accepted", T0), ("accepted", "not_started", T0 + 1)])
+    assert checks_of(book) == ["start_after_stop"]
+
+
+def test_q2_two_decisions_or_an_agent_acting_on_the_other_one_are_reported():
+    book = Book()
+    lived(book)
+    for key, state in (("a", "allowed"), ("b", "denied")):
+        book.op("decide", "POST", "/api/approvals/ap1/decision/", key=key, sent={"behavior": state[:-2]},
+                args={"approval": "ap1"}, answer={"id": "ap1", "task": "t1", "state": state})
+    assert checks_of(book) == ["approvals"]
+    book = Book()
+    lived(book)
+    book.op("decide", "POST", "/api/approvals/ap1/decision/", key="a", sent={"behavior": "allow"},
+            args={"approval": "ap1"}, answer={"id": "ap1", "task": "t1", "state": "allowed"})
+    book.op("decide", "POST", "/api/approvals/ap1/decision/", key="b", sent={"behavior": "deny"}, status=409,
+            args={"approval": "ap1"}, answer={"error": "already_decided", "approval": {"id": "ap1", "task": "t1",
+                                                                                      "state": "allowed"}})
+    assert check(book.lines) == []
+    book.agent("acted", "t1", decision="deny")
+    assert checks_of(book) == ["approvals"]
+
+
+def test_g7_a_task_merged_twice_or_a_discarded_commit_on_the_base_branch_is_reported():
+    book = Book()
+    lived(book, prompt="[[commit:c-1]]")
+    for key in ("a", "b"):
+        book.op("integrate", "POST", "/api/tasks/t1/integrate/", key=key, sent={"action": "merge"},
+                answer={"action": "merge"})
+    assert checks_of(book) == ["merges"]
+    book = Book()
+    lived(book, prompt="[[commit:c-1]]")
+    book.op("integrate", "POST", "/api/tasks/t1/integrate/", key="a", sent={"action": "merge"}, answer={})
+    book.lines.append({"type": "repo", "machine": M, "subjects": ["init", "c-1", "c-1"]})
+    assert checks_of(book) == ["merges"]
+    book = Book()
+    lived(book, prompt="[[commit:c-1]]")
+    book.op("integrate", "POST", "/api/tasks/t1/integrate/", key="a", sent={"action": "discard"}, answer={})
+    book.lines.append({"type": "repo", "machine": M, "subjects": ["init", "c-1"]})
+    assert checks_of(book) == ["merges"]
+
+
+def conversation(book, received, states):
+    lived(book)
+    for seq, text in enumerate(("one", "two"), start=1):
+        book.op("message", "POST", "/api/tasks/t1/messages/", status=201, key=f"m{seq}", sent={"text": text},
+                answer={"seq": seq, "text": text, "state": "sent"})
+    for text in received:
+        book.agent("message", "t1", text=text)
+    book.op("messages", "GET", "/api/tasks/t1/messages/",
+            answer={"results": [{"seq": s, "text": x, "state": states[s - 1]} for s, x in ((1, "one"), (2, "two"))]})
+
+
+def test_c2_c3_a_message_twice_out_of_order_or_answered_unseen_is_reported():
+    book = Book()
+    conversation(book, ["one", "two"], ["answered", "answered"])
+    assert check(book.lines) == []
+    for received, states in ((["one", "one", "two"], ["answered", "answered"]),
+                             (["two", "one"], ["answered", "answered"]),
+                             (["one"], ["answered", "answered"])):  # "two" answered, never read
+        book = Book()
+        conversation(book, received, states)
+        assert checks_of(book) == ["messages"], received
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_history_short_seeded_run_under_faults_passes_the_checker(transactional_db, tmp_path):
+    from tests.history.checker import timeline
+    from tests.history.record import load
+    from tests.history.runner import Run
+
+    seed = int(os.environ.get("HISTORY_SEED", "42"))
+    run = Run(tmp_path, seed=seed, duration_s=float(os.environ.get("HISTORY_DURATION_S", "20")),
+              settle_s=45)
+    record = run.go()
+    lines = load(record)
+    found = check(lines)
+    print(run.summary())
+    assert not found, "\n".join(f"{v}\n{timeline(lines, v)}" for v in found)
+    assert run.figures["faults"] >= 4 and run.figures["agent_starts"] >= 5, run.figures
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_history_a_service_with_a_fault_injected_fails_the_checker(transactional_db, tmp_path):
+    from tests.history.record import load
+    from tests.history.runner import Run
+
+    run = Run(tmp_path, seed=7, duration_s=8, workers=1, fault_every_s=10_000, settle_s=20,
+              service_fault="replay_differs")
+    found = check(load(run.go()))
+    print(run.summary())
+    assert {v.check for v in found} == {"replay"}, [str(v) for v in found]
+    assert all("not byte-equal" in v.detail for v in found)

@@ -1,0 +1,85 @@
+"""A lock-order inversion the history run found (issue 42, SPEC P2, G7).
+
+``task_integrate`` (``POST /api/tasks/{id}/integrate/``) takes the owner's budget row,
+then ``Task.objects.select_for_update().select_related("machine")``, which locks the
+joined machine row ``FOR UPDATE`` too: machine after budget. Acceptance and lease grants
+take the machine row ``FOR KEY SHARE`` before the budget row (P2: machine -> grant ->
+budget). A merge racing an acceptance or a lease grant of the same owner's machine
+deadlocks; under load the deadlock repeats through every retry (``DEADLOCK_RETRIES``),
+and acceptances and lease grants answered 500 (seed 3 of ``bench/history.py``: 7 lease
+grants and 2 acceptances in 3 s; PostgreSQL's log shows the cycle budget <- task/machine
+<- budget). ``lease_grant`` avoids the same trap with ``of=("self",)``.
+"""
+import logging
+import threading
+import time
+
+import pytest
+from django.db import OperationalError, connection, transaction
+from django.utils import timezone
+
+from core.errors import ApplicationError
+from tasks_app.services import integration, leases
+from tests.factories import operation_id, submit
+
+pytestmark = [pytest.mark.postgres]
+
+
+def blocked_on_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock'")
+        return cursor.fetchone()[0] >= 1
+
+
+@pytest.mark.xfail(strict=True, reason="task_integrate locks the machine row FOR UPDATE after the budget row "
+                   "(select_related without of=('self',)), against P2's machine -> budget order: it deadlocks "
+                   "with acceptance and lease grants")
+@pytest.mark.django_db(transaction=True)
+def test_p2_a_merge_racing_a_lease_grant_of_the_same_machine_never_deadlocks(owner, machine, grant, monkeypatch,
+                                                                            caplog):
+    resp = submit(owner, machine, grant.path)
+    assert resp.status_code == 201, resp.content
+    task_id = resp.json()["id"]
+    holds_machine = threading.Event()
+    real_lock_budget = leases.lock_budget
+    errors = []
+
+    def lock_budget_once_the_merge_waits(owner_id):
+        # The grant holds the machine and grant rows FOR KEY SHARE here (P1); the budget
+        # row is next. Let the merge take the budget row and reach the machine row first.
+        holds_machine.set()
+        deadline = time.monotonic() + 10
+        while not blocked_on_a_lock() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        real_lock_budget(owner_id)
+
+    def grant_lease():
+        try:
+            leases.lease_grant(machine=machine, operation_id=operation_id(task_id), now=timezone.now())
+        except OperationalError as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def merge():
+        holds_machine.wait(10)
+        try:
+            with transaction.atomic():  # respond_once's transaction, as the view runs it
+                integration.task_integrate(owner=owner, task_id=task_id, action="merge", now=timezone.now())
+        except ApplicationError:
+            pass  # not final: refused, as it should be, once it has its locks
+        except OperationalError as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    monkeypatch.setattr(leases, "lock_budget", lock_budget_once_the_merge_waits)
+    with caplog.at_level(logging.WARNING, logger="runstead.locking"):
+        threads = [threading.Thread(target=grant_lease), threading.Thread(target=merge)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    deadlocks = [r.getMessage() for r in caplog.records if "deadlock" in r.getMessage()] + [str(e) for e in errors]
+    assert deadlocks == []
