@@ -1,4 +1,4 @@
-"""A lock-order inversion the history run found (issue 42, SPEC P2, G7).
+"""A lock-order inversion the history run found, now fixed (issue 42, SPEC P2, G7).
 
 ``task_integrate`` (``POST /api/tasks/{id}/integrate/``) takes the owner's budget row,
 then ``Task.objects.select_for_update().select_related("machine")``, which locks the
@@ -8,11 +8,11 @@ budget). A merge racing an acceptance or a lease grant of the same owner's machi
 deadlocks; under load the deadlock repeats through every retry (``DEADLOCK_RETRIES``),
 and acceptances and lease grants answered 500 (seed 3 of ``bench/history.py``: 7 lease
 grants and 2 acceptances in 3 s; PostgreSQL's log shows the cycle budget <- task/machine
-<- budget). ``lease_grant`` avoids the same trap with ``of=("self",)``.
+<- budget). ``lease_grant`` avoids the same trap with ``of=("self",)``, and so does
+``task_integrate`` now; this test races the two and sees no deadlock.
 """
 import logging
 import threading
-import time
 
 import pytest
 from django.db import OperationalError, connection, transaction
@@ -21,6 +21,7 @@ from django.utils import timezone
 from core.errors import ApplicationError
 from tasks_app.services import integration, leases
 from tests.factories import operation_id, submit
+from tests.wait import wait_for
 
 pytestmark = [pytest.mark.postgres]
 
@@ -32,26 +33,22 @@ def blocked_on_a_lock() -> bool:
         return cursor.fetchone()[0] >= 1
 
 
-@pytest.mark.xfail(strict=True, reason="task_integrate locks the machine row FOR UPDATE after the budget row "
-                   "(select_related without of=('self',)), against P2's machine -> budget order: it deadlocks "
-                   "with acceptance and lease grants")
 @pytest.mark.django_db(transaction=True)
 def test_p2_a_merge_racing_a_lease_grant_of_the_same_machine_never_deadlocks(owner, machine, grant, monkeypatch,
                                                                             caplog):
     resp = submit(owner, machine, grant.path)
     assert resp.status_code == 201, resp.content
     task_id = resp.json()["id"]
-    holds_machine = threading.Event()
+    holds_machine, merge_done = threading.Event(), threading.Event()
     real_lock_budget = leases.lock_budget
     errors = []
 
     def lock_budget_once_the_merge_waits(owner_id):
         # The grant holds the machine and grant rows FOR KEY SHARE here (P1); the budget
-        # row is next. Let the merge take the budget row and reach the machine row first.
+        # row is next. Let the merge take the budget row first: it then either waits on a
+        # row lock (the inversion: it wants the machine row) or finishes.
         holds_machine.set()
-        deadline = time.monotonic() + 10
-        while not blocked_on_a_lock() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_for(lambda: merge_done.is_set() or blocked_on_a_lock(), timeout_s=10, what="the merge waits or is done")
         real_lock_budget(owner_id)
 
     def grant_lease():
@@ -72,6 +69,7 @@ def test_p2_a_merge_racing_a_lease_grant_of_the_same_machine_never_deadlocks(own
         except OperationalError as exc:
             errors.append(exc)
         finally:
+            merge_done.set()
             connection.close()
 
     monkeypatch.setattr(leases, "lock_budget", lock_budget_once_the_merge_waits)

@@ -47,7 +47,10 @@ def task_integrate(*, owner, task_id, action: str, now: datetime) -> Answer:
     # P2: the owner's budget row first, as acceptance takes it: a follow-up accepted on
     # this branch (G8) and this decision serialize, so neither misses the other.
     lock_budget(owner.pk)
-    task = Task.objects.select_for_update().select_related("machine").filter(pk=task_id, owner=owner).first()
+    # ``of=("self",)``: the task row alone. The joined machine row is only read; locking it
+    # here, after the budget row, would invert P2's machine -> budget order and deadlock
+    # with acceptance and lease grants (found by the history checker, issue 42).
+    task = Task.objects.select_for_update(of=("self",)).select_related("machine").filter(pk=task_id, owner=owner).first()
     if task is None:
         raise ApplicationError("not_found", "no such task", status_code=404)
     if task.state not in FINAL_STATES:
