@@ -5,8 +5,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
-import threading
 import time
 import uuid
 
@@ -15,9 +13,10 @@ import psutil
 import pytest
 
 from tasks_app.models import Grant, Machine, OutboxMessage, Task
-from tests.live import Background, DaphneServer, live_daphne, local_listener  # noqa: F401
+from tests.live import Background, DaphneServer, live_daphne  # noqa: F401  (live_daphne: a fixture)
 from tests.wait import wait_for, wait_for_async
 from tests.worker_harness import LiveSetup
+from tests.proxies import BlackholeProxy
 
 pytestmark = pytest.mark.slow
 
@@ -85,61 +84,6 @@ def test_d1_new_pull_gets_delivered_but_unacked_messages_at_once(live_daphne, ow
     assert time.monotonic() - started < 2
     httpx.post(f"{url}/api/worker/messages/{first[0]['id']}/ack/", headers={"Authorization": f"Machine {machine.test_token}"})
     assert OutboxMessage.objects.get(pk=first[0]["id"]).deliveries == 2
-
-
-class BlackholeProxy:
-    """A TCP proxy to ``port``; ``blackhole()`` stops forwarding both ways on the
-    connections open then (or only those whose last request starts with ``request``) and
-    closes nothing: a half-open connection, as after a Wi-Fi drop. Later connections pass."""
-
-    def __init__(self, port):
-        self.target = port
-        self.listener = local_listener()
-        self.port = self.listener.getsockname()[1]
-        self.connections = []  # [{"sockets", "request": last request's first bytes, "holed"}]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target))
-            connection = {"sockets": (client, upstream), "request": b"", "holed": threading.Event()}
-            self.connections.append(connection)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b, connection, a is client), daemon=True).start()
-
-    def _pump(self, src, dst, connection, from_client):
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                return
-            if not data:
-                return
-            if connection["holed"].is_set():
-                continue  # dropped on the floor; the connection stays open
-            if from_client and data[:4] in (b"GET ", b"POST", b"PUT ", b"PATC", b"DELE"):
-                connection["request"] = data[:80]
-            try:
-                dst.sendall(data)
-            except OSError:
-                return
-
-    def blackhole(self, request: bytes = b"") -> int:
-        """Hole the open connections (whose last request starts with ``request``); how many."""
-        chosen = [c for c in list(self.connections) if c["request"].startswith(request)]
-        for connection in chosen:
-            connection["holed"].set()
-        return len(chosen)
-
-    def close(self):
-        self.listener.close()
-        for connection in self.connections:
-            for s in connection["sockets"]:
-                s.close()
 
 
 def test_d1_blackholed_pull_connection_delivers_within_seconds_of_the_next_pull(live_daphne, owner, machine, grant):

@@ -19,8 +19,6 @@ import asyncio
 import json
 import re
 import signal
-import socket
-import threading
 import time
 from contextlib import ExitStack
 import uuid
@@ -30,8 +28,9 @@ import pytest
 import websockets
 import websockets.sync.client as ws_client
 
-from tests.live import Background, live_daphne, local_listener  # noqa: F401
+from tests.live import Background, live_daphne  # noqa: F401  (live_daphne: a fixture)
 from tests.wait import wait_for_async
+from tests.proxies import Balancer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -108,68 +107,6 @@ def test_b2_board_socket_on_every_process_gets_its_owners_event_once(live_daphne
                 if event.get("type") == "session.status":
                     seen.append(event["session_id"])
             assert seen == sessions  # each once, in order
-
-
-class Balancer:
-    """A TCP balancer in front of ``ports``: each new connection goes to the next port in
-    turn that accepts it (a dead process refuses, so it is skipped, as the proxy's
-    passive health check does); when either side closes, so does the other."""
-
-    def __init__(self, ports):
-        self.ports, self.turn = list(ports), 0
-        self.listener = local_listener(512)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.sockets = []
-        self.connections = []  # {"port", "open"}: where each connection went, and whether it still is
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            upstream = None
-            for _ in range(len(self.ports)):
-                port = self.ports[self.turn % len(self.ports)]
-                self.turn += 1
-                try:
-                    upstream = socket.create_connection(("127.0.0.1", port), timeout=2)
-                    upstream.settimeout(None)
-                    break
-                except OSError:
-                    continue
-            if upstream is None:
-                client.close()
-                continue
-            self.sockets += [client, upstream]
-            connection = {"port": port, "open": True}
-            self.connections.append(connection)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b, connection), daemon=True).start()
-
-    def open_to(self, port) -> int:
-        """Connections to ``port`` not yet closed."""
-        return sum(1 for c in list(self.connections) if c["port"] == port and c["open"])
-
-    @staticmethod
-    def _pump(src, dst, connection):
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        connection["open"] = False
-        for sock in (src, dst):
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def close(self):
-        self.listener.close()
-        for sock in self.sockets:
-            sock.close()
 
 
 async def _puller(url, token, seen: dict, stop: asyncio.Event):

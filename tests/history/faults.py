@@ -20,7 +20,8 @@ import subprocess
 import threading
 import time
 
-from tests.history.proxies import BlackholeProxy
+from tests.proxies import BlackholeProxy
+from tests.wait import wait_for
 
 KINDS = ("kill_daphne", "kill_worker", "kill_agent", "partition_short", "partition_long", "redis_restart", "pg_kill")
 
@@ -91,17 +92,15 @@ class OwnRedis:
         self.process = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                                          "--appendonly", "no"], stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"redis-server on {self.port} did not start"
-            time.sleep(0.05)
+        wait_for(self.pong, timeout_s=10, what=f"redis-server on {self.port} answering PING")
+
+    def pong(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def kill(self) -> None:
         if self.process and self.process.poll() is None:

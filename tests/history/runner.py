@@ -3,7 +3,7 @@ faults, every operation recorded, then settled and handed to the checker.
 
 What runs, all real processes: the run's own redis-server; three daphnes on one database
 (the test database under pytest, a scratch one under ``bench/history.py``) behind one
-address (``tests.history.proxies.Balancer``, the proxy's balancing); two or more
+address (``tests.proxies.Balancer``, the proxy's balancing); two or more
 paired workers (``manage.py worker``), each reaching that address through its own
 ``faults.Partition`` (the tests' blackholing proxy, with a switch); every agent is
 ``tests/history/agent.py``, which logs its own side of the record. Short real timings
@@ -44,6 +44,7 @@ import httpx
 
 from tests.history import faults
 from tests.history.record import Recorder
+from tests.wait import wait_for
 
 AGENT = Path(__file__).resolve().parent / "agent.py"
 FINAL = ("succeeded", "failed", "failed_lease_lost", "cancelled", "not_started", "abandoned")
@@ -161,7 +162,7 @@ class Run:
 
         from tasks_app.models import Budget
         from tests.live import database_env, free_port, start_daphne
-        from tests.history.proxies import Balancer
+        from tests.proxies import Balancer
         from tests.worker_harness import SHORT_TIMINGS, LiveSetup
 
         self.redis = faults.OwnRedis(free_port(), self.tmp / "redis.log")
@@ -272,16 +273,8 @@ class Run:
 
     @staticmethod
     def wait(predicate, timeout_s: float, what: str):
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                if predicate():
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"not within {timeout_s} s: {what}")
-            time.sleep(POLL_S)
+        """``tests.wait.wait_for``, an HTTP error counting as "not yet"."""
+        wait_for(predicate, timeout_s=timeout_s, interval_s=POLL_S, what=what, ignore=(httpx.HTTPError,))
 
     # --- the client mix -------------------------------------------------------------------
 

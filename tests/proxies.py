@@ -1,10 +1,7 @@
-"""The TCP proxies of the history run: ``Balancer`` (three daphnes behind one address,
-as ``tests/test_several_daphnes.py`` has it, the proxy's balancing) and
-``BlackholeProxy`` (a half-open link, as ``tests/test_longpoll.py`` has it).
-
-Copies, not imports: a test module is never imported by another (tests/test_structure.py);
-both tests can take these from here once their owners move them to a shared helper.
-"""
+"""TCP proxies the tests share: ``Balancer`` (several daphnes behind one address, D1:
+``tests/test_several_daphnes.py`` and the history run) and ``BlackholeProxy`` (a link
+that goes half-open on demand: ``tests/test_longpoll.py`` and the history run's
+partitions)."""
 import socket
 import threading
 
