@@ -18,6 +18,14 @@ The worker records a message only when no file of that message id exists in any 
 so a message delivered again (an ack that was lost) is recognised and not handed twice
 (W3). An interrupt (T5) is ``intr-<interrupt id>.json``, taken by renaming it to
 ``ints-...``. Imports only ``os`` and ``machine.files`` (the Stop hook reads it, I1).
+
+The machine's worker also sweeps (``orphans``): a ``take`` file untouched for
+``STALE_TAKE_S`` in a session that no live wrapper runs was taken by a wrapper (or a Stop
+hook) killed before it finished, and no new wrapper of that session came to report it:
+it becomes ``lost`` (reported ``undelivered``; the rename again decides, so a wrapper
+starting at that moment and the worker never both report it). Leftover folders of dead
+wrappers are removed, and ``prune`` deletes finished files (``done``, ``lost``, ``gone``,
+taken interrupts) older than the worker's record retention, and emptied session folders.
 """
 import os
 
@@ -145,3 +153,100 @@ def take_interrupt(state_dir: str, session_id: str) -> bool:
                 continue
             return True
     return False
+
+
+STALE_TAKE_S = 30.0  # far longer than a wrapper's paste (0.15 s) or a Stop hook's claim (2 s)
+FINISHED = (DONE, LOST, GONE, INTERRUPT_TAKEN)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_terminals(state_dir: str) -> set[str]:
+    """The sessions a live terminal wrapper runs (``terminals/<pid>/state.json``); the
+    folders of dead wrappers (killed before their clean-up) are removed."""
+    import json
+    import shutil
+
+    root, live = os.path.join(state_dir, "terminals"), set()
+    try:
+        pids = os.listdir(root)
+    except OSError:
+        return live
+    for pid in pids:
+        folder = os.path.join(root, pid)
+        if not pid.isdigit() or not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            continue
+        try:
+            with open(os.path.join(folder, "state.json"), "rb") as handle:
+                session_id = json.loads(handle.read()).get("session_id")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(session_id, str):
+            live.add(session_id)
+    return live
+
+
+def orphans(state_dir: str, *, now: float, stale_s: float = STALE_TAKE_S) -> list[dict]:
+    """Mark ``lost`` every message taken over ``stale_s`` ago (by the file's ctime, which
+    the take's rename set) in a session no live wrapper runs; returns their payloads,
+    each to be reported ``undelivered`` once."""
+    live, found = live_terminals(state_dir), []
+    try:
+        sessions = os.listdir(inbox_root(state_dir))
+    except OSError:
+        return found
+    for session_id in sessions:
+        if session_id in live:
+            continue  # its wrapper sweeps its own (Wrapper.sweep)
+        for name in in_state(state_dir, session_id, TAKE):
+            path = os.path.join(session_dir(state_dir, session_id), name)
+            try:
+                if now - os.stat(path).st_ctime < stale_s:
+                    continue
+                payload = payload_of(state_dir, session_id, name)
+            except (OSError, ValueError):
+                continue
+            if move(state_dir, session_id, name, LOST):
+                found.append(payload)
+    return found
+
+
+def prune(state_dir: str, *, before: float) -> int:
+    """Delete finished files (``done``, ``lost``, ``gone``, taken interrupts) last changed
+    before ``before`` (epoch seconds), then emptied session folders; how many files.
+    Waiting and taken messages stay. A message is delivered again only within the
+    service's visibility window, far shorter than the retention, so W3 still holds."""
+    count = 0
+    try:
+        sessions = os.listdir(inbox_root(state_dir))
+    except OSError:
+        return 0
+    for session_id in sessions:
+        folder = session_dir(state_dir, session_id)
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            if name.split("-", 1)[0] not in FINISHED:
+                continue
+            try:
+                if os.stat(os.path.join(folder, name)).st_ctime < before:
+                    os.unlink(os.path.join(folder, name))
+                    count += 1
+            except OSError:
+                continue
+        try:
+            os.rmdir(folder)  # only when empty
+        except OSError:
+            pass
+    return count

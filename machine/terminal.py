@@ -13,7 +13,8 @@ session runs and whether a turn is open (``machine.hooks.entry.terminal_state``)
 machine's worker records each message for that session in the local inbox
 (``machine.inbox``). A message is typed only when no turn is open and the keyboard has
 been quiet for ``RUNSTEAD_TERMINAL_QUIET_S`` (default 3 s) with nothing typed since the
-last Enter (the person's half-typed line is never mixed with a message): taken from the
+last Enter (the person's half-typed line is never mixed with a message; the terminal's
+own answers to the CLI's queries are not typing, ``typing``): taken from the
 inbox (a rename: at most once), written as one bracketed paste, then Enter, then marked
 done and reported ``delivered`` through the hooks' outbox. Anything the person types
 during those few milliseconds is held and passed on after the Enter. The text holds no
@@ -26,6 +27,7 @@ wrapper took but may not have typed (it was killed in between) is reported
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import sys
@@ -42,6 +44,40 @@ INTERRUPT_KEYS = {"claude": b"\x1b", "codex": b"\x1b"}
 TERMINAL_ENV = "RUNSTEAD_TERMINAL"
 # Keys after which the person's input line is empty again (Enter, Ctrl-C, Ctrl-U).
 LINE_CLEARED = (b"\r", b"\n", b"\x03", b"\x15")
+# An escape sequence in the input: CSI (with its parameters), OSC and DCS strings (to BEL
+# or ST), SS3, or ESC and one character.
+ESCAPE = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|P[^\x1b]*(?:\x1b\\)?|O.|.)?", re.S)
+# The terminal's own answers to the CLI's queries (device attributes, cursor position,
+# status, keyboard protocol, modes, colours) and focus events: not the person typing.
+REPLY = re.compile(rb"\x1b(?:\[[?>=]?[0-9;:$]*[cRnyu]|\[\?[0-9;]*\$y|\[[IO]|\].*|P.*)\Z", re.S)
+# Keys that fill the input line with something (history up and down).
+FILLS_LINE = (b"\x1b[A", b"\x1b[B", b"\x1bOA", b"\x1bOB")
+
+
+def typing(data: bytes) -> tuple[bool, bool | None]:
+    """What ``data`` read from the person's terminal says about the person: ``(a key was
+    pressed, the input line is dirty after it)``, None when the keys leave the line as it
+    was. The terminal's answers to the CLI's queries (sent at start-up and on focus) are
+    neither: Claude Code asks several, and they must not hold a message back."""
+    pressed, dirty, at = False, None, 0
+    for match in [*ESCAPE.finditer(data), None]:
+        for byte in data[at:match.start() if match else len(data)]:
+            key = bytes([byte])
+            pressed = True
+            if key in LINE_CLEARED:
+                dirty = False
+            elif byte >= 0x20 or key == b"\t":
+                dirty = True
+        if match is None:
+            break
+        at = match.end()
+        sequence = match.group()
+        if REPLY.match(sequence):
+            continue
+        pressed = True
+        if sequence in FILLS_LINE or sequence == PASTE_START:
+            dirty = True
+    return pressed, dirty
 
 
 def inert(text: str) -> str:
@@ -197,10 +233,11 @@ class Wrapper:
             self._deliver()
 
     def _keys(self, data: bytes) -> None:
-        self.last_key = time.monotonic()
-        for byte in data:
-            key = bytes([byte])
-            self.line_dirty = key not in LINE_CLEARED and (self.line_dirty or key not in b"\x1b")
+        pressed, dirty = typing(data)
+        if pressed:
+            self.last_key = time.monotonic()
+        if dirty is not None:
+            self.line_dirty = dirty
         self.proc.write(data)
 
     def _deliver(self) -> None:

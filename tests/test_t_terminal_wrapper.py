@@ -131,3 +131,18 @@ def test_t2_a_message_a_killed_wrapper_took_is_reported_undelivered_never_typed(
         rows = outbox.rows()
     assert [(r["path"], r["body"]) for r in rows] == [(f"/api/sessions/{session_id}/messages/3/delivery/",
                                              {"state": "undelivered"})]
+
+
+def test_t3_the_terminals_answers_to_the_clis_queries_are_not_the_person_typing():
+    """Claude Code asks the terminal (device attributes, colours, cursor, keyboard
+    protocol) at start-up and tmux answers through the wrapper's input: those answers
+    neither dirty the line nor break the quiet, or no message would ever be typed."""
+    from machine.terminal import typing
+
+    for answer in (b"\x1b[?1;2c", b"\x1b[>0;10;1c", b"\x1b]11;rgb:0000/0000/0000\x1b\\", b"\x1b]10;rgb:ff/ff/ff\x07",
+                   b"\x1b[12;1R", b"\x1b[?0u", b"\x1b[I", b"\x1b[O", b"\x1bP>|tmux 3.3a\x1b\\"):
+        assert typing(answer) == (False, None), answer
+    assert typing(b"my own") == (True, True) and typing(b"words\r") == (True, False)
+    assert typing(b"\x1b[A") == (True, True)  # history up fills the line
+    assert typing(b"\x1b") == (True, None) and typing(b"\x03") == (True, False)
+    assert typing(b"\x1b[?1;2cab") == (True, True)

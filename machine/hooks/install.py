@@ -17,6 +17,12 @@ Per agent (``config_dir`` default in brackets):
 - ``opencode`` [``~/.config/opencode``]: ``plugins/runstead.js`` from
   ``integrations/opencode/runstead.js`` with the hook command filled in.
 
+With ``alias`` (T3), the user's shell rc file (``shell_rc``, default by ``$SHELL``:
+``~/.zshrc``, ``~/.bashrc``, else ``~/.profile``) gets one line,
+``alias AGENT='<checkout>/scripts/runstead-term AGENT'`` with RunStead's comment, so the
+agent started by its name runs under the terminal wrapper; ``uninstall`` removes that line
+(and only it) whether or not ``alias`` is passed.
+
 Every other entry is kept; RunStead's entries are the ones whose command runs
 ``machine/hooks/__main__.py``, or, as older versions wrote it, ``sessions_app/hooks/__main__.py``
 or ``-m sessions_app.hooks``; an install rewrites those older entries to the current command.
@@ -26,6 +32,7 @@ byte-equal. A malformed existing file is left untouched and raises InstallError.
 owner token goes only into the hook state directory's 0600 ``config.json``.
 """
 import json
+import os
 import shlex
 import sys
 import time
@@ -48,6 +55,8 @@ CLAUDE_TIMEOUT_S = 10
 DEFAULT_APPROVAL_WAIT_S = int(DEFAULT_WAIT_S)  # Q3
 APPROVAL_TIMEOUT_MARGIN_S = 30  # the PermissionRequest entry's timeout is approval_wait_s plus this
 GEMINI_TIMEOUT_MS = 10000
+WRAPPER = PROJECT_ROOT / "scripts" / "runstead-term"
+ALIAS_COMMENT = "# RunStead terminal wrapper (install_hooks --uninstall removes it)"
 CODEX_COMMENT = "# RunStead hook (manage.py install_hooks codex --uninstall removes it)"
 
 # One entry per event (event -> matcher or None). The tool hooks are I7's: they keep a
@@ -281,9 +290,42 @@ def _opencode(path: Path, argv: list[str], uninstall: bool) -> tuple:
     return path, old, new, "the RunStead plugin"
 
 
+def default_shell_rc(shell: str | None = None) -> Path:
+    """The rc file of the user's shell (``$SHELL``): ``~/.zshrc``, ``~/.bashrc`` or ``~/.profile``."""
+    name = Path(shell if shell is not None else os.environ.get("SHELL", "")).name
+    return Path.home() / {"zsh": ".zshrc", "bash": ".bashrc"}.get(name, ".profile")
+
+
+def alias_line(agent: str) -> str:
+    """T3: the shell line that starts ``agent`` under the terminal wrapper."""
+    return f"alias {agent}={shlex.quote(shlex.join([str(WRAPPER), agent]))}  {ALIAS_COMMENT}"
+
+
+def _alias(path: Path, agent: str, uninstall: bool) -> tuple:
+    """The rc file with RunStead's alias line for ``agent`` (one, replacing an older one of
+    ours), or without it on ``uninstall``; every other line kept as it is."""
+    old = path.read_bytes() if path.exists() else None
+    text = old.decode("utf-8", errors="surrogateescape") if old is not None else ""
+    lines = text.splitlines(keepends=True)
+    ours = [i for i, line in enumerate(lines) if line.startswith(f"alias {agent}=") and ALIAS_COMMENT in line]
+    kept = [line for i, line in enumerate(lines) if i not in ours]
+    if not uninstall:
+        wanted = alias_line(agent) + "\n"
+        if ours:
+            kept.insert(ours[0], wanted)
+        else:
+            if kept and not kept[-1].endswith("\n"):
+                kept[-1] += "\n"
+            kept.append(wanted)
+    new = "".join(kept).encode("utf-8", errors="surrogateescape")
+    if old is None and uninstall:
+        new = None
+    return path, old, new, f"`{agent}` runs under runstead-term"
+
+
 def install(agent: str, *, server: str, token: str | None = None, config_dir: Path | None = None,
             state_dir: Path | None = None, uninstall: bool = False, approval_wait_s: int | None = None,
-            machine: str | None = None) -> Report:
+            machine: str | None = None, alias: bool = False, shell_rc: Path | None = None) -> Report:
     """Installs (or with ``uninstall`` removes) RunStead's hooks for ``agent``; see the
     module docstring. ``approval_wait_s``: how long the PermissionRequest hook waits for
     the owner (Q3; default: the value configured before, else 600 s), kept in
@@ -318,6 +360,12 @@ def install(agent: str, *, server: str, token: str | None = None, config_dir: Pa
         ]
     else:
         plans = [_opencode(config_dir / "plugins" / "runstead.js", argv, uninstall)]
+
+    rc = Path(shell_rc).expanduser() if shell_rc else default_shell_rc()
+    if alias or uninstall:
+        plan = _alias(rc, agent, uninstall)
+        if alias or plan[1] != plan[2]:  # uninstall reports the rc file only when it held our line
+            plans.append(plan)
 
     report = Report()
     if not uninstall:

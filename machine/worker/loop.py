@@ -36,6 +36,7 @@ from .client import BACKOFF_BASE_S, Connect, http_connect
 from .clock import SYSTEM_CLOCK, Clock, boot_id
 from .config import WorkerConfig
 from .context import WorkerContext
+from . import sessions
 from .integrate import Integrator
 from .poller import POLL_WAIT_S, Poller
 from .progress import ProgressSender
@@ -100,6 +101,7 @@ class Worker:
         self.no_pull = False  # --once: the one pull is done
         self.signals = 0
         self.next_prune = None  # monotonic; None: at start
+        self.next_session_sweep = None  # monotonic; None: at start
 
     def _post_progress(self, body: dict) -> bool:
         """G4, on the progress thread only: its own service connection, so a slow or
@@ -137,6 +139,21 @@ class Worker:
             log.info("pruned the records of %d operation(s) final for over %.0f s", len(pruned),
                      options.record_retention_s)
 
+    def sweep_sessions_if_due(self) -> None:
+        """T2: every ``sessions.SWEEP_EVERY_S``, messages dead wrappers took reported
+        ``undelivered``, old inbox files pruned (``sessions.sweep``)."""
+        now = self.clock.monotonic()
+        if self.next_session_sweep is not None and now < self.next_session_sweep:
+            return
+        self.next_session_sweep = now + sessions.SWEEP_EVERY_S
+        try:
+            items = sessions.sweep(now=self.clock.wall(), retention_s=self.options.record_retention_s)
+        except Exception:  # noqa: BLE001 - the sweep must never stop the worker
+            log.exception("sweeping the session inbox failed")
+            return
+        if items:
+            self.ctx.enqueue(items)
+
     # --- signals (W6) ----------------------------------------------------------------------
 
     def on_signal(self) -> None:
@@ -162,6 +179,7 @@ class Worker:
         self.progress.start()
         self.recover()
         self.prune_if_due()
+        self.sweep_sessions_if_due()
         for record in ctx.store.in_states("received"):
             self.runner.start(record["operation_id"], json.loads(record["payload"]))
         self.integrator.resume()  # G7: merges and discards a previous worker left unfinished
@@ -196,6 +214,7 @@ class Worker:
             if (self.no_pull or ctx.draining.is_set()) and ctx.active() == 0:
                 return
             self.prune_if_due()
+            self.sweep_sessions_if_due()
             clock.wait(ctx.coordinator_wake, self.options.main_tick_s)
             ctx.coordinator_wake.clear()
 

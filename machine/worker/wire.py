@@ -77,6 +77,20 @@ def marker_item(identity: Identity, *, session_id: str, turn_id: str, state: str
     }
 
 
+def session_delivery_item(*, session_id: str, seq: int, message_id: str, state: str) -> dict:
+    """An outbox row for ``POST /api/sessions/{id}/messages/{seq}/delivery/`` (T2): what
+    became of a session message this machine holds (``undelivered`` from the sweep of
+    ``machine.inbox.orphans``); one per message and state."""
+    return {
+        "event_id": f"session-delivery:{message_id}:{state}",
+        "kind": "session_delivery",
+        "operation_id": None,
+        "method": "POST",
+        "path": f"/api/sessions/{session_id}/messages/{int(seq)}/delivery/",
+        "body": {"state": state},
+    }
+
+
 def sweep_item(identity: Identity) -> dict:
     """An outbox row for ``POST /api/devices/{machine id}/sweep/`` (M5): close the markers
     a previous run of this device left ``running``. A fresh event id per worker start."""

@@ -1,5 +1,5 @@
 """``python manage.py install_hooks AGENT --server URL [--token T] [--config-dir DIR]
-[--state-dir DIR] [--approval-wait-s S] [--uninstall]`` (SPEC I5, Q3). The work is in ``machine.hooks.install``."""
+[--state-dir DIR] [--approval-wait-s S] [--machine ID] [--alias [--shell-rc FILE]] [--uninstall]`` (SPEC I5, Q3). The work is in ``machine.hooks.install``."""
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -26,6 +26,10 @@ class Command(BaseCommand):
                                  "default 600; its hook timeout is this plus 30)")
         parser.add_argument("--machine", type=uuid.UUID, default=None,
                             help="the paired machine these hooks run on (T1: its sessions can take messages)")
+        parser.add_argument("--alias", action="store_true",
+                            help="T3: add a shell alias so that AGENT starts under runstead-term (the terminal wrapper)")
+        parser.add_argument("--shell-rc", type=Path, default=None,
+                            help="the shell rc file for --alias (default by $SHELL: ~/.zshrc, ~/.bashrc, ~/.profile)")
         parser.add_argument("--uninstall", action="store_true", help="remove only RunStead's entries")
 
     def handle(self, *args, **options):
@@ -38,6 +42,7 @@ class Command(BaseCommand):
                 options["agent"], server=options["server"], token=options["token"],
                 config_dir=options["config_dir"], state_dir=options["state_dir"], uninstall=options["uninstall"],
                 approval_wait_s=options["approval_wait_s"], machine=options["machine"] and str(options["machine"]),
+                alias=options["alias"], shell_rc=options["shell_rc"],
             )
         except InstallError as error:
             raise CommandError(str(error)) from None
