@@ -1064,6 +1064,9 @@ def test_c10_withdraw_refusals(owner, profiles, grant, grant_root, make_owner):
     assert_error(withdraw(owner, task_id, 0), 409, "prompt_not_withdrawable")
     assert_error(withdraw(owner, task_id, 2), 404, "not_found")
     assert_error(withdraw(make_owner(), task_id, 1), 404, "not_found")
+    resume_id = running(profiles, conversation_id(owner, profiles, grant_root / "repo2", agent="gemini"))
+    send(owner, resume_id, "later")
+    assert_error(withdraw(owner, resume_id, 1), 409, "withdraw_unsupported")
     receipt(profiles, task_id, "final", final_facts())
     assert states(owner, task_id)[1] == "undelivered"
     assert_error(withdraw(owner, task_id, 1), 409, "already_final")

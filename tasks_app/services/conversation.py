@@ -176,13 +176,17 @@ def message_withdraw(*, owner, task_id, seq: int, now: datetime) -> dict:
     409 ``already_delivered`` (claimed, delivered or answered: the agent has it or is
     getting it), ``already_final`` (``undelivered``: the task ended first),
     ``prompt_not_withdrawable`` (message 0 is the task's prompt, which the worker writes
-    with the agent's start: cancel the task instead)."""
+    with the agent's start: cancel the task instead), ``withdraw_unsupported`` (a resume
+    conversation: its message is a follow-up task, cancel that)."""
     with transaction.atomic():
         # The task's row lock first, as a receipt takes it before the message (no deadlock).
         task = Task.objects.select_for_update().filter(pk=task_id, owner=owner).first()
         message = task and ConversationMessage.objects.filter(task=task, seq=seq).first()
         if message is None:
             raise ApplicationError("not_found", "no such message", status_code=404)
+        if task.conversation != "live":
+            raise ApplicationError("withdraw_unsupported", "in a resume conversation each message is a follow-up "
+                                   "task: cancel the follow-up that carries it", status_code=409)
         if seq == 0:
             raise ApplicationError("prompt_not_withdrawable", "message 0 is the task's prompt: cancel the task instead",
                                    status_code=409)
