@@ -50,18 +50,18 @@ import uuid
 from collections import deque
 
 from machine.files import write_atomic
+from machine.protocol.shapes import RECEIPTS_PATH
 
 from . import faults
 from .lease import slept_s
 from .process import OutputFollower
 from .wire import marker_item, receipt_item
 
-from machine.protocol.shapes import RECEIPTS_PATH
-
 log = logging.getLogger("runstead.worker")
 
 KINDS = ("message", "interrupt", "end")
 CLAIM_RETRY_S = 1.0  # C10: a claim the service did not answer is tried again after this
+CLAIM_TIMEOUT_S = 2.0  # C10: the claim's HTTP timeout (the run's thread also keeps the lease deadline, L4)
 OPEN = ("placed", "written")  # a message in a turn that has not ended
 DONE = ("placed", "written", "answered")  # a message given its place
 
@@ -323,7 +323,7 @@ class ConversationPart:
         receipt = self._receipt(item, "claimed")
         service = self.ctx.connect()
         try:
-            answer = service.send("POST", RECEIPTS_PATH, receipt["body"])
+            answer = service.send("POST", RECEIPTS_PATH, receipt["body"], timeout_s=CLAIM_TIMEOUT_S)
         finally:
             service.close()
         body = answer.body if isinstance(answer.body, dict) else {}
