@@ -1024,17 +1024,27 @@ def claim(machine, task_id, message_id, **kw):
 
 
 @pytest.mark.django_db
-def test_c10_withdraw_a_sent_message_then_the_claim_is_refused_withdrawn(owner, profiles, grant, grant_root, board_events):
+def test_c10_withdraw_a_sent_message_then_the_claim_is_refused_withdrawn(
+        owner, profiles, grant, grant_root, board_events, django_capture_on_commit_callbacks):  # noqa: F811
     task_id = live_running(owner, profiles, grant_root / "repo")
+    prompt = ConversationMessage.objects.get(task_id=task_id, seq=0)
+    assert message_receipt(profiles, task_id, prompt.id, "answered").json() == {"outcome": "applied"}
     message = send(owner, task_id, "go").json()
-    got = withdraw(owner, task_id, 1)
+    assert owner_api(owner).get(f"/api/tasks/{task_id}/").json()["turn"] == "open"
+    board_events.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        got = withdraw(owner, task_id, 1)
     assert got.status_code == 200, got.content
     assert (got.json()["state"], got.json()["version"]) == ("withdrawn", 2)
+    # The board hears both: the message withdrawn, its task waiting for its owner again (C6).
+    events = board_events.of(owner)
+    assert [e["message"]["state"] for e in events if e["type"] == "message"] == ["withdrawn"]
+    assert [e["task"]["turn"] for e in events if e["type"] == "task"] == ["waiting"]
     assert withdraw(owner, task_id, 1).json() == got.json()  # again: the same answer, nothing changes
     assert claim(profiles, task_id, message["id"]) == {"outcome": "not_applied", "reason": "withdrawn"}
     answer = message_receipt(profiles, task_id, message["id"], "delivered").json()
     assert answer == {"outcome": "not_applied", "reason": "stale"}
-    assert states(owner, task_id) == {0: "sent", 1: "withdrawn"}
+    assert states(owner, task_id) == {0: "answered", 1: "withdrawn"}
     assert message_row(message["id"])["claimed_at"] is None
 
 

@@ -192,6 +192,7 @@ def message_withdraw(*, owner, task_id, seq: int, now: datetime) -> dict:
                                    status_code=409)
         if message_withdrawn(message, now=now):
             task_record(task, reason=f"message {seq} withdrawn", actor=actor_owner(owner), now=now)
+            task_publish(task, now=now)  # its ``turn`` (C6) may have changed: board cards follow
             return conversation_message_dict(message)
         message.refresh_from_db()
         if message.state == S.WITHDRAWN:
