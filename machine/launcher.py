@@ -21,6 +21,22 @@ launcher skips nothing and never takes a number twice, so a line reaches the age
 once whatever the worker's crashes. Files are looked for every ``RUNSTEAD_INBOX_POLL_S``
 seconds (0.02).
 
+The lease (SPEC L3, L4, L8): the worker writes each grant's and renewal's deadline to
+``op_dir/lease.json`` (``{sent_mono, sent_wall, duration_s, margin_s, kill_grace_s}``,
+``renewer.LeasePart.record_deadline``). A worker that lives enforces it itself, from
+``deadline - kill_grace_s`` on; one that died leaves nobody to, and a live conversation's
+agent waits on its stdin forever. So with ``--inbox`` the launcher watches the file too
+(a one-shot task's agent ends by itself, and a restarted worker stops a leftover, X3) (every
+``LEASE_CHECK_S`` at most, or when the deadline is due) and once the recorded deadline has
+passed with no newer one, computed as the worker does (``duration_s - margin_s -
+max(monotonic elapsed, wall elapsed)`` since the send times: the same machine's clocks, so
+a sleep never extends it, L7), it ends the agent: its input closed (with ``--inbox``), then
+``kill_grace_s`` later SIGTERM to the group (the launcher's handler ignores it), then
+``kill_grace_s`` later SIGKILL to the agent; ``exit.json`` then says ``"lease_stop": true``,
+and the group's stragglers get SIGKILL last (the launcher with them). A worker that comes
+back before the deadline adopts the agent as before (X3) and its renewals move the
+deadline on. No ``lease.json``: nothing enforced (a worker on a test's fake clock).
+
 Runs as a script (``python -I``, by its path: no environment, no current folder on the
 import path), outside Django; it puts the checkout root at the END of ``sys.path`` itself
 to load ``machine.files`` and ``machine.settings`` (standard library only): the standard
@@ -41,6 +57,24 @@ from machine.files import write_atomic  # noqa: E402
 from machine.settings import env_float  # noqa: E402
 
 INBOX_POLL_S = env_float("RUNSTEAD_INBOX_POLL_S", 0.02, minimum=0)
+LEASE_CHECK_S = 0.5  # the longest the lease watch waits before it reads lease.json again
+
+
+class Feed:
+    """The agent's stdin, shared by the inbox feeder and the lease watch: ``closed``
+    under ``lock``, after which nothing is written."""
+
+    def __init__(self, child):
+        self.child, self.lock, self.closed = child, threading.Lock(), False
+
+    def close(self):
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                try:
+                    self.child.stdin.close()
+                except (OSError, ValueError):
+                    pass
 
 
 def _write_json(path, data):
@@ -48,8 +82,9 @@ def _write_json(path, data):
     write_atomic(path, json.dumps(data))
 
 
-def _feed(op_dir, child):
-    """The inbox, in order, to ``child.stdin`` (module docstring); ends with the agent."""
+def _feed(op_dir, feed):
+    """The inbox, in order, to the agent's stdin (module docstring); ends with the agent."""
+    child = feed.child
     inbox = os.path.join(op_dir, "inbox")
     written = os.open(os.path.join(op_dir, "written.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     n = 0
@@ -61,14 +96,18 @@ def _feed(op_dir, child):
             except (FileNotFoundError, ValueError):
                 time.sleep(INBOX_POLL_S)
                 continue
-            try:
-                if item.get("close"):
-                    child.stdin.close()
-                else:
-                    child.stdin.write((item["line"] + "\n").encode())
-                    child.stdin.flush()
-            except (OSError, ValueError):
-                return  # the agent closed its input or is gone
+            with feed.lock:
+                if feed.closed:
+                    return  # the lease watch closed it (module docstring)
+                try:
+                    if item.get("close"):
+                        feed.closed = True
+                        child.stdin.close()
+                    else:
+                        child.stdin.write((item["line"] + "\n").encode())
+                        child.stdin.flush()
+                except (OSError, ValueError):
+                    return  # the agent closed its input or is gone
             os.write(written, f"{n}\n".encode())
             os.fsync(written)
             n += 1
@@ -76,6 +115,41 @@ def _feed(op_dir, child):
                 return
     finally:
         os.close(written)
+
+
+def _lease_left(op_dir):
+    """``(seconds left, kill_grace_s)`` of the deadline in ``lease.json``, or None."""
+    try:
+        with open(os.path.join(op_dir, "lease.json")) as f:
+            lease = json.load(f)
+        elapsed = max(time.monotonic() - float(lease["sent_mono"]), time.time() - float(lease["sent_wall"]))
+        return float(lease["duration_s"]) - float(lease["margin_s"]) - elapsed, float(lease["kill_grace_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _watch_lease(op_dir, child, feed, ended, stopped):
+    """End the agent once the recorded lease deadline has passed (module docstring);
+    ``ended`` is set by ``main`` when the agent is gone (a real blocking wait, no polling);
+    ``stopped`` is set here when the lease ended it."""
+    while not ended.is_set():
+        got = _lease_left(op_dir)
+        if got is None or got[0] > 0:
+            ended.wait(LEASE_CHECK_S if got is None else min(LEASE_CHECK_S, got[0]))
+            continue
+        grace = got[1]
+        stopped.set()
+        sys.stderr.write("runstead launcher: the lease deadline passed with no renewal: ending the agent\n")
+        if feed is not None:
+            feed.close()
+        for step in (lambda: os.killpg(os.getpgid(0), signal.SIGTERM), child.kill):
+            if ended.wait(grace):
+                return
+            try:
+                step()
+            except OSError:
+                pass
+        return
 
 
 def main(argv):
@@ -100,9 +174,14 @@ def main(argv):
         sys.stderr.write(f"runstead launcher: cannot start agent: {exc}\n")
         return 127
     _write_json(os.path.join(op_dir, "launcher.json"), {"launcher_pid": os.getpid(), "agent_pid": child.pid})
+    feed = Feed(child) if inbox else None
     if inbox:
-        threading.Thread(target=_feed, args=(op_dir, child), daemon=True).start()
+        threading.Thread(target=_feed, args=(op_dir, feed), daemon=True).start()
+    ended, lease_stop = threading.Event(), threading.Event()
+    if inbox:
+        threading.Thread(target=_watch_lease, args=(op_dir, child, feed, ended, lease_stop), daemon=True).start()
     code = child.wait()
+    ended.set()
     exit_wall, exit_mono = time.time(), time.monotonic()
     facts = {
         "exit_code": code if code >= 0 else None,
@@ -111,7 +190,11 @@ def main(argv):
         "exit_mono": exit_mono,
         "agent_pid": child.pid,
     }
+    if lease_stop.is_set():
+        facts["lease_stop"] = True
     _write_json(os.path.join(op_dir, "exit.json"), facts)
+    if lease_stop.is_set():
+        os.killpg(os.getpgid(0), signal.SIGKILL)  # L8: what is left of the group, the launcher last
     return code if code >= 0 else 128 + (-code)
 
 

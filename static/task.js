@@ -20,7 +20,7 @@
  * run next" (queued behind it and whatever is queued already), once final it resumes
  * the agent's session at once; the follow-ups queued behind the task are listed above it.
  * A conversation task (C1-C5) is a chat instead: its messages with their state (sent,
- * delivered, answered, undelivered; GET /api/tasks/{id}/messages/, then `message` events),
+ * delivered, answered, undelivered, withdrawn; a waiting one has "withdraw" and "edit", C10; GET /api/tasks/{id}/messages/, then `message` events),
  * a message box (POST .../messages/, one Idempotency-Key per message until it is accepted,
  * Ctrl/Cmd+Enter sends), "Stop this turn" while a turn runs (POST .../interrupt/), "End
  * conversation" (POST .../end/), and the task's pending approvals answered inline (Q2:
@@ -427,10 +427,11 @@
                open: new Set(), unfolded: new Set(), turns: [], scrolls: 0 };
   state.chat = chat; // tests read it
   var MESSAGE_LABELS = { sent: "sent", delivered: "with the agent", answered: "answered",
-                         undelivered: "not delivered" };
+                         undelivered: "not delivered", withdrawn: "withdrawn" };
   var MESSAGE_TITLES = { sent: "waiting on your machine for the current turn to end",
                          delivered: "the agent has it", answered: "its turn ended",
-                         undelivered: "the conversation ended before it was written to the agent" };
+                         undelivered: "the conversation ended before it was written to the agent",
+                         withdrawn: "you took it back before the agent saw it" };
   var INTERRUPTED = /^\[Request interrupted by user/;
   var FOLD_LINES = 12;
 
@@ -550,11 +551,39 @@
 
   function messageItem(m, t) {
     var label = m.synthetic ? null : MESSAGE_LABELS[m.state] || m.state;
+    // C10: a live conversation's message still waiting on the machine can be taken back.
+    var waiting = !m.synthetic && m.seq > 0 && m.state === "sent" && t.conversation === "live" && conversationOpen(t);
     return el("li", { className: "msg", "data-seq": m.seq, "data-state": m.state || "prompt", "data-id": m.id },
       foldable("msg-text", m.text || "", "m:" + m.seq),
       label ? el("span", { className: "msg-state", title: MESSAGE_TITLES[m.state] || "", text: label }) : null,
+      waiting ? withdrawButton(m, "withdraw", false) : null,
+      waiting ? withdrawButton(m, "edit", true) : null,
       m.carrier ? el("a", { className: "msg-carrier", href: "/tasks/" + encodeURIComponent(m.carrier) + "/",
                             text: "its run" }) : null);
+  }
+
+  function withdrawButton(m, text, edit) {
+    var b = el("button", { type: "button", className: "msg-" + text + " link", text: text });
+    b.addEventListener("click", function () { b.disabled = true; withdrawMessage(m, edit); });
+    return b;
+  }
+
+  /* C10: withdraw message m (one of this and its delivery wins: the answer says which);
+   * edit is withdraw, then its text back in the message box to change and send anew. */
+  function withdrawMessage(m, edit) {
+    var status = $("chat-status");
+    C.tell(status, "Withdrawing…", false);
+    return C.api("POST", taskPath("messages/" + m.seq + "/withdraw/"), {}).then(function (res) {
+      if (res.status === 200) {
+        keepMessage(res.data);
+        renderChat(state.task);
+        C.tell(status, edit ? "Withdrawn: change it and send it again." : "Withdrawn: the agent will not see it.", false);
+        if (edit) { var box = $("chat-text"); box.value = m.text; box.focus(); }
+        return;
+      }
+      C.tell(status, res.data && res.data.error === "already_delivered"
+        ? "Too late: the agent already has it." : C.errorText(res.status, res.data), true);
+    }).catch(function () { C.tell(status, "The service did not answer: try again (it decides once).", true); });
   }
 
   function renderChat(t) {

@@ -365,12 +365,14 @@ class OutboxMessage(models.Model):
 
 class ConversationMessageState(models.TextChoices):
     """C3: ``sent`` (accepted by the service), ``delivered`` (written to the agent),
-    ``answered`` (its turn ended), ``undelivered`` (the task ended first)."""
+    ``answered`` (its turn ended), ``undelivered`` (the task ended first); C10:
+    ``withdrawn`` (taken back by its owner before the worker claimed it)."""
 
     SENT = "sent"
     DELIVERED = "delivered"
     ANSWERED = "answered"
     UNDELIVERED = "undelivered"
+    WITHDRAWN = "withdrawn"
 
 
 class ConversationMessage(models.Model):
@@ -389,6 +391,9 @@ class ConversationMessage(models.Model):
     created_at = models.DateTimeField()
     delivered_at = models.DateTimeField(null=True, blank=True)
     answered_at = models.DateTimeField(null=True, blank=True)
+    # C10: when the worker claimed the message's delivery (``sent`` still; withdraw is a
+    # compare-and-set against this claim: ``conversation.message_withdraw``).
+    claimed_at = models.DateTimeField(null=True, blank=True)
     version = models.PositiveBigIntegerField(default=1)
 
     class Meta:

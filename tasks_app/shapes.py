@@ -510,7 +510,7 @@ class ConversationMessageShape(TypedDict):
     task: Uuid
     seq: Annotated[int, Doc("C2: per task from 1, in acceptance order (the task's prompt is message 0)")]
     text: str
-    state: Annotated[Literal["sent", "delivered", "answered", "undelivered"], Doc("C3")]
+    state: Annotated[Literal["sent", "delivered", "answered", "undelivered", "withdrawn"], Doc("C3, C10")]
     carrier: Annotated[Uuid | None, Doc("a resume conversation: the follow-up task that carries it (G6)")]
     created_at: Time
     delivered_at: Time | None

@@ -8,7 +8,8 @@ Each scenario starts one long-lived
     claude -p --input-format stream-json --output-format stream-json --verbose \
         --permission-mode bypassPermissions
 
-against the local fake Messages API (tests.model_apis.AnthropicAPI), with ``claude_env``
+(``--replay-user-messages`` added for the ``replay_*`` scenarios, SPEC C9) against the
+local fake Messages API (tests.model_apis.AnthropicAPI), with ``claude_env``
 (tests/claude_cli.py), writes lines to its stdin at set moments and reads its stdout line
 by line. Written per scenario:
 
@@ -93,7 +94,8 @@ class Session:
         self._events: queue.Queue = queue.Queue()
         env = claude_env(home=home, api=api)
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen([str(DEFAULT_BINS["claude"]), *ARGS], cwd=work, env=env,
+        args = [*ARGS, "--replay-user-messages"] if name in REPLAY else ARGS
+        self.proc = subprocess.Popen([str(DEFAULT_BINS["claude"]), *args], cwd=work, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._readers = [threading.Thread(target=self._read, args=(self.proc.stdout, "out"), daemon=True),
                          threading.Thread(target=self._read, args=(self.proc.stderr, "err"), daemon=True)]
@@ -279,6 +281,57 @@ def hooks(s: Session) -> None:
     s.close()
 
 
+# --- steer (C9): --replay-user-messages, lines written mid-turn ---------------------------------
+
+
+def replay_idle(s: Session) -> None:
+    """``--replay-user-messages``: one message while idle, then one carrying its own
+    ``uuid`` (does the echo keep it?)."""
+    s.send(user("replayed hello"))
+    s.wait_for(is_result)
+    s.send({**user("replayed with uuid"), "uuid": "00000000-0000-4000-8000-00000000c9c9"})
+    s.wait_for(is_result)
+    s.settle(1)
+    s.close()
+
+
+def replay_during_tool(s: Session) -> None:
+    """``--replay-user-messages``: two lines written while one 4 s tool call runs."""
+    s.send(user('[[bash:python3 -c "import time; time.sleep(4)"]] tool first'))
+    s.wait_for(is_tool_use)
+    s.settle(1)
+    s.send(user("steer during tool A"))
+    s.settle(0.5)
+    s.send(user("steer during tool B"))
+    s.wait_for(is_result, 30)
+    s.wait_for(is_result, 10)  # a second result would mean a turn of their own
+    s.close()
+
+
+def replay_during_text(s: Session) -> None:
+    """``--replay-user-messages``: a line written while a 4 s text reply streams."""
+    s.send(user("[[slow:4]] slow text"))
+    s.settle(1.5)
+    s.send(user("steer during text"))
+    s.wait_for(is_result, 30)
+    s.wait_for(is_result, 10)
+    s.close()
+
+
+def replay_at_turn_end(s: Session) -> None:
+    """``--replay-user-messages``: a line written the moment the turn's last assistant
+    message (after its tool call) arrives, just before its ``result``."""
+    s.send(user('[[bash:echo hi]] quick tool'))
+    s.wait_for(is_tool_use)
+    s.wait_for(lambda e: e.get("type") == "assistant" and not is_tool_use(e))
+    s.send(user("steer at turn end"))
+    s.wait_for(is_result, 30)
+    s.wait_for(is_result, 10)
+    s.close()
+
+
+REPLAY = {"replay_idle", "replay_during_tool", "replay_during_text", "replay_at_turn_end"}
+
 SCENARIOS = {
     "two_turns": two_turns,
     "queued_during_turn": queued_during_turn,
@@ -290,6 +343,10 @@ SCENARIOS = {
     "eof_during_tool": eof_during_tool,
     "bad_input": bad_input,
     "hooks": hooks,
+    "replay_idle": replay_idle,
+    "replay_during_tool": replay_during_tool,
+    "replay_during_text": replay_during_text,
+    "replay_at_turn_end": replay_at_turn_end,
 }
 
 

@@ -338,8 +338,16 @@ def walk_conversation(call, api, worker, machine, grant):
                 "operation_id": operation_id(task["id"]), "kind": "message", "slept_s": 0.0,
                 "facts": {"message_id": message["id"], "state": state}}
         call(worker, "post", "/api/worker/receipts/", body, expect=200)
+    call(api, "post", f"/api/tasks/{task['id']}/messages/1/withdraw/", expect=409)  # C10: already_delivered
+    call(api, "post", f"/api/tasks/{task['id']}/messages/", {"text": "never mind"}, expect=201,
+         HTTP_IDEMPOTENCY_KEY="walk-message-withdrawn")
+    assert call(api, "post", f"/api/tasks/{task['id']}/messages/2/withdraw/", expect=200)["state"] == "withdrawn"
+    body = {"event_id": "walk-message-claimed", "generation": machine.generation,
+            "operation_id": operation_id(task["id"]), "kind": "message", "slept_s": 0.0,
+            "facts": {"message_id": message["id"], "state": "claimed"}}
+    call(worker, "post", "/api/worker/receipts/", body, expect=200)  # not_applied: stale
     listed = call(api, "get", f"/api/tasks/{task['id']}/messages/", expect=200)["results"]
-    assert [(m["seq"], m["state"]) for m in listed] == [(0, "sent"), (1, "answered")]
+    assert [(m["seq"], m["state"]) for m in listed] == [(0, "sent"), (1, "answered"), (2, "withdrawn")]
     call(api, "post", f"/api/tasks/{task['id']}/interrupt/", expect=202)
     assert call(api, "post", f"/api/tasks/{task['id']}/end/", expect=200)["conversation_ended_at"] is not None
     call(api, "post", f"/api/tasks/{task['id']}/messages/", {"text": "more"}, expect=409,

@@ -1007,3 +1007,114 @@ def test_c7_query_parameters_are_refused(owner, profiles, grant, grant_root):
         resp = owner_api(owner).post(f"/api/tasks/{task_id}/messages/?x=1", {"text": "hi"}, format="json",
                                      HTTP_IDEMPOTENCY_KEY="q")
         assert_error(resp, 400, "invalid")
+
+
+# --- C10: withdraw against delivery ------------------------------------------------------------
+
+
+def withdraw(owner, task_id, seq):
+    return owner_api(owner).post(f"/api/tasks/{task_id}/messages/{seq}/withdraw/")
+
+
+def claim(machine, task_id, message_id, **kw):
+    """The worker's claim before it writes the message (C10); the R3 answer."""
+    resp = message_receipt(machine, task_id, message_id, "claimed", **kw)
+    assert resp.status_code == 200, resp.content
+    return resp.json()
+
+
+@pytest.mark.django_db
+def test_c10_withdraw_a_sent_message_then_the_claim_is_refused_withdrawn(
+        owner, profiles, grant, grant_root, board_events, django_capture_on_commit_callbacks):  # noqa: F811
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    prompt = ConversationMessage.objects.get(task_id=task_id, seq=0)
+    assert message_receipt(profiles, task_id, prompt.id, "answered").json() == {"outcome": "applied"}
+    message = send(owner, task_id, "go").json()
+    assert owner_api(owner).get(f"/api/tasks/{task_id}/").json()["turn"] == "open"
+    board_events.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        got = withdraw(owner, task_id, 1)
+    assert got.status_code == 200, got.content
+    assert (got.json()["state"], got.json()["version"]) == ("withdrawn", 2)
+    # The board hears both: the message withdrawn, its task waiting for its owner again (C6).
+    events = board_events.of(owner)
+    assert [e["message"]["state"] for e in events if e["type"] == "message"] == ["withdrawn"]
+    assert [e["task"]["turn"] for e in events if e["type"] == "task"] == ["waiting"]
+    assert withdraw(owner, task_id, 1).json() == got.json()  # again: the same answer, nothing changes
+    assert claim(profiles, task_id, message["id"]) == {"outcome": "not_applied", "reason": "withdrawn"}
+    answer = message_receipt(profiles, task_id, message["id"], "delivered").json()
+    assert answer == {"outcome": "not_applied", "reason": "stale"}
+    assert states(owner, task_id) == {0: "answered", 1: "withdrawn"}
+    assert message_row(message["id"])["claimed_at"] is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("reached", ["claimed", "delivered", "answered"])
+def test_c10_withdraw_after_delivery_won_is_409_already_delivered_and_changes_nothing(
+        owner, profiles, grant, grant_root, reached):
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    message_id = send(owner, task_id, "go").json()["id"]
+    assert claim(profiles, task_id, message_id, event_id="claim-1") == {"outcome": "applied"}
+    if reached != "claimed":
+        message_receipt(profiles, task_id, message_id, "delivered")
+    if reached == "answered":
+        message_receipt(profiles, task_id, message_id, "answered")
+    before = message_row(message_id)
+    assert_error(withdraw(owner, task_id, 1), 409, "already_delivered")
+    assert message_row(message_id) == before
+    # The worker's retried claim (after a crash) gets the first answer; a new one: stale, write it.
+    assert claim(profiles, task_id, message_id, event_id="claim-1") == {"outcome": "applied"}
+    assert claim(profiles, task_id, message_id) == {"outcome": "not_applied", "reason": "stale"}
+
+
+@pytest.mark.django_db
+def test_c10_withdraw_refusals(owner, profiles, grant, grant_root, make_owner):
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    send(owner, task_id, "go")
+    assert_error(withdraw(owner, task_id, 0), 409, "prompt_not_withdrawable")
+    assert_error(withdraw(owner, task_id, 2), 404, "not_found")
+    assert_error(withdraw(make_owner(), task_id, 1), 404, "not_found")
+    resume_id = running(profiles, conversation_id(owner, profiles, grant_root / "repo2", agent="gemini"))
+    send(owner, resume_id, "later")
+    assert_error(withdraw(owner, resume_id, 1), 409, "withdraw_unsupported")
+    receipt(profiles, task_id, "final", final_facts())
+    assert states(owner, task_id)[1] == "undelivered"
+    assert_error(withdraw(owner, task_id, 1), 409, "already_final")
+
+
+def _withdraw_claim_race(owner, machine, folder, rounds):
+    task_id = live_running(owner, machine, folder)
+    winners = []
+    for n in range(1, rounds + 1):
+        message_id = send(owner, task_id, f"text {n}").json()["id"]
+
+        def racer(i):
+            if i == 0:
+                resp = withdraw(owner, task_id, n)
+                return resp.status_code, resp.json()
+            return claim(machine, task_id, message_id)
+
+        (status, withdrawn), claimed = race(2, racer)
+        row = message_row(message_id)
+        if status == 200:  # withdraw won: the worker is told so and never writes it
+            assert withdrawn["state"] == "withdrawn"
+            assert claimed == {"outcome": "not_applied", "reason": "withdrawn"}
+            assert (row["state"], row["claimed_at"]) == ("withdrawn", None)
+        else:  # delivery won: the owner is told so, the worker writes it
+            assert (status, withdrawn["error"]) == (409, "already_delivered")
+            assert claimed == {"outcome": "applied"}
+            assert row["state"] == "sent" and row["claimed_at"] is not None
+        winners.append(status)
+    return winners
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_c10_withdraw_race_against_the_workers_claim_exactly_one_wins_both_told(owner, profiles, grant, grant_root):
+    _withdraw_claim_race(owner, profiles, grant_root / "repo", 12)
+
+
+@sqlite_only
+@pytest.mark.django_db(transaction=True)
+def test_c10_withdraw_race_on_sqlite(owner, profiles, grant, grant_root):
+    _withdraw_claim_race(owner, profiles, grant_root / "repo", 4)

@@ -297,3 +297,40 @@ def test_c2_c7_b9_newcomer_sees_words_not_ids_states_in_words_long_message_folde
         shot(page, "c2-chat-run-details-390.png")
     finally:
         setup.close()
+
+
+def test_c10_phone_chat_withdraw_and_edit_a_waiting_message(live_daphne, new_page, make_owner, tmp_path):  # noqa: F811
+    from playwright.sync_api import expect
+
+    setup = fake_claude_setup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, pause_s=3.0)
+    try:
+        task_id = setup.submit("fake-claude", prompt="look around the repository", mode="conversation")
+        page = new_page(setup.url, setup.owner, **PHONE)
+        page.goto(f"{setup.url}/tasks/{task_id}/")
+        page.wait_for_selector("#conn[data-state=live]")
+        chat = page.locator("#chat")
+        expect(chat.locator(".msg[data-seq='0']")).to_have_attribute("data-state", "delivered", timeout=30000)
+        # Turn 0 runs (two model turns 3 s apart): what is sent now waits on the machine.
+        for seq, text in ((1, "delete everything"), (2, "first draft")):
+            page.fill("#chat-text", text)
+            page.click("#chat-send")
+            expect(chat.locator(f".msg[data-seq='{seq}']")).to_have_attribute("data-state", "sent")
+        expect(chat.locator(".msg[data-seq='0'] .msg-withdraw")).to_have_count(0)  # the prompt: no
+        chat.locator(".msg[data-seq='1'] .msg-withdraw").click()
+        expect(chat.locator(".msg[data-seq='1']")).to_have_attribute("data-state", "withdrawn")
+        expect(chat.locator(".msg[data-seq='1'] .msg-state")).to_have_text("withdrawn")
+        expect(chat.locator(".msg[data-seq='1'] .msg-withdraw")).to_have_count(0)
+        chat.locator(".msg[data-seq='2'] .msg-edit").click()
+        expect(chat.locator(".msg[data-seq='2']")).to_have_attribute("data-state", "withdrawn")
+        expect(page.locator("#chat-text")).to_have_value("first draft")
+        page.fill("#chat-text", "second draft")
+        page.click("#chat-send")
+        third = chat.locator(".msg[data-seq='3']")
+        expect(third).to_have_attribute("data-state", "answered", timeout=60000)
+        expect(third.locator(".msg-withdraw")).to_have_count(0)
+        shot(page, "c10-withdraw-edit.png")
+        no_horizontal_scroll(page)
+        got = wait_states(setup, task_id, {0: "answered", 1: "withdrawn", 2: "withdrawn", 3: "answered"})
+        assert [m["text"] for m in got if m["state"] == "answered"] == ["look around the repository", "second draft"]
+    finally:
+        setup.close()

@@ -140,6 +140,8 @@ ROWS = {
     # conversations (C2, C4, C5, C7): the victim's live conversation task
     "api/tasks/<uuid:task_id>/messages/": Row(OWNER, kwargs=_conversation, bodies={"POST": lambda w: {"text": "mine now"}},
                                               headers={"HTTP_IDEMPOTENCY_KEY": "matrix"}),
+    "api/tasks/<uuid:task_id>/messages/<int:seq>/withdraw/": Row(  # C10
+        OWNER, kwargs=lambda w: {"task_id": w["conversation"], "seq": 1}, bodies={"POST": lambda w: {}}),
     "api/tasks/<uuid:task_id>/interrupt/": Row(OWNER, kwargs=_conversation, bodies={"POST": lambda w: {}}),
     "api/tasks/<uuid:task_id>/end/": Row(OWNER, kwargs=_conversation, bodies={"POST": lambda w: {}}),
     "api/budget/": Row(OWNER, other="self", self_status={"GET": 200, "HEAD": 200, "OPTIONS": 200}),

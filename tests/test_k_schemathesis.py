@@ -87,10 +87,13 @@ def real_ids(operation, world) -> dict | None:
     if not params:
         return None
     out = {}
-    conversation_route = operation.path.endswith(("/messages/", "/interrupt/", "/end/")) and "/worker/" not in operation.path
+    conversation_route = operation.path.endswith(("/messages/", "/interrupt/", "/end/", "/withdraw/")) \
+        and "/worker/" not in operation.path and "/sessions/" not in operation.path
     for name in params:
         if name == "task_id" and conversation_route:
             out[name] = world["conversation"]  # C2-C5: the routes of a conversation task
+        elif name == "seq":
+            out[name] = 1  # T2, C10: the world's conversation and session each have a message 1
         elif name == "job_id":
             out[name] = "j1"
         elif name == "device_id":

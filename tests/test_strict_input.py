@@ -31,6 +31,7 @@ BODY_ENDPOINTS = [
     ("owner", "post", "/api/tasks/{task}/integrate/", lambda w: {"action": True}, "action",
      lambda w: {"action": "merge"}),
     ("owner", "post", "/api/tasks/{conversation}/messages/", lambda w: {"text": 5}, "text", lambda w: {"text": "hi"}),
+    ("owner", "post", "/api/tasks/{conversation}/messages/{seq}/withdraw/", lambda w: [], "non_field_errors", lambda w: {}),
     ("owner", "post", "/api/tasks/{conversation}/interrupt/", lambda w: [], "non_field_errors", lambda w: {}),
     ("owner", "post", "/api/tasks/{conversation}/end/", lambda w: "now", "non_field_errors", lambda w: {}),
     ("owner", "post", "/api/token/rotate/", lambda w: [], "non_field_errors", lambda w: {}),

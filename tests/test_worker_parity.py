@@ -95,9 +95,9 @@ class Recorded:
     def progress(self, body):
         return self._note("progress", body["operation_id"], self.inner.progress(body))
 
-    def send(self, method, path, body):
+    def send(self, method, path, body, timeout_s=None):
         route = next(name for part, name in self.ROUTES if part in path)
-        return self._note(route, body.get("operation_id"), self.inner.send(method, path, body))
+        return self._note(route, body.get("operation_id"), self.inner.send(method, path, body, timeout_s=timeout_s))
 
     def close(self):
         self.inner.close()

@@ -283,10 +283,11 @@ class IntegratedFacts(TypedDict):
 
 class MessageFacts(TypedDict):
     """``message`` (C3): message ``message_id`` was ``delivered``, ``answered`` or
-    ``undelivered``."""
+    ``undelivered``; ``claimed`` (C10): the worker claims its delivery before it writes it
+    (answered before it writes: applied, or not_applied ``stale``/``withdrawn``/``undelivered``)."""
 
     message_id: str
-    state: Literal["delivered", "answered", "undelivered"]
+    state: Literal["claimed", "delivered", "answered", "undelivered"]
 
 
 RECEIPT_FACTS: dict[str, type] = {

@@ -102,9 +102,11 @@ class Service(Protocol):
     def progress(self, body: dict) -> Answer:
         """G4: ``POST /api/worker/progress/`` (best effort, never retried)."""
 
-    def send(self, method: str, path: str, body: dict) -> Answer:
+    def send(self, method: str, path: str, body: dict, timeout_s: float | None = None) -> Answer:
         """One durable outbox row: a receipt (``POST /api/worker/receipts/``, R1-R3), a
-        session marker (``PUT /api/sessions/{id}/marker/``, M8) or a device sweep (M5)."""
+        session marker (``PUT /api/sessions/{id}/marker/``, M8) or a device sweep (M5);
+        ``timeout_s``: shorter than the default for a caller that must not wait long (C10's
+        claim, on the run's thread)."""
 
     def close(self) -> None:
         """Release the connection."""
@@ -144,8 +146,8 @@ class HttpService:
     def progress(self, body: dict) -> Answer:
         return self.client.request("POST", "/api/worker/progress/", body, timeout_s=PROGRESS_TIMEOUT_S)
 
-    def send(self, method: str, path: str, body: dict) -> Answer:
-        return self.client.request(method, path, body)
+    def send(self, method: str, path: str, body: dict, timeout_s: float | None = None) -> Answer:
+        return self.client.request(method, path, body, timeout_s=timeout_s)
 
     def close(self) -> None:
         self.client.close()

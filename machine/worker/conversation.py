@@ -23,6 +23,17 @@ Here, per run, a ``ConversationPart`` of the run (``run.py``), stepped by the ru
   G4): its ``prompt`` entry, with its ``seq``, opens its turn there; after a restart
   every placed message again, in placement order, before the output is re-read.
 
+Withdraw (C10): before a message (not the prompt) gets its place, the run's thread claims
+its delivery on the service, a ``message`` receipt ``{"state": "claimed"}`` sent at once
+(not through the outbox) whose answer it waits for: ``applied`` or ``stale`` (its own
+claim before a crash: the service answers an event id byte-equal, R1) -> the message is
+placed and written; ``withdrawn`` or ``undelivered`` -> it is never written (``skipped``)
+and the next ``seq`` may go; anything else (the service unreachable, 5xx) -> the claim is
+tried again ``CLAIM_RETRY_S`` later and the message waits. The service's claim and the
+owner's withdraw are one compare-and-set on the message row
+(``tasks_app.services.conversation``), so exactly one wins, and the agent reads a message
+only after its claim won: a withdrawn message never reaches the agent.
+
 One message is one turn: the next message is placed only after the previous one's
 ``result``, because Claude Code merges lines written during a turn into one turn (or
 into the running one). Messages go in the service's ``seq`` order with no gap; an
@@ -39,6 +50,7 @@ import uuid
 from collections import deque
 
 from machine.files import write_atomic
+from machine.protocol.shapes import RECEIPTS_PATH
 
 from . import faults
 from .lease import slept_s
@@ -48,6 +60,8 @@ from .wire import marker_item, receipt_item
 log = logging.getLogger("runstead.worker")
 
 KINDS = ("message", "interrupt", "end")
+CLAIM_RETRY_S = 1.0  # C10: a claim the service did not answer is tried again after this
+CLAIM_TIMEOUT_S = 2.0  # C10: the claim's HTTP timeout (the run's thread also keeps the lease deadline, L4)
 OPEN = ("placed", "written")  # a message in a turn that has not ended
 DONE = ("placed", "written", "answered")  # a message given its place
 
@@ -109,6 +123,7 @@ class ConversationPart:
         self.follower = OutputFollower(run.op_dir)
         self.last_activity = self.ctx.clock.monotonic()
         self.idle_due: float | None = None  # when C5 closes stdin, if nothing happens first
+        self.claim_due: float | None = None  # C10: when an unanswered claim is tried again
         self.taken: deque[tuple[str, str]] = deque()  # (kind, message id) handed over by the poller
 
     def take(self, kind: str, message_id: str) -> None:
@@ -149,8 +164,10 @@ class ConversationPart:
         return self._place() or found
 
     def next_due(self, now: float) -> float | None:
-        """C5: when an idle conversation ends, if nothing happens first."""
-        return self.idle_due
+        """C5: when an idle conversation ends, if nothing happens first; C10: when an
+        unanswered claim is tried again."""
+        due = [d for d in (self.idle_due, self.claim_due) if d is not None]
+        return min(due) if due else None
 
     def settle(self) -> bool:
         """The receipts (and markers) of what was written and answered so far; True when
@@ -267,10 +284,18 @@ class ConversationPart:
                     log.info("operation %s: interrupt with no turn running: nothing to stop", self.run.operation_id)
         waiting = sorted((i for i in items if i["kind"] == "message" and i["state"] == "received"),
                          key=lambda i: i["seq"])
-        done_seqs = [i["seq"] for i in items if i["kind"] == "message" and i["state"] in DONE]
+        done_seqs = [i["seq"] for i in items if i["kind"] == "message" and i["state"] in DONE + ("skipped",)]
         if waiting and not turn_open and waiting[0]["seq"] == (max(done_seqs) + 1 if done_seqs else 0):
-            self._give_place(waiting[0], placed)
-            return True
+            claim = self._claim(waiting[0])
+            if claim == "write":
+                self._give_place(waiting[0], placed)
+                return True
+            if claim == "never":
+                self.ctx.store.item_moved(waiting[0]["item_id"], came_from="received", to="skipped")
+                log.info("operation %s: message %s was withdrawn: not written", self.run.operation_id,
+                         waiting[0]["seq"])
+                return True
+            return found
         end = next((i for i in items if i["kind"] == "end"), None)
         if end is not None:
             last_seq = end["seq"] if end["seq"] is not None else -1
@@ -288,6 +313,30 @@ class ConversationPart:
             self._give_place(self._items()[-1], placed)
             return True
         return found
+
+    def _claim(self, item: dict) -> str:
+        """C10 (module docstring): ``write``, ``never`` or ``later``, as the service answers
+        the claim of ``item``'s delivery. The prompt (seq 0) is the task's own: no claim."""
+        self.claim_due = None
+        if not item["seq"]:
+            return "write"
+        receipt = self._receipt(item, "claimed")
+        service = self.ctx.connect()
+        try:
+            answer = service.send("POST", RECEIPTS_PATH, receipt["body"], timeout_s=CLAIM_TIMEOUT_S)
+        finally:
+            service.close()
+        body = answer.body if isinstance(answer.body, dict) else {}
+        if answer.kind == "ok" and (body.get("outcome") == "applied" or body.get("reason") == "stale"):
+            return "write"
+        if answer.kind == "ok" and body.get("reason") in ("withdrawn", "undelivered"):
+            return "never"
+        if answer.kind == "revoked":
+            self.ctx.on_revoked()
+        log.warning("operation %s: the claim of message %s was answered %s %s: it waits", self.run.operation_id,
+                    item["seq"], answer.status, answer.text[:200])
+        self.claim_due = self.ctx.clock.monotonic() + CLAIM_RETRY_S
+        return "later"
 
     def _give_place(self, item: dict, placed: list[dict]) -> None:
         n = max((i["placement"] for i in placed), default=-1) + 1

@@ -14,11 +14,20 @@ never retried. Network trouble, 429 and 5xx are retried until the local deadline
 the run loop enforces on its own. Renewals carry the agent's last output lines (L10).
 The thread looks every ``check_s`` (a wall-clock jump counts, L3), so it needs no event:
 it ends at its next look once the agent ended or the run let its lease go (``release``).
+
+Each grant and renewal is also written where the launcher reads it (``record_deadline``:
+``op_dir/lease.json``, atomic): the launcher ends the agent itself once that deadline has
+passed, so an agent whose worker died and did not come back in time never outlives its
+lease (``machine/launcher.py``).
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
+
+from machine.files import write_atomic
 
 from . import process
 from .lease import KILL, OK, TERM, Deadline, LeaseTerms, SentAt
@@ -26,6 +35,7 @@ from .wire import refusal_stop_reason
 
 log = logging.getLogger("runstead.worker")
 
+LEASE_FILE = "lease.json"  # the last deadline, for the launcher (module docstring)
 RENEW_CHECK_S = 0.05  # how often the renewal thread re-checks whether a renewal is due (wall jumps count)
 RENEW_TIMEOUT_MIN_S = 0.5  # a renewal request's HTTP timeout: the time left on the lease,
 RENEW_TIMEOUT_MAX_S = 10.0  # ... bounded to this window
@@ -77,6 +87,20 @@ class LeasePart:
         left = self.deadline.remaining(self.run.ctx.clock)
         return now + (left if self.term_sent else left - self.deadline.terms.kill_grace_s)
 
+    def record_deadline(self) -> None:
+        """The deadline of the last grant or renewal as ``op_dir/lease.json`` ``{sent_mono,
+        sent_wall, duration_s, margin_s, kill_grace_s}`` (L3's terms and send times), for the
+        launcher, which computes the same ``Deadline.remaining`` with the system's clocks.
+        Only when the worker's clock is the system's (a test's fake clock writes nothing,
+        and the launcher then enforces nothing)."""
+        run, deadline = self.run, self.deadline
+        if deadline is None or not run.ctx.clock.shares_system_time:
+            return
+        terms = deadline.terms
+        write_atomic(os.path.join(run.op_dir, LEASE_FILE), json.dumps({
+            "sent_mono": deadline.sent.monotonic, "sent_wall": deadline.sent.wall, "duration_s": terms.duration_s,
+            "margin_s": terms.margin_s, "kill_grace_s": terms.kill_grace_s}))
+
     # --- renewal (L3, L5, L10) ----------------------------------------------------------------------
 
     def start_renewal(self) -> threading.Thread:
@@ -119,6 +143,7 @@ class LeasePart:
                     self.deadline = Deadline(LeaseTerms.from_reply(answer.body), sent)
                     ctx.store.save_lease(run.operation_id, terms=answer.body, sent_mono=sent.monotonic,
                                          sent_wall=sent.wall, boot=ctx.boot, granted=False)
+                    self.record_deadline()
                     failures = 0
                 elif answer.kind == "final":
                     reason = answer.error

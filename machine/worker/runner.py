@@ -289,6 +289,7 @@ class Runner:
                     run.lease.deadline, run.lease.granted = deadline, sent
                     ctx.store.save_lease(run.operation_id, terms=body, sent_mono=sent.monotonic,
                                          sent_wall=sent.wall, boot=ctx.boot, granted=True)
+                    run.lease.record_deadline()
                     return True
                 if answer.kind == "final":
                     reason = answer.error or f"http {answer.status}"

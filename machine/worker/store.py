@@ -118,7 +118,7 @@ ALTER TABLE messages ADD COLUMN acked_wall REAL
 # recorded when pulled (before its ack), gets its inbox number recorded before its file is
 # written (``placed``), is ``written`` when the launcher wrote it to the agent, a message
 # ``answered`` when its turn's ``result`` came; an interrupt with no turn to stop is
-# ``skipped``.
+# ``skipped``, and so is a message the owner withdrew before the worker claimed it (C10).
 SCHEMA_V4 = """
 CREATE TABLE conversation_items (
     item_id       TEXT PRIMARY KEY,

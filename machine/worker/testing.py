@@ -339,7 +339,7 @@ class InMemoryService:
             self._record("progress", 200, body=body)
         return answer(200, {"outcome": "applied"})
 
-    def send(self, method: str, path: str, body: dict) -> Answer:
+    def send(self, method: str, path: str, body: dict, timeout_s: float | None = None) -> Answer:
         if method == "POST" and path == RECEIPTS_PATH:
             return self._receipt(body)
         marker = MARKER_PATH.match(path)

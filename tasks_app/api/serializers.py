@@ -218,7 +218,8 @@ def _validate_running_facts(facts: dict) -> None:
 
 
 def _validate_message_facts(facts: dict) -> None:
-    """C3 ``message`` facts: ``{message_id, state}``, state delivered, answered or undelivered."""
+    """C3 ``message`` facts: ``{message_id, state}``, state delivered, answered or undelivered
+    (or ``claimed``, the worker's claim before it writes, C10)."""
     if set(facts) != {"message_id", "state"}:
         raise serializers.ValidationError({"facts": ["message facts are message_id and state"]})
     try:
@@ -227,8 +228,8 @@ def _validate_message_facts(facts: dict) -> None:
         facts["message_id"] = str(uuid.UUID(facts["message_id"]))
     except ValueError:
         raise serializers.ValidationError({"facts": ["message_id must be a UUID"]})
-    if facts["state"] not in ("delivered", "answered", "undelivered"):
-        raise serializers.ValidationError({"facts": ["state must be delivered, answered or undelivered"]})
+    if facts["state"] not in ("claimed", "delivered", "answered", "undelivered"):
+        raise serializers.ValidationError({"facts": ["state must be claimed, delivered, answered or undelivered"]})
 
 
 def _validate_integrated_facts(facts: dict) -> None:

@@ -11,6 +11,7 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/entries/", g.TaskEntries.as_view()),
     path("tasks/<uuid:task_id>/integrate/", v.TaskIntegrate.as_view()),
     path("tasks/<uuid:task_id>/messages/", v.TaskMessages.as_view()),
+    path("tasks/<uuid:task_id>/messages/<int:seq>/withdraw/", v.TaskMessageWithdraw.as_view()),
     path("tasks/<uuid:task_id>/interrupt/", v.TaskInterrupt.as_view()),
     path("tasks/<uuid:task_id>/end/", v.TaskEnd.as_view()),
     path("budget/", v.BudgetView.as_view()),

@@ -180,6 +180,16 @@ class TaskMessages(APIView):
             work=lambda: conversation.message_accept(owner=request.user, task_id=task_id, text=data["text"], now=now))
 
 
+class TaskMessageWithdraw(APIView):
+    """C10: take back a message the worker has not claimed yet (one of withdraw and the
+    worker's delivery wins; 409 ``already_delivered`` when delivery did)."""
+
+    @extend_schema(request=EmptyBody, responses={200: shape(ConversationMessageShape), **errors(409)})
+    def post(self, request, task_id, seq):
+        _no_input(request)
+        return Response(conversation.message_withdraw(owner=request.user, task_id=task_id, seq=seq, now=clock.now()))
+
+
 class TaskInterrupt(APIView):
     """C4: stop the live conversation's current turn; the agent stays."""
 

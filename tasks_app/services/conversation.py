@@ -12,6 +12,18 @@ follow-up of the conversation (``"resume"``, G6). Here:
 - ``task_interrupt`` and ``task_end``: the ``interrupt`` (C4) and ``end`` (C5) messages;
 - ``message_receipt_apply``: the worker's ``message`` receipts (C3): a message's state only
   moves forward, ``sent`` -> ``delivered`` -> ``answered``, or ``sent`` -> ``undelivered``;
+  a ``claimed`` receipt is the worker's claim of a delivery it is about to write (C10);
+- ``message_withdraw`` (C10): ``sent`` -> ``withdrawn`` while no worker has claimed it.
+
+Withdraw against delivery (C10), exactly once: the worker (``machine/worker/conversation.py``)
+sends a ``message`` receipt ``{"state": "claimed"}`` and waits for its answer before it
+gives the message its inbox place; it writes the message only when the answer is
+``applied`` (it claimed it) or ``stale`` (its own earlier claim, retried after a crash;
+receipts are answered byte-equal per event id, R1). Claim and withdraw are the same
+compare-and-set on the message row (``sent`` and ``claimed_at`` NULL), so under any
+interleaving exactly one of them matches: a withdrawn message is never claimed, hence
+never written, and a claimed one answers withdraw 409 ``already_delivered``. The
+agent sees a message only if the claim won.
 - ``message_states.messages_follow_task``: called by every task transition: a live
   conversation that ends leaves its unwritten messages ``undelivered``; a resume
   conversation's message follows the follow-up that carries it.
@@ -27,9 +39,22 @@ from django.db import transaction
 from core.actors import actor_owner
 from core.errors import ApplicationError
 from core.idempotency import Answer
-from tasks_app.models import FINAL_STATES, ConversationMessage, MessageKind, Task, TaskState
+from tasks_app.models import (
+    FINAL_STATES,
+    ConversationMessage,
+    ConversationMessageState as S,
+    MessageKind,
+    Task,
+    TaskState,
+)
 from tasks_app.services.acceptance import create_task
-from tasks_app.services.message_states import RESUME_DEAD_STATES, message_advance, message_publish
+from tasks_app.services.message_states import (
+    RESUME_DEAD_STATES,
+    message_advance,
+    message_claim,
+    message_publish,
+    message_withdrawn,
+)
 from tasks_app.services.transitions import message_send, task_publish, task_record
 from tasks_app.shapes import conversation_message_dict, task_dict
 
@@ -143,15 +168,59 @@ def task_end(*, owner, task_id, now: datetime) -> dict:
         return task_dict(Task.objects.get(pk=task.pk))
 
 
+def message_withdraw(*, owner, task_id, seq: int, now: datetime) -> dict:
+    """C10: withdraw message ``seq`` (from 1) of the owner's conversation task: ``sent``
+    -> ``withdrawn`` unless the worker claimed its delivery first (module docstring).
+    Returns the message shape; withdrawing a withdrawn message again is the same answer.
+    Refusals change nothing: 404 ``not_found`` (not the owner's task, no such message),
+    409 ``already_delivered`` (claimed, delivered or answered: the agent has it or is
+    getting it), ``already_final`` (``undelivered``: the task ended first),
+    ``prompt_not_withdrawable`` (message 0 is the task's prompt, which the worker writes
+    with the agent's start: cancel the task instead), ``withdraw_unsupported`` (a resume
+    conversation: its message is a follow-up task, cancel that)."""
+    with transaction.atomic():
+        # The task's row lock first, as a receipt takes it before the message (no deadlock).
+        task = Task.objects.select_for_update().filter(pk=task_id, owner=owner).first()
+        message = task and ConversationMessage.objects.filter(task=task, seq=seq).first()
+        if message is None:
+            raise ApplicationError("not_found", "no such message", status_code=404)
+        if task.conversation != "live":
+            raise ApplicationError("withdraw_unsupported", "in a resume conversation each message is a follow-up "
+                                   "task: cancel the follow-up that carries it", status_code=409)
+        if seq == 0:
+            raise ApplicationError("prompt_not_withdrawable", "message 0 is the task's prompt: cancel the task instead",
+                                   status_code=409)
+        if message_withdrawn(message, now=now):
+            task_record(task, reason=f"message {seq} withdrawn", actor=actor_owner(owner), now=now)
+            task_publish(task, now=now)  # its ``turn`` (C6) may have changed: board cards follow
+            return conversation_message_dict(message)
+        message.refresh_from_db()
+        if message.state == S.WITHDRAWN:
+            return conversation_message_dict(message)
+        if message.state == S.UNDELIVERED:
+            raise ApplicationError("already_final", f"message {seq} was not delivered: the task ended first",
+                                   status_code=409)
+        raise ApplicationError("already_delivered", f"message {seq} is already with the agent ({message.state})",
+                               status_code=409)
+
+
 def message_receipt_apply(task: Task, facts: dict, *, actor: str, now: datetime) -> dict:
     """C3: apply a ``message`` receipt's facts ``{message_id, state}`` (state
     ``delivered``, ``answered`` or ``undelivered``): a compare-and-set that only moves
     forward. Returns the R3 answer: applied, or not_applied ``unknown_message`` /
-    ``stale`` (the message is already there or further)."""
+    ``stale`` (the message is already there or further). State ``claimed`` (C10) is the
+    worker's claim before it writes: applied, or not_applied ``stale`` (claimed before:
+    write it), ``withdrawn`` or ``undelivered`` (never write it)."""
     message = ConversationMessage.objects.filter(pk=facts["message_id"], task=task).first()
     if message is None:
         task_record(task, reason="message receipt for an unknown message", actor=actor, now=now)
         return {"outcome": "not_applied", "reason": "unknown_message"}
+    if facts["state"] == "claimed":
+        outcome = message_claim(message, now=now)
+        if outcome != "claimed":
+            return {"outcome": "not_applied", "reason": outcome}
+        task_record(task, reason=f"message {message.seq} claimed for delivery", actor=actor, now=now)
+        return {"outcome": "applied"}
     if not message_advance(message, facts["state"], now=now):
         return {"outcome": "not_applied", "reason": "stale"}
     task_record(task, reason=f"message {message.seq} {facts['state']}", actor=actor, now=now)

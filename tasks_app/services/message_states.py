@@ -3,8 +3,9 @@
 its own conversations; other apps hear the task through ``tasks_app/signals.py``).
 
 A message's state only moves forward, ``sent`` -> ``delivered`` -> ``answered``, or
-``sent`` -> ``undelivered``; every change bumps its ``version`` and sends a ``message``
-board event after commit (B2).
+``sent`` -> ``undelivered``, or ``sent`` -> ``withdrawn`` (C10, only while no worker has
+claimed it: ``message_claim``, ``message_withdrawn``); every change bumps its ``version``
+and sends a ``message`` board event after commit (B2).
 """
 from datetime import datetime
 
@@ -32,6 +33,32 @@ def message_advance(message: ConversationMessage, to: str, *, now: datetime) -> 
         stamps["delivered_at"] = message.delivered_at or now
     if not ConversationMessage.objects.filter(pk=message.pk, state__in=earlier).update(
             state=to, version=F("version") + 1, **stamps):
+        return False
+    message.refresh_from_db()
+    message_publish(message)
+    return True
+
+
+def message_claim(message: ConversationMessage, *, now: datetime) -> str:
+    """C10: the worker's claim of ``message``'s delivery, made before it writes the message
+    to the agent: a compare-and-set ``claimed_at`` NULL -> now on a ``sent`` message (its
+    state stays ``sent`` until the ``delivered`` receipt). Returns ``claimed`` (this call
+    claimed it), ``stale`` (claimed before, or already further: a retried claim, go on),
+    ``withdrawn`` or ``undelivered`` (never write it). No board event: nothing the owner
+    sees changed, except that withdraw now answers ``already_delivered``."""
+    if ConversationMessage.objects.filter(pk=message.pk, state=S.SENT, claimed_at__isnull=True).update(
+            claimed_at=now, version=F("version") + 1):
+        return "claimed"
+    message.refresh_from_db()
+    return message.state if message.state in (S.WITHDRAWN, S.UNDELIVERED) else "stale"
+
+
+def message_withdrawn(message: ConversationMessage, *, now: datetime) -> bool:
+    """C10: ``sent`` -> ``withdrawn`` by compare-and-set against ``message_claim`` (the
+    same row, ``state = sent AND claimed_at IS NULL`` in one UPDATE: of a racing claim and
+    withdraw exactly one matches). True when this call withdrew it."""
+    if not ConversationMessage.objects.filter(pk=message.pk, state=S.SENT, claimed_at__isnull=True).update(
+            state=S.WITHDRAWN, version=F("version") + 1):
         return False
     message.refresh_from_db()
     message_publish(message)
