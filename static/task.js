@@ -400,7 +400,7 @@
         if (res.status === 201) {
           replyKey = C.newKey(); // the next reply is a new request
           state.replies++;
-          $("reply-prompt").value = "";
+          if ($("reply-prompt").value === body.prompt) $("reply-prompt").value = ""; // keep what was typed meanwhile
           C.tell(status, res.data.state === "queued" ? "Queued: it will run next." : "Follow-up accepted.", false);
           return reload();
         }
@@ -669,7 +669,9 @@
       .then(function (res) {
         if (res.status === 201) {
           chat.key = C.newKey(); // the next message is a new request
-          $("chat-text").value = "";
+          // Empty the box only if it still holds what was sent: what the owner typed
+          // while it was sending is the next message, not to be lost.
+          if ($("chat-text").value === text) $("chat-text").value = "";
           C.tell(status, "", false);
           keepMessage(res.data);
           renderChat(state.task);
