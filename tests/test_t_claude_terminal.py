@@ -189,14 +189,17 @@ def test_t2_real_claude_wrapper_killed_between_taking_and_typing_reports_undeliv
     term = desk.open("--session-id", agent_session)
     session = desk.session(agent_session)
     term.submit("a first turn", accepted=lambda: "ok: a first turn" in term.screen())  # a session to resume
+    # The wrapper dies between its take and its typing. tmux continues a stopped pane (seen:
+    # a SIGSTOPped wrapper was sleeping, not stopped, seconds later), so the wrapper
+    # cannot be held still by SIGSTOP: it is killed first and the take is made as it would
+    # have made it (the inbox's rename), leaving a taken message and no live wrapper.
     pid = wrapper_pid(term)
-    os.kill(pid, signal.SIGSTOP)  # hold it still: the take below is its take
-    sent = desk.send(session.pk, "maybe typed")
-    assert desk.pull_and_record() == 1
-    assert inbox.take(str(desk.state_dir), str(session.pk)) is not None
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2],
              what="the wrapper gone")
+    sent = desk.send(session.pk, "maybe typed")
+    assert desk.pull_and_record() == 1
+    assert inbox.take(str(desk.state_dir), str(session.pk)) is not None
     term.close()
     again = desk.open("--resume", agent_session)
     wait_for(lambda: inbox.in_state(str(desk.state_dir), str(session.pk), inbox.LOST), timeout_s=30,
