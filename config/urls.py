@@ -4,6 +4,7 @@ from django.views.generic import RedirectView
 
 from core.schema import SchemaView
 from notifications import pwa
+from sessions_app import pages as session_pages
 from tasks_app import pages
 
 urlpatterns = [
@@ -19,5 +20,6 @@ urlpatterns = [
     path("tasks/<uuid:task_id>/", pages.task_page, name="task-page"),
     path("tasks/<uuid:task_id>/data/", pages.task_page_data, name="task-page-data"),
     path("tasks/<uuid:task_id>/decide/", pages.task_decide_page, name="task-decide"),
+    path("sessions/<uuid:session_id>/", session_pages.session_page, name="session-page"),
     path("", include("board.urls")),
 ]

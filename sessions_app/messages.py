@@ -138,14 +138,14 @@ def message_withdraw(*, owner, session_id, seq: int, now: datetime) -> dict:
         return session_message_dict(message)
 
 
-def message_advance(message: SessionMessage, to: str, *, now: datetime, by: str = "") -> bool:
+def message_advance(message: SessionMessage, to: str, *, now: datetime, by: str = "", reply: str = "") -> bool:
     """Compare-and-set ``message`` to ``to`` from one of ``FORWARD[to]``; True when this
     call moved it (then it is refreshed and published)."""
     stamps: dict = {}
     if to == S.DELIVERED:
         stamps = {"delivered_at": now, "delivered_by": by[:200]}
     elif to == S.ANSWERED:
-        stamps = {"answered_at": now}
+        stamps = {"answered_at": now, "reply": reply}
     if not SessionMessage.objects.filter(pk=message.pk, state__in=FORWARD[to]).update(
             state=to, version=F("version") + 1, **stamps):
         return False
@@ -157,12 +157,13 @@ def message_advance(message: SessionMessage, to: str, *, now: datetime, by: str 
     return True
 
 
-def messages_answer(session_id, *, now: datetime) -> int:
+def messages_answer(session_id, *, now: datetime, reply: str = "") -> int:
     """A turn of the session ended (``ended``, M1): its ``delivered`` messages were taken
-    by that turn and are ``answered`` (T2). Returns how many."""
+    by that turn and are ``answered`` (T2), each with ``reply``, the turn's last assistant
+    message when the hook reported it (T6). Returns how many."""
     count = 0
     for message in SessionMessage.objects.filter(session_id=session_id, state=S.DELIVERED):
-        count += message_advance(message, S.ANSWERED, now=now)
+        count += message_advance(message, S.ANSWERED, now=now, reply=reply)
     return count
 
 

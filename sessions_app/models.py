@@ -260,6 +260,8 @@ class SessionMessage(models.Model):
     created_at = models.DateTimeField()
     delivered_at = models.DateTimeField(null=True, blank=True)
     answered_at = models.DateTimeField(null=True, blank=True)
+    # T6: the last assistant message of the turn that answered it (Claude Code's Stop hook).
+    reply = models.TextField(blank=True, default="")
     version = models.PositiveBigIntegerField(default=1)
 
     class Meta:

@@ -338,6 +338,7 @@ def marker_write(
     device_name: str = "",
     deep_research: bool = False,
     machine=None,
+    reply: str = "",
 ) -> MarkerResult:
     """``PUT /api/sessions/{id}/marker/`` (M1-M8). Creates the session when its id is new.
 
@@ -347,6 +348,7 @@ def marker_write(
       already ended is ``not_applied`` / ``turn_ended`` (M4).
     - ``ended``: closes the row only when it carries this ``turn_id``; otherwise
       ``not_applied`` / ``stale_turn`` (M4), and the turn is remembered as ended.
+      ``reply`` (the turn's last assistant message, T6) is kept on the messages it answers.
 
     Re-evaluates S1. Raises 403 ``forbidden_device`` (M8), 404 for another owner's session.
     """
@@ -365,7 +367,7 @@ def marker_write(
             if marker.state == MarkerState.ENDED:
                 return MarkerResult("applied", "duplicate", marker, session)
             _marker_end(session, marker, now)
-            messages_answer(session.pk, now=now)  # T2: the turn that took them ended
+            messages_answer(session.pk, now=now, reply=reply)  # T2: the turn that took them ended
             _refresh_locked(session, now)
             return MarkerResult("applied", None, marker, session)
 

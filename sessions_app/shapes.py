@@ -119,6 +119,8 @@ class SessionMessageShape(TypedDict):
     created_at: Time
     delivered_at: Time | None
     answered_at: Time | None
+    reply: Annotated[str, Doc("the last assistant message of the turn that answered it, where the agent's hook "
+                              "reports it (Claude Code's Stop: T6); empty otherwise")]
     version: int
 
 
@@ -134,6 +136,7 @@ def session_message_dict(message) -> SessionMessageShape:
         "created_at": iso(message.created_at),
         "delivered_at": iso(message.delivered_at),
         "answered_at": iso(message.answered_at),
+        "reply": message.reply,
         "version": message.version,
     }
 

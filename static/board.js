@@ -423,7 +423,8 @@
         el("span", { className: "badge " + s.status, text: s.status }),
         s.agent ? el("span", { className: "agent", "data-agent": s.agent, title: AGENT_NAMES[s.agent] || s.agent },
           (AGENT_ICONS[s.agent] ? AGENT_ICONS[s.agent] + " " : "") + (AGENT_NAMES[s.agent] || s.agent)) : null,
-        el("strong", { className: "title", text: sessionTitle(s) }),
+        el("a", { className: "session-link", href: "/sessions/" + encodeURIComponent(s.id) + "/" }, // T6: its chat
+          el("strong", { className: "title", text: sessionTitle(s) })),
         s.cwd ? el("span", { className: "muted folder", title: s.cwd, text: folderName(s.cwd) }) : null,
         s.status_since ? el("span", { className: "muted" }, "since ", timeEl(s.status_since, fmtTime(s.status_since))) : null));
     if (needsYou_) {

@@ -38,9 +38,9 @@
                 entries: new Map(), earlier: page.entries_next ? page.entries_next.before : null, raw: false,
                 catchUps: 0 };
   window.runsteadTask = state; // tests read it
-  var BACKOFF_MIN_MS = 500, BACKOFF_MAX_MS = 30000, backoff = BACKOFF_MIN_MS, ws = null;
 
   var C = window.RunStead; // common.js
+  var Chat = window.RunSteadChat; // chat.js: what the session page (T6) draws the same way
   var $ = C.$, el = C.el, fmtTime = C.fmtTime;
   function timeEl(iso) { return el("time", { datetime: iso, text: fmtTime(iso) }); }
   function fmtSeconds(s) {
@@ -426,14 +426,8 @@
   var chat = { messages: new Map(), approvals: new Map(), key: C.newKey(), sending: false, keys: {},
                open: new Set(), unfolded: new Set(), turns: [], scrolls: 0 };
   state.chat = chat; // tests read it
-  var MESSAGE_LABELS = { sent: "sent", delivered: "with the agent", answered: "answered",
-                         undelivered: "not delivered", withdrawn: "withdrawn" };
-  var MESSAGE_TITLES = { sent: "waiting on your machine for the current turn to end",
-                         delivered: "the agent has it", answered: "its turn ended",
-                         undelivered: "the conversation ended before it was written to the agent",
-                         withdrawn: "you took it back before the agent saw it" };
+  var MESSAGE_LABELS = Chat.LABELS, MESSAGE_TITLES = Chat.TITLES;
   var INTERRUPTED = /^\[Request interrupted by user/;
-  var FOLD_LINES = 12;
 
   function isConversation(t) { return t.mode === "conversation"; }
   function conversationOpen(t) {
@@ -495,24 +489,9 @@
     return out;
   }
 
-  /** A text that folds after FOLD_LINES lines, with "Show all" (its state kept by key). */
-  function foldable(className, text, key) {
-    var body = el("div", { className: className + " fold", dir: "auto", text: text, "data-fold": key });
-    if (chat.unfolded.has(key)) body.classList.add("unfolded");
-    return body;
-  }
-  function addFoldButtons(root) {
-    root.querySelectorAll(".fold:not(.unfolded)").forEach(function (body) {
-      if (body.scrollHeight <= body.clientHeight + 2) return;
-      body.classList.add("folded");
-      var more = el("button", { type: "button", className: "link show-all", text: "Show all" });
-      more.addEventListener("click", function () {
-        chat.unfolded.add(body.dataset.fold);
-        body.classList.remove("folded"); body.classList.add("unfolded"); more.remove();
-      });
-      body.after(more);
-    });
-  }
+  /** A text that folds after 12 lines (task.css), with "Show all" (its state kept by key). */
+  function foldable(className, text, key) { return Chat.foldable(className, text, key, chat.unfolded); }
+  function addFoldButtons(root) { Chat.addFoldButtons(root, chat.unfolded); }
 
   function replyTool(call, result) {
     var status = result ? result.status : (call.kind === "tool_result" ? call.status : null);
@@ -632,21 +611,8 @@
   }
 
   /* The newest bubble stays above the message box (sticky at the bottom of the screen). */
-  function nearEnd() {
-    var list = $("chat-log"), last = list.lastElementChild, form = $("chat-form");
-    if (!last || form.hidden) return false;
-    return last.getBoundingClientRect().bottom <= form.getBoundingClientRect().top + 80;
-  }
-  function keepNewestInView() {
-    var last = $("chat-log").lastElementChild, form = $("chat-form");
-    if (!last || form.hidden) return;
-    for (var i = 0; i < 2; i++) { // the box moves with the page at its end: measure again
-      var over = last.getBoundingClientRect().bottom - (form.getBoundingClientRect().top - 8);
-      if (over <= 0) return;
-      chat.scrolls++;
-      window.scrollBy(0, over);
-    }
-  }
+  function nearEnd() { return Chat.nearEnd($("chat-log"), $("chat-form")); }
+  function keepNewestInView() { chat.scrolls += Chat.keepNewestInView($("chat-log"), $("chat-form")); }
 
   function loadMessages() {
     if (!isConversation(state.task)) return Promise.resolve();
@@ -698,50 +664,11 @@
     }).catch(function () { C.tell(status, "The service did not answer: try again.", true); });
   }
 
-  /* Q2 in the chat: what will change, in words: the command (and what it says it does),
-   * the file and its edit as - / + lines, or the input's fields one a line; never JSON. */
-  var CHANGE_LINES = 12;
-  function clip(text) {
-    var lines = String(text).split("\n");
-    return lines.length > CHANGE_LINES ? lines.slice(0, CHANGE_LINES).join("\n") + "\n… (" + (lines.length - CHANGE_LINES) + " more lines)" : lines.join("\n");
-  }
-  function change(a) {
-    var input = a.tool_input || {}, target = null, body = null;
-    function prefixed(text, mark) { return String(text).split("\n").map(function (l) { return mark + l; }).join("\n"); }
-    if (typeof input.command === "string") { target = input.description || null; body = "$ " + input.command; }
-    else if (typeof input.file_path === "string" || typeof input.notebook_path === "string") {
-      target = input.file_path || input.notebook_path;
-      if (Array.isArray(input.edits)) {
-        body = input.edits.map(function (e) { return prefixed(e.old_string || "", "- ") + "\n" + prefixed(e.new_string || "", "+ "); }).join("\n");
-      } else if (typeof input.old_string === "string" || typeof input.new_string === "string") {
-        body = prefixed(input.old_string || "", "- ") + "\n" + prefixed(input.new_string || "", "+ ");
-      } else if (typeof input.content === "string") body = prefixed(input.content, "+ ");
-      else if (typeof input.new_source === "string") body = prefixed(input.new_source, "+ ");
-    } else {
-      body = Object.keys(input).map(function (k) {
-        var v = input[k];
-        return k + ": " + (typeof v === "string" ? v : JSON.stringify(v));
-      }).join("\n");
-    }
-    return { target: target, body: body ? clip(body) : null };
-  }
-
+  /* Q2 in the chat: what will change, in words (chat.js). */
   function renderApprovals() {
     var list = $("chat-approvals");
     list.textContent = "";
-    chat.approvals.forEach(function (a) {
-      var allow = el("button", { type: "button", className: "approve", text: "Allow" });
-      var deny = el("button", { type: "button", className: "secondary deny", text: "Deny" });
-      allow.addEventListener("click", function () { decide(a, "allow"); });
-      deny.addEventListener("click", function () { decide(a, "deny"); });
-      var c = change(a);
-      list.appendChild(el("li", { className: "chat-approval", "data-id": a.id },
-        el("div", { className: "line" }, el("span", { text: "The agent asks to use" }),
-           el("strong", { dir: "auto", text: a.tool_name }),
-           c.target ? el("span", { className: "mono wrap", dir: "auto", text: c.target }) : null),
-        c.body ? el("pre", { className: "tail approval-change", dir: "auto", text: c.body }) : null,
-        el("div", { className: "decisions" }, allow, deny)));
-    });
+    chat.approvals.forEach(function (a) { list.appendChild(Chat.approvalItem(a, decide)); });
     list.hidden = chat.approvals.size === 0;
   }
 
@@ -761,17 +688,10 @@
   }
 
   function decide(a, behavior) {
-    var slot = a.id + ":" + behavior, key = chat.keys[slot] || (chat.keys[slot] = C.newKey());
-    return C.api("POST", "/api/approvals/" + encodeURIComponent(a.id) + "/decision/", { behavior: behavior },
-                 { "Idempotency-Key": key })
-      .then(function (res) {
-        if (res.status === 200 || (res.status === 409 && res.data && res.data.approval)) {
-          keepApproval(res.status === 200 ? res.data : res.data.approval);
-          renderApprovals();
-          return;
-        }
-        C.tell($("chat-status"), C.errorText(res.status, res.data), true);
-      }).catch(function () { C.tell($("chat-status"), "The service did not answer: tap again (it decides once).", true); });
+    return Chat.decide(a, behavior, chat.keys).then(function (r) {
+      if (r.approval) { keepApproval(r.approval); renderApprovals(); return; }
+      C.tell($("chat-status"), r.error, true);
+    });
   }
 
   function renderTimeline() {
@@ -871,23 +791,8 @@
 
   function setConn(s, text) { var c = $("conn"); if (c) { c.dataset.state = s; c.textContent = text; } }
   function connect() {
-    var proto = window.location.protocol === "https:" ? "wss:" : "ws:";
-    var sock = new WebSocket(proto + "//" + window.location.host + "/ws/board/");
-    ws = sock;
-    setConn("connecting", "connecting…");
-    sock.onopen = function () { backoff = BACKOFF_MIN_MS; setConn("live", "live"); reload(); };
-    sock.onmessage = function (e) {
-      state.messages++;
-      var ev; try { ev = JSON.parse(e.data); } catch (err) { return; }
-      onEvent(ev);
-    };
-    sock.onclose = function () {
-      if (ws !== sock) return;
-      setConn("offline", "reconnecting…");
-      var delay = backoff * (0.5 + Math.random() * 0.5);
-      backoff = Math.min(BACKOFF_MAX_MS, backoff * 2);
-      setTimeout(connect, delay);
-    };
+    Chat.connectBoard({ onOpen: reload, onState: setConn,
+                        onEvent: function (ev) { state.messages++; if (ev) onEvent(ev); } });
   }
 
   addEntries(page.entries);

@@ -252,6 +252,7 @@ ROWS = {
     "tasks/<uuid:task_id>/data/": Row(PAGE, kwargs=_task, methods=("GET",)),
     "tasks/<uuid:task_id>/decide/": Row(PAGE, kwargs=_task, methods=("POST",),
                                         bodies={"POST": lambda w: {"decision": "abandoned"}}),
+    "sessions/<uuid:session_id>/": Row(PAGE, kwargs=_session, methods=("GET",)),  # T6
     "accounts/logout/": Row(PAGE, bodies={"POST": lambda w: {}}, other="self", self_status={"POST": 302, "OPTIONS": 200},
                              options_open=True),
     "admin/logout/": Row(PAGE, methods=("POST",), bodies={"POST": lambda w: {}}, other="self", self_status={"POST": 302}),

@@ -257,3 +257,51 @@ def test_t2_identical_racing_sends_make_one_message_sqlite(owner, machine):
 @pytest.mark.django_db(transaction=True)
 def test_t2_identical_racing_sends_make_one_message_postgres(owner, machine):
     _same_key_race(owner, machine, 8)
+
+
+# --- T6: each turn's last assistant message --------------------------------------------------
+
+
+def _replay(api, writes):
+    for w in writes:
+        resp = getattr(api, w["method"].lower())(w["path"], w["body"], format="json")
+        assert resp.status_code in (200, 201), (w, resp.content)
+
+
+@pytest.mark.django_db
+def test_t6_the_stop_hooks_last_assistant_message_is_kept_on_the_messages_its_turn_answered(owner, machine):
+    """Claude Code's recorded ``Stop`` (with ``last_assistant_message``) through the hook's
+    own mapping: its ``ended`` marker carries the reply (cut, NUL dropped), and the
+    service keeps it on the message that turn answered; a turn without one keeps none."""
+    from machine.hooks.mapping import handle, identify
+    from machine.protocol import TURN_REPLY_MAX_CHARS
+    from tests.hooks_support import fixture
+
+    api, session_id = owner_api(owner), str(uuid.uuid4())
+    binding = {"machine": str(machine.id), "channel": "hook"}
+    state: dict = {}
+
+    def hook(name, **overrides):
+        payload = fixture("claude", name, session_id=session_id, **overrides)
+        return handle(identify("claude", payload), payload, state, hostname="laptop", now=1.0, binding=binding)
+
+    _replay(api, hook("user_prompt_submit"))
+    real_id = Session.objects.get().pk
+    assert send(owner, real_id, "run the tests").status_code == 201
+    assert delivery(api, real_id, 1, "delivered", claim="stop-1").status_code == 200
+    reply = "All 12 tests pass.\x00" + "x" * (TURN_REPLY_MAX_CHARS + 50)
+    stop = hook("stop", last_assistant_message=reply, stop_hook_active=False)
+    assert [w["body"]["reply"] for w in stop if w["path"].endswith("/marker/")] == \
+        [("All 12 tests pass." + "x" * TURN_REPLY_MAX_CHARS)[:TURN_REPLY_MAX_CHARS]]
+    _replay(api, stop)
+    got = api.get(f"/api/sessions/{real_id}/messages/").json()["results"]
+    assert (got[0]["state"], got[0]["reply"][:18]) == ("answered", "All 12 tests pass.")
+    # the next turn's Stop carries no message: nothing is sent, nothing kept
+    _replay(api, hook("user_prompt_submit", prompt_id="turn-2"))
+    assert send(owner, real_id, "and lint").status_code == 201
+    assert delivery(api, real_id, 2, "delivered").status_code == 200
+    stop = hook("stop", last_assistant_message=None, prompt_id="turn-2")
+    assert all("reply" not in (w["body"] or {}) for w in stop)
+    _replay(api, stop)
+    assert [(m["state"], m["reply"]) for m in api.get(f"/api/sessions/{real_id}/messages/").json()["results"]][1] == \
+        ("answered", "")

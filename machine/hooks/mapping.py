@@ -174,10 +174,11 @@ class Writes:
         self.add("PATCH", f"/api/sessions/{self.session_id}/", {"title": title})
         self.state["titled"] = True
 
-    def marker(self, turn_id: str, state: str) -> None:
-        self.add("PUT", f"/api/sessions/{self.session_id}/marker/", {
-            "turn_id": turn_id, "device_id": self.device_id, "device_name": self.hostname, "state": state,
-        })
+    def marker(self, turn_id: str, state: str, reply: str = "") -> None:
+        body = {"turn_id": turn_id, "device_id": self.device_id, "device_name": self.hostname, "state": state}
+        if reply:
+            body["reply"] = reply
+        self.add("PUT", f"/api/sessions/{self.session_id}/marker/", body)
 
     def running(self, turn_id: str | None = None) -> str:
         """M1: ``running`` for a new turn (the agent's own id, or a fresh uuid4, I2)."""
@@ -202,15 +203,18 @@ class Writes:
         self.running()
         self.state["turn_origin"] = origin
 
-    def ended(self, turn_id: str | None = None) -> None:
+    def ended(self, turn_id: str | None = None, reply: str = "") -> None:
         """M1: ``ended`` for the open turn (or ``turn_id``; the agent's own id of a
-        continued turn means the open one); nothing when no turn is open."""
+        continued turn means the open one); nothing when no turn is open. ``reply``: the
+        turn's last assistant message (T6), cut to ``TURN_REPLY_MAX_CHARS``."""
         if turn_id is not None and turn_id == self.state.get("turn_origin"):
             turn_id = self.state.get("turn")
         turn_id = turn_id or self.state.get("turn")
         if not turn_id or turn_id in self.state.get("ended", []):
             return
-        self.marker(turn_id, "ended")
+        from machine.protocol import TURN_REPLY_MAX_CHARS  # import-free module (I7)
+
+        self.marker(turn_id, "ended", reply.replace("\x00", "")[:TURN_REPLY_MAX_CHARS])  # a NUL: 400, lost ended
         done = [turn_id]
         if self.state.get("turn") == turn_id:
             origin = self.state.pop("turn_origin", None)
@@ -302,7 +306,7 @@ def claude_stop(w: Writes, p: dict) -> None:
     w.clear_attention()
     # Jobs first, then `ended`, so the session never drops to idle in between (S3).
     reconcile_background_tasks(w, p.get("background_tasks"))
-    w.ended()
+    w.ended(reply=_text(p, "last_assistant_message"))
 
 
 def tool_activity(w: Writes, p: dict) -> None:

@@ -53,6 +53,9 @@ PULL_END_JITTER = 0.2
 # Characters of agent output kept: what the worker sends in a renewal or a final receipt
 # and what the service stores from either (L10, W4).
 OUTPUT_TAIL_MAX_CHARS = 4000
+# T6: a turn's last assistant message as the Stop hook reports it with its `ended` marker
+# (the hook cuts it to this; the service refuses more).
+TURN_REPLY_MAX_CHARS = 20000
 
 # Q1: an approval keeps at most this much of its tool input (JSON, UTF-8 bytes); the
 # digest covers the whole. An asking hook cuts an input above APPROVAL_INPUT_MAX_BYTES

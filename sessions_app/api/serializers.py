@@ -5,6 +5,7 @@ Answers are rendered, and described for OpenAPI, by the shapes of
 from rest_framework import serializers
 
 from core.strict import StrictSerializer, valid_message_text
+from machine.protocol import TURN_REPLY_MAX_CHARS as REPLY_MAX
 
 from sessions_app.models import Attention, Channel, JobMode, MarkerState, SessionMessageState
 
@@ -79,6 +80,9 @@ class MarkerIn(StrictSerializer):
     device_name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     state = serializers.ChoiceField(choices=MarkerState.choices)
     deep_research = serializers.BooleanField(required=False, default=False)
+    # T6: with ``ended``, the turn's last assistant message (Claude Code's Stop hook).
+    reply = serializers.CharField(max_length=REPLY_MAX, required=False, allow_blank=True, default="",
+                                  trim_whitespace=False)
 
 
 class DeviceIn(StrictSerializer):
