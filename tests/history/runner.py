@@ -50,6 +50,7 @@ AGENT = Path(__file__).resolve().parent / "agent.py"
 FINAL = ("succeeded", "failed", "failed_lease_lost", "cancelled", "not_started", "abandoned")
 CLIENT_TIMEOUT_S = 8.0
 POLL_S = 0.2
+REPAIR_ATTEMPTS = 10  # tries at pairing a machine again under faults
 SERVICE_ENV = {
     "RUNSTEAD_ACCEPT_RATE": "100000/min",
     "RUNSTEAD_APPROVAL_RATE": "100000/min",
@@ -455,11 +456,19 @@ class Run:
         from machine.worker.store import StateDir
 
         self.call(http, name, "unpair", "POST", f"/api/machines/{machine.id}/unpair/", args={"machine": machine.id})
-        status, answer = self.call(http, name, "repair", "POST", "/api/machines/pairing-codes/",
-                                   json={"machine": machine.id})
-        if status != 201:
-            return
-        paired = pair(self.balancer.url, answer["code"], "test-laptop")
+        # Pairing again can meet a fault (a daphne killed, the database's connections cut):
+        # as the owner would, ask for a new code and try again. A code whose answer was lost
+        # may have been used: the next attempt takes a new one.
+        for _ in range(REPAIR_ATTEMPTS):
+            status, answer = self.call(http, name, "repair", "POST", "/api/machines/pairing-codes/",
+                                       json={"machine": machine.id})
+            if status == 201:
+                paired = pair(self.balancer.url, answer["code"], "test-laptop")
+                if paired.status == 201 and paired.body:
+                    break
+            time.sleep(POLL_S)
+        else:
+            return  # it stays unpaired: its tasks end by the facts (P3), which the checker reads
         worker = machine.worker()
         if worker is not None and worker.poll() is None:
             worker.kill()
