@@ -75,7 +75,7 @@ def checks_of(book):
     return sorted({v.check for v in check(book.lines)})
 
 
-def test_a_clean_history_passes_every_check():
+def test_w3_a2_p_q2_c3_a_clean_history_passes_every_check():
     book = Book()
     lived(book)
     book.submit("t1", raw=book.lines[0]["body"], replayed=True)  # a replay, byte-equal
@@ -227,7 +227,7 @@ def test_c2_c3_a_message_twice_out_of_order_or_answered_unseen_is_reported():
 @pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_history_short_seeded_run_under_faults_passes_the_checker(transactional_db, tmp_path):
+def test_w3_x4_a2_p_q2_g7_c3_short_seeded_history_under_faults_passes_the_checker(transactional_db, tmp_path):
     from tests.history.checker import timeline
     from tests.history.record import load
     from tests.history.runner import Run
@@ -246,7 +246,7 @@ def test_history_short_seeded_run_under_faults_passes_the_checker(transactional_
 @pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_history_a_service_with_a_fault_injected_fails_the_checker(transactional_db, tmp_path):
+def test_a2_a_service_whose_replays_differ_by_a_byte_fails_the_checker(transactional_db, tmp_path):
     from tests.history.record import load
     from tests.history.runner import Run
 

@@ -53,22 +53,8 @@ class Partition(BlackholeProxy):
         self.cut = threading.Event()
         super().__init__(port)
 
-    def _pump(self, src, dst, connection, from_client):
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                return
-            if not data:
-                return
-            if self.cut.is_set():
-                connection["holed"].set()
-            if connection["holed"].is_set():
-                continue
-            try:
-                dst.sendall(data)
-            except OSError:
-                return
+    def cutting(self) -> bool:
+        return self.cut.is_set()
 
     def partition(self) -> None:
         self.cut.set()
