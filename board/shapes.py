@@ -26,23 +26,23 @@ def _markers_by_session(session_ids) -> dict:
     """All markers (one per session and device, M7) of the given sessions, ended ones
     included so the board can order later events against their versions (B2)."""
     grouped: dict = {}
-    for marker in Marker.objects.filter(session_id__in=session_ids).order_by("started_at"):
+    for marker in Marker.objects.filter(session_id__in=session_ids).order_by("started_at", "pk"):
         grouped.setdefault(marker.session_id, []).append(marker)
     return grouped
 
 
 def _session_rows(owner):
-    busy = list(Session.objects.filter(owner=owner, status=SessionStatus.BUSY).order_by("-status_since")[:SNAPSHOT_BUSY_SESSIONS])
+    busy = list(Session.objects.filter(owner=owner, status=SessionStatus.BUSY).order_by("-status_since", "-pk")[:SNAPSHOT_BUSY_SESSIONS])
     idle = list(
-        Session.objects.filter(owner=owner).exclude(status=SessionStatus.BUSY).order_by("-status_since")[:SNAPSHOT_IDLE_SESSIONS]
+        Session.objects.filter(owner=owner).exclude(status=SessionStatus.BUSY).order_by("-status_since", "-pk")[:SNAPSHOT_IDLE_SESSIONS]
     )
     return busy + idle
 
 
 def _task_rows(owner):
     base = Task.objects.filter(owner=owner).select_related("integration__decided_by").prefetch_related("leases")
-    unfinished = list(base.exclude(state__in=FINAL_STATES).order_by("-created_at")[:SNAPSHOT_UNFINISHED_TASKS])
-    finished = list(base.filter(state__in=FINAL_STATES).order_by("-final_at", "-created_at")[:SNAPSHOT_FINISHED_TASKS])
+    unfinished = list(base.exclude(state__in=FINAL_STATES).order_by("-created_at", "-pk")[:SNAPSHOT_UNFINISHED_TASKS])
+    finished = list(base.filter(state__in=FINAL_STATES).order_by("-final_at", "-created_at", "-pk")[:SNAPSHOT_FINISHED_TASKS])
     return unfinished + finished
 
 
@@ -80,10 +80,10 @@ def board_snapshot(*, owner, now: datetime) -> BoardSnapshotShape:
         "sessions": [session_dict(s, markers=markers.get(s.id, []), now=now) for s in sessions],
         "tasks": [board_task_dict(t) for t in _task_rows(owner)],
         "machines": [
-            machine_dict(m, now=now) for m in Machine.objects.filter(owner=owner).order_by("name", "created_at")
+            machine_dict(m, now=now) for m in Machine.objects.filter(owner=owner).order_by("name", "created_at", "pk")
         ],
         "grants": [
-            grant_dict(g) for g in Grant.objects.filter(owner=owner, revoked_at__isnull=True).order_by("path")
+            grant_dict(g) for g in Grant.objects.filter(owner=owner, revoked_at__isnull=True).order_by("path", "pk")
         ],
         "server_time": iso(now),
         "marker_grace_s": settings.RUNSTEAD_MARKER_GRACE_S,

@@ -269,7 +269,7 @@ def sessions_active(*, owner, now: datetime) -> list[Session]:
     lapsed = list(Session.objects.filter(lapsed_sessions_q(now), owner=owner).values_list("pk", flat=True))
     for session_id in lapsed:
         session_refresh_status(session_id=session_id, now=now, observed_end=False)
-    return list(Session.objects.filter(owner=owner, status=SessionStatus.BUSY).order_by("-status_since"))
+    return list(Session.objects.filter(owner=owner, status=SessionStatus.BUSY).order_by("-status_since", "-pk"))
 
 
 # --- markers (M1-M8) --------------------------------------------------------------------
