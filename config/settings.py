@@ -154,6 +154,10 @@ if DATABASE_URL:
     # Under ASGI each request runs in its own thread, so persistent connections do not
     # apply; a psycopg pool saves the connection setup per request instead.
     DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 2, "max_size": int(env_str("RUNSTEAD_DB_POOL_MAX", "40"))}}
+    # With a pool, Django passes this on as the pool's ``check``: a connection is tested
+    # (one empty query) before it is handed out, so one PostgreSQL closed (restart,
+    # pg_terminate_backend) is replaced instead of failing the request that gets it.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"]["TEST"] = {"NAME": env_str("RUNSTEAD_TEST_DB_NAME")}
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
