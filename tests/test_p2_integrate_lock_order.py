@@ -81,3 +81,53 @@ def test_p2_a_merge_racing_a_lease_grant_of_the_same_machine_never_deadlocks(own
             thread.join(30)
     deadlocks = [r.getMessage() for r in caplog.records if "deadlock" in r.getMessage()] + [str(e) for e in errors]
     assert deadlocks == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_p2_a_start_acknowledged_while_the_owner_cancels_never_deadlocks(owner, machine, grant, monkeypatch, caplog):
+    """``task_cancel`` locks the task, then acknowledges the cancelled task's ``start``
+    message itself; ``message_ack`` of that ``start`` used to lock the message row first,
+    then the task: the cycle task <- message <- task. The ack reaches its task transition
+    first, the cancel runs there, and neither sees a deadlock."""
+    from tasks_app.models import Task
+    from tasks_app.services import cancel, messages
+
+    task_id = submit(owner, machine, grant.path).json()["id"]
+    (start,) = messages.messages_take(machine_id=machine.pk, now=timezone.now(), new_pull=True)
+    at_transition, cancel_done = threading.Event(), threading.Event()
+    real_transition = messages.task_transition
+    errors = []
+
+    def transition_once_the_cancel_waits(*args, **kwargs):
+        at_transition.set()
+        wait_for(lambda: cancel_done.is_set() or blocked_on_a_lock(), timeout_s=10, what="the cancel waits or is done")
+        return real_transition(*args, **kwargs)
+
+    def ack():
+        try:
+            messages.message_ack(machine=machine, message_id=start.pk, now=timezone.now())
+        except OperationalError as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def cancel_task():
+        at_transition.wait(10)
+        try:
+            cancel.task_cancel(task=Task.objects.get(pk=task_id), actor="owner:test", now=timezone.now())
+        except OperationalError as exc:
+            errors.append(exc)
+        finally:
+            cancel_done.set()
+            connection.close()
+
+    monkeypatch.setattr(messages, "task_transition", transition_once_the_cancel_waits)
+    with caplog.at_level(logging.WARNING, logger="runstead.locking"):
+        threads = [threading.Thread(target=ack), threading.Thread(target=cancel_task)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    deadlocks = [r.getMessage() for r in caplog.records if "deadlock" in r.getMessage()] + [str(e) for e in errors]
+    assert deadlocks == []
+    assert Task.objects.get(pk=task_id).state == "cancelled"

@@ -8,6 +8,7 @@ from django.db import transaction
 from django.db.models import F
 
 from core import clock
+from core.deadlocks import retry_on_deadlock
 from core.errors import ApplicationError
 from core.longpoll import Wait, notify
 from tasks_app.models import Machine, MessageKind, OutboxMessage, Task, TaskState
@@ -126,17 +127,18 @@ def outbox_ready(keys: list[str]) -> set[str]:
     return {by_id[str(m)] for m in _machines_with_messages(list(by_id), visible_at__lte=clock.now())}
 
 
+@retry_on_deadlock
 def message_ack(*, machine: Machine, message_id, now: datetime) -> None:
     """Acknowledge a message (idempotent, W2). Acknowledging a ``start`` moves its task
     from ``accepted`` to ``delivered``. Raises ApplicationError 404 for another machine's
-    message."""
+    message. P2: the task row is locked before the message row, as ``task_cancel`` does
+    (which acknowledges a cancelled task's ``start`` itself)."""
     with transaction.atomic():
         message = OutboxMessage.objects.select_related("operation__task").filter(pk=message_id, machine=machine).first()
         if message is None:
             raise ApplicationError("not_found", "no such message", status_code=404)
         if message.acked_at is not None:
             return
-        OutboxMessage.objects.filter(pk=message.pk, acked_at__isnull=True).update(acked_at=now)
         if message.kind == MessageKind.START:
             task: Task = message.operation.task
             try:
@@ -146,3 +148,4 @@ def message_ack(*, machine: Machine, message_id, now: datetime) -> None:
                 )
             except TransitionConflict:
                 pass  # already further along (a lease can come before the ack)
+        OutboxMessage.objects.filter(pk=message.pk, acked_at__isnull=True).update(acked_at=now)
