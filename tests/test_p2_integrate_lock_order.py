@@ -1,4 +1,4 @@
-"""A lock-order inversion the history run found, now fixed (issue 42, SPEC P2, G7).
+"""Lock-order inversions found by the history run and its notes, now fixed (issue 42, SPEC P2, G7, J7).
 
 ``task_integrate`` (``POST /api/tasks/{id}/integrate/``) takes the owner's budget row,
 then ``Task.objects.select_for_update().select_related("machine")``, which locks the
