@@ -23,6 +23,13 @@ dropped here again), so nothing in it can end the paste or act as a key. A messa
 wrapper took but may not have typed (it was killed in between) is reported
 ``undelivered`` by the next wrapper of that session, never typed again. An interrupt
 (T5) sends the CLI's interrupt key (Esc for Claude Code and Codex, Ctrl-C otherwise).
+
+An interrupted turn fires no hook (observed with Claude Code 2.1.328: Esc during a Bash
+call, no ``Stop``, no ``PostToolUseFailure``), so the hooks' state would say "busy"
+until the next prompt. The wrapper therefore counts a turn as over once it sent the
+interrupt key, or the person pressed it alone, and the CLI's output has then been
+still for ``INTERRUPT_SETTLE_S`` (a working CLI animates its spinner), as long as no hook
+wrote the state since (a hook that did has the last word).
 """
 from __future__ import annotations
 
@@ -39,6 +46,7 @@ from machine.settings import env_float
 QUIET_S = 3.0  # T3: RUNSTEAD_TERMINAL_QUIET_S's default
 TICK_S = 0.1
 ENTER_DELAY_S = 0.15  # between the end of the paste and Enter: a TUI reads a paste as one input first
+INTERRUPT_SETTLE_S = 1.0  # after an interrupt key: output still this long -> the turn is over
 PASTE_START, PASTE_END = b"\x1b[200~", b"\x1b[201~"
 INTERRUPT_KEYS = {"claude": b"\x1b", "codex": b"\x1b"}
 TERMINAL_ENV = "RUNSTEAD_TERMINAL"
@@ -106,20 +114,40 @@ class Wrapper:
         self.line_dirty = False  # the person typed since the last Enter
         self.swept: set[str] = set()
         self.proc = None
+        self.last_output = 0.0
+        self.interrupted: tuple[float, int] | None = None  # (when, the hooks' state version then)
 
     # --- the session, from the hooks ------------------------------------------------------
 
     def session(self) -> tuple[str | None, bool]:
-        """``(session id, a turn is open)`` as the hooks last wrote them."""
+        """``(session id, a turn is open)`` as the hooks last wrote them, a turn counted
+        over after an interrupt (module docstring)."""
         import json
 
         try:
             with open(os.path.join(self.folder, "state.json"), "rb") as handle:
+                version = os.fstat(handle.fileno()).st_mtime_ns
                 data = json.loads(handle.read())
         except (OSError, ValueError):
             return None, True
         session_id = data.get("session_id") if isinstance(data, dict) else None
-        return (session_id, bool(data.get("busy"))) if isinstance(session_id, str) else (None, True)
+        if not isinstance(session_id, str):
+            return None, True
+        busy = bool(data.get("busy"))
+        if busy and self.interrupted is not None and self.interrupted[1] == version:
+            now = time.monotonic()
+            busy = now - max(self.interrupted[0], self.last_output) < INTERRUPT_SETTLE_S
+        return session_id, busy
+
+    def _state_version(self) -> int:
+        try:
+            return os.stat(os.path.join(self.folder, "state.json")).st_mtime_ns
+        except OSError:
+            return 0
+
+    def _interrupting(self) -> None:
+        """The interrupt key went to the CLI now (T5, or the person's own)."""
+        self.interrupted = (time.monotonic(), self._state_version())
 
     def report(self, session_id: str, seq: int, state: str) -> None:
         """Queue what became of message ``seq`` for the service, in the hooks' outbox (R4)."""
@@ -220,6 +248,7 @@ class Wrapper:
                     data = b""
                 if not data:
                     return  # the CLI closed its terminal: it ended
+                self.last_output = time.monotonic()
                 self._write_out(data)
             if self.stdin_fd in ready:
                 try:
@@ -238,6 +267,8 @@ class Wrapper:
             self.last_key = time.monotonic()
         if dirty is not None:
             self.line_dirty = dirty
+        if data == INTERRUPT_KEYS.get(self.agent, b"\x03"):
+            self._interrupting()
         self.proc.write(data)
 
     def _deliver(self) -> None:
@@ -248,6 +279,7 @@ class Wrapper:
             self.sweep(session_id)
         if inbox.take_interrupt(self.state_dir, session_id):
             self.proc.write(INTERRUPT_KEYS.get(self.agent, b"\x03"))
+            self._interrupting()
         if busy or self.line_dirty or time.monotonic() - self.last_key < self.quiet_s:
             return
         if not inbox.waiting(self.state_dir, session_id):
@@ -276,6 +308,7 @@ class Wrapper:
                 except OSError:
                     data = b""
                 if data:
+                    self.last_output = time.monotonic()
                     self._write_out(data)
             if self.stdin_fd in ready:
                 try:
