@@ -24,6 +24,11 @@ wrapper took but may not have typed (it was killed in between) is reported
 ``undelivered`` by the next wrapper of that session, never typed again. An interrupt
 (T5) sends the CLI's interrupt key (Esc for Claude Code and Codex, Ctrl-C otherwise).
 
+Codex 0.169's terminal UI runs its turns in a background app-server shared by every
+Codex terminal of the user (started by the first, outliving it; observed offline): its
+hooks would not run in this wrapper's environment, so ``codex`` gets ``--no-daemon``
+(unless the person asked for ``--no-daemon`` or ``--remote``).
+
 An interrupted turn fires no hook (observed with Claude Code 2.1.328: Esc during a Bash
 call, no ``Stop``, no ``PostToolUseFailure``), so the hooks' state would say "busy"
 until the next prompt. The wrapper therefore counts a turn as over once it sent the
@@ -99,13 +104,21 @@ def paste(text: str) -> bytes:
     return PASTE_START + inert(text).replace("\n", "\r").encode() + PASTE_END
 
 
+def own_process(agent: str, argv: list[str]) -> list[str]:
+    """``argv`` with what keeps the agent's turns in the process this wrapper runs (so its
+    hooks see ``RUNSTEAD_TERMINAL``): ``--no-daemon`` for Codex."""
+    if agent == "codex" and not any(a in ("--no-daemon", "--remote") or a.startswith("--remote=") for a in argv[1:]):
+        return [argv[0], "--no-daemon", *argv[1:]]
+    return list(argv)
+
+
 class Wrapper:
     """One agent CLI under a pseudo-terminal; ``run()`` returns its exit status."""
 
     def __init__(self, argv: list[str], *, state_dir: str | None = None, quiet_s: float | None = None,
                  stdin_fd: int = 0, stdout_fd: int = 1):
-        self.argv = argv
         self.agent = os.path.basename(argv[0])
+        self.argv = own_process(self.agent, argv)
         self.state_dir = state_dir or inbox.hook_state_dir()
         self.quiet_s = env_float("RUNSTEAD_TERMINAL_QUIET_S", QUIET_S, minimum=0) if quiet_s is None else quiet_s
         self.stdin_fd, self.stdout_fd = stdin_fd, stdout_fd
