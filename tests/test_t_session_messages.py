@@ -305,3 +305,33 @@ def test_t6_the_stop_hooks_last_assistant_message_is_kept_on_the_messages_its_tu
     _replay(api, stop)
     assert [(m["state"], m["reply"]) for m in api.get(f"/api/sessions/{real_id}/messages/").json()["results"]][1] == \
         ("answered", "")
+
+
+@pytest.mark.django_db
+def test_t6_codex_last_assistant_message_from_its_stop_hook_or_notify_is_kept_on_the_answered_message(owner, machine):
+    """Codex's recorded ``Stop`` (``last_assistant_message``) and ``notify``
+    (``last-assistant-message``) both end the turn with its reply: whichever comes first
+    carries it to the message that turn answered, the other changes nothing."""
+    from machine.hooks.mapping import handle, identify
+    from tests.hooks_support import fixture
+
+    api, thread = owner_api(owner), str(uuid.uuid4())
+    state: dict = {}
+
+    def hook(name, **overrides):
+        ids = {"thread-id": thread} if name.startswith("notify") else {"session_id": thread}
+        payload = fixture("codex", name, **ids, **overrides)
+        return handle(identify("codex", payload), payload, state, hostname="laptop", now=1.0,
+                      binding={"machine": str(machine.id), "channel": "terminal"})
+
+    for turn, (first, then) in enumerate([("notify_turn_complete", "stop"), ("stop", "notify_turn_complete")], 1):
+        turn_id = f"turn-{turn}"
+        _replay(api, hook("user_prompt_submit", turn_id=turn_id))
+        real_id = Session.objects.get().pk
+        assert send(owner, real_id, f"message {turn}").status_code == 201
+        assert delivery(api, real_id, turn, "delivered").status_code == 200
+        reply = {"last-assistant-message" if first.startswith("notify") else "last_assistant_message": f"reply {turn}"}
+        _replay(api, hook(first, **{"turn-id" if first.startswith("notify") else "turn_id": turn_id}, **reply))
+        assert hook(then, **{"turn-id" if then.startswith("notify") else "turn_id": turn_id}) == []
+    got = api.get(f"/api/sessions/{real_id}/messages/").json()["results"]
+    assert [(m["state"], m["reply"]) for m in got] == [("answered", "reply 1"), ("answered", "reply 2")]

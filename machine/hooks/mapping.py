@@ -347,25 +347,29 @@ def claude_session_end(w: Writes, p: dict) -> None:
 
 def codex_notify(w: Writes, p: dict) -> None:
     """``agent-turn-complete``: ``ended`` for its ``turn-id``, preceded by ``running`` when
-    that turn was never started (no trusted hooks)."""
+    that turn was never started (no trusted hooks), carrying ``last-assistant-message``
+    (T6: kept on the messages the turn answered)."""
     messages = p.get("input-messages")
     first = messages[0] if isinstance(messages, list) and messages and isinstance(messages[0], str) else ""
     w.ensure_session(cwd=_text(p, "cwd"), title=" ".join(first.split())[:TITLE_MAX])
+    reply = _text(p, "last-assistant-message")
     turn_id = turn_token(p.get("turn-id"))
     if turn_id is None:
-        w.ended()
+        w.ended(reply=reply)
         return
     if turn_id in w.state.get("ended", []):
         return
     if turn_id not in (w.state.get("turn"), w.state.get("turn_origin")):
         w.running(turn_id)
-    w.ended(turn_id)
+    w.ended(turn_id, reply=reply)
 
 
 def codex_stop(w: Writes, p: dict) -> None:
+    """Codex's ``Stop`` hook: the turn ended, with ``last_assistant_message`` (T6; the
+    same as its ``notify``'s, whichever comes first ends the turn)."""
     w.answered_in_terminal()
     w.ensure_session(cwd=_text(p, "cwd"))
-    w.ended()
+    w.ended(reply=_text(p, "last_assistant_message"))
 
 
 # --- Gemini CLI (I4) --------------------------------------------------------------------
