@@ -34,7 +34,8 @@ call, no ``Stop``, no ``PostToolUseFailure``), so the hooks' state would say "bu
 until the next prompt. The wrapper therefore counts a turn as over once it sent the
 interrupt key, or the person pressed it alone, and the CLI's output has then been
 still for ``INTERRUPT_SETTLE_S`` (a working CLI animates its spinner), as long as no hook
-wrote the state since (a hook that did has the last word).
+wrote the state since (a hook that did has the last word); it then runs the hook itself
+with RunStead's own ``RunsteadInterrupted`` event, which ends the turn on the service too.
 """
 from __future__ import annotations
 
@@ -129,6 +130,7 @@ class Wrapper:
         self.proc = None
         self.last_output = 0.0
         self.interrupted: tuple[float, int] | None = None  # (when, the hooks' state version then)
+        self.children: list = []  # hook processes this wrapper started (reaped as they end)
 
     # --- the session, from the hooks ------------------------------------------------------
 
@@ -148,9 +150,35 @@ class Wrapper:
             return None, True
         busy = bool(data.get("busy"))
         if busy and self.interrupted is not None and self.interrupted[1] == version:
-            now = time.monotonic()
-            busy = now - max(self.interrupted[0], self.last_output) < INTERRUPT_SETTLE_S
+            busy = time.monotonic() - max(self.interrupted[0], self.last_output) < INTERRUPT_SETTLE_S
+            if not busy:
+                self.interrupted = None
+                self._report_interrupted(data.get("agent_session"))
         return session_id, busy
+
+    def _report_interrupted(self, agent_session) -> None:
+        """The turn ended by an interrupt: the hook, run as the CLI would run it, ends it
+        on the service (its ``ended`` marker through the outbox) and in the state file.
+        Not waited for: the terminal goes on."""
+        import json
+        import subprocess
+
+        from machine.hooks.mapping import INTERRUPTED
+
+        if not isinstance(agent_session, str) or not agent_session or self.agent not in ("claude", "codex"):
+            return
+        payload = json.dumps({"hook_event_name": INTERRUPTED, "session_id": agent_session})
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, **{TERMINAL_ENV: self.folder, "RUNSTEAD_HOOK_DIR": self.state_dir,
+                                  "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)})
+        try:
+            self.children.append(subprocess.Popen([sys.executable, "-m", "machine.hooks", self.agent, payload], env=env,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True))
+        except OSError as error:
+            from machine.hooks import store
+
+            store.log_line(self.state_dir, "terminal.log", f"interrupt report: {error!r}")
 
     def _state_version(self) -> int:
         try:
@@ -285,6 +313,7 @@ class Wrapper:
         self.proc.write(data)
 
     def _deliver(self) -> None:
+        self.children = [child for child in self.children if child.poll() is None]
         session_id, busy = self.session()
         if session_id is None:
             return

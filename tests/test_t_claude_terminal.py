@@ -322,17 +322,21 @@ LONG = "time.sleep(47.5)"
 
 def test_t5_real_claude_in_the_wrapper_interrupted_in_a_long_tool_call_answers_the_next_message(desk):
     """Claude Code fires no hook when a turn is interrupted (no Stop): the wrapper counts
-    the turn over once it sent Esc and the screen went still (machine.terminal)."""
+    the turn over once it sent Esc and the screen went still, and ends it on the service
+    through the hook (machine.terminal)."""
     term = desk.open("--allowedTools", "Bash(python3:*)")  # Claude Code refuses a bare `sleep`
     session = desk.session()
     (agent,) = _children(wrapper_pid(term))
     term.submit(f"[[bash:python3 -c 'import time; {LONG}']] a long tool call", accepted=lambda: running(LONG),
                 settle_s=15)
+    wait_for(lambda: Session.objects.get(pk=session.pk).status == "busy", timeout_s=20, what="the turn open")
     answer = httpx.post(f"{desk.url}/api/sessions/{session.pk}/interrupt/", headers=desk.headers, timeout=20)
     assert answer.status_code == 202, answer.text
     assert desk.pull_and_record() == 1
     wait_for(lambda: not running(LONG), timeout_s=20, what="the tool call stopped")
     term.wait_for("Interrupted")
+    # no hook fires for it: the wrapper ends the turn on the service itself
+    wait_for(lambda: Session.objects.get(pk=session.pk).status == "idle", timeout_s=20, what="the session idle")
     sent = desk.send(session.pk, "after the interrupt")
     desk.pull_and_record()
     term.wait_for("ok: after the interrupt")

@@ -335,3 +335,25 @@ def test_t6_codex_last_assistant_message_from_its_stop_hook_or_notify_is_kept_on
         assert hook(then, **{"turn-id" if then.startswith("notify") else "turn_id": turn_id}) == []
     got = api.get(f"/api/sessions/{real_id}/messages/").json()["results"]
     assert [(m["state"], m["reply"]) for m in got] == [("answered", "reply 1"), ("answered", "reply 2")]
+
+
+@pytest.mark.django_db
+def test_t5_the_wrappers_interrupted_event_ends_the_open_turn_on_the_service(owner, machine):
+    """Claude Code fires no hook for an interrupted turn; the wrapper reports RunStead's
+    own ``RunsteadInterrupted`` through the hook: the open turn ends (the session idle),
+    and with no turn open it writes nothing."""
+    from machine.hooks.mapping import INTERRUPTED, handle, identify
+    from tests.hooks_support import fixture
+
+    api, agent_session = owner_api(owner), str(uuid.uuid4())
+    state: dict = {}
+
+    def hook(payload):
+        return handle(identify("claude", payload), payload, state, hostname="laptop", now=1.0,
+                      binding={"machine": str(machine.id), "channel": "terminal"})
+
+    _replay(api, hook(fixture("claude", "user_prompt_submit", session_id=agent_session)))
+    assert Session.objects.get().status == "busy"
+    _replay(api, hook({"hook_event_name": INTERRUPTED, "session_id": agent_session}))
+    assert Session.objects.get().status == "idle" and "turn" not in state
+    assert hook({"hook_event_name": INTERRUPTED, "session_id": agent_session}) == []

@@ -319,6 +319,20 @@ def tool_activity(w: Writes, p: dict) -> None:
     w.continue_turn()
 
 
+# T5: the event RunStead's terminal wrapper reports itself (the CLIs fire none for it).
+INTERRUPTED = "RunsteadInterrupted"
+
+
+def terminal_interrupted(w: Writes, p: dict) -> None:
+    """T5: the terminal wrapper sent the CLI's interrupt key (or the person pressed it)
+    and the CLI went still: the turn is over, though Claude Code 2.1.328 fires no hook
+    when a turn is interrupted (no ``Stop``). The wrapper runs the hook with
+    ``{"hook_event_name": "RunsteadInterrupted", "session_id": <the agent's id>}``."""
+    w.answered_in_terminal()
+    w.clear_attention()
+    w.ended()
+
+
 def claude_permission_request(w: Writes, p: dict) -> None:
     """Q3, Q4: an earlier approval still pending here was answered in the terminal (the
     service does the same when it creates the new one); the agent works on (I7). The
@@ -481,6 +495,7 @@ HANDLERS = {
         "PreToolUse": tool_activity,
         "PostToolUse": tool_activity,
         "PermissionRequest": claude_permission_request,
+        INTERRUPTED: terminal_interrupted,
     },
     "codex": {
         "agent-turn-complete": codex_notify,
@@ -490,6 +505,7 @@ HANDLERS = {
         "PreToolUse": tool_activity,
         "PostToolUse": tool_activity,
         "PermissionRequest": claude_permission_request,
+        INTERRUPTED: terminal_interrupted,
     },
     "gemini": {
         "SessionStart": claude_session_start,
