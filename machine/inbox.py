@@ -145,7 +145,7 @@ def take_interrupt(state_dir: str, session_id: str) -> bool:
     except OSError:
         return False
     for name in names:
-        if name.startswith(INTERRUPT + "-"):
+        if name.startswith(INTERRUPT + "-") and name.endswith(".json"):  # not a record's tmp file
             folder = session_dir(state_dir, session_id)
             try:
                 os.rename(os.path.join(folder, name), os.path.join(folder, INTERRUPT_TAKEN + name[len(INTERRUPT):]))

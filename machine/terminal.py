@@ -23,6 +23,19 @@ dropped here again), so nothing in it can end the paste or act as a key. A messa
 wrapper took but may not have typed (it was killed in between) is reported
 ``undelivered`` by the next wrapper of that session, never typed again. An interrupt
 (T5) sends the CLI's interrupt key (Esc for Claude Code and Codex, Ctrl-C otherwise).
+
+Codex 0.169's terminal UI runs its turns in a background app-server shared by every
+Codex terminal of the user (started by the first, outliving it; observed offline): its
+hooks would not run in this wrapper's environment, so ``codex`` gets ``--no-daemon``
+(unless the person asked for ``--no-daemon`` or ``--remote``).
+
+An interrupted turn fires no hook (observed with Claude Code 2.1.328: Esc during a Bash
+call, no ``Stop``, no ``PostToolUseFailure``), so the hooks' state would say "busy"
+until the next prompt. The wrapper therefore counts a turn as over once it sent the
+interrupt key, or the person pressed it alone, and the CLI's output has then been
+still for ``INTERRUPT_SETTLE_S`` (a working CLI animates its spinner), as long as no hook
+wrote the state since (a hook that did has the last word); it then runs the hook itself
+with RunStead's own ``RunsteadInterrupted`` event, which ends the turn on the service too.
 """
 from __future__ import annotations
 
@@ -39,6 +52,7 @@ from machine.settings import env_float
 QUIET_S = 3.0  # T3: RUNSTEAD_TERMINAL_QUIET_S's default
 TICK_S = 0.1
 ENTER_DELAY_S = 0.15  # between the end of the paste and Enter: a TUI reads a paste as one input first
+INTERRUPT_SETTLE_S = 1.0  # after an interrupt key: output still this long -> the turn is over
 PASTE_START, PASTE_END = b"\x1b[200~", b"\x1b[201~"
 INTERRUPT_KEYS = {"claude": b"\x1b", "codex": b"\x1b"}
 TERMINAL_ENV = "RUNSTEAD_TERMINAL"
@@ -91,13 +105,21 @@ def paste(text: str) -> bytes:
     return PASTE_START + inert(text).replace("\n", "\r").encode() + PASTE_END
 
 
+def own_process(agent: str, argv: list[str]) -> list[str]:
+    """``argv`` with what keeps the agent's turns in the process this wrapper runs (so its
+    hooks see ``RUNSTEAD_TERMINAL``): ``--no-daemon`` for Codex."""
+    if agent == "codex" and not any(a in ("--no-daemon", "--remote") or a.startswith("--remote=") for a in argv[1:]):
+        return [argv[0], "--no-daemon", *argv[1:]]
+    return list(argv)
+
+
 class Wrapper:
     """One agent CLI under a pseudo-terminal; ``run()`` returns its exit status."""
 
     def __init__(self, argv: list[str], *, state_dir: str | None = None, quiet_s: float | None = None,
                  stdin_fd: int = 0, stdout_fd: int = 1):
-        self.argv = argv
         self.agent = os.path.basename(argv[0])
+        self.argv = own_process(self.agent, argv)
         self.state_dir = state_dir or inbox.hook_state_dir()
         self.quiet_s = env_float("RUNSTEAD_TERMINAL_QUIET_S", QUIET_S, minimum=0) if quiet_s is None else quiet_s
         self.stdin_fd, self.stdout_fd = stdin_fd, stdout_fd
@@ -106,20 +128,67 @@ class Wrapper:
         self.line_dirty = False  # the person typed since the last Enter
         self.swept: set[str] = set()
         self.proc = None
+        self.last_output = 0.0
+        self.interrupted: tuple[float, int] | None = None  # (when, the hooks' state version then)
+        self.children: list = []  # hook processes this wrapper started (reaped as they end)
 
     # --- the session, from the hooks ------------------------------------------------------
 
     def session(self) -> tuple[str | None, bool]:
-        """``(session id, a turn is open)`` as the hooks last wrote them."""
+        """``(session id, a turn is open)`` as the hooks last wrote them, a turn counted
+        over after an interrupt (module docstring)."""
         import json
 
         try:
             with open(os.path.join(self.folder, "state.json"), "rb") as handle:
+                version = os.fstat(handle.fileno()).st_mtime_ns
                 data = json.loads(handle.read())
         except (OSError, ValueError):
             return None, True
         session_id = data.get("session_id") if isinstance(data, dict) else None
-        return (session_id, bool(data.get("busy"))) if isinstance(session_id, str) else (None, True)
+        if not isinstance(session_id, str):
+            return None, True
+        busy = bool(data.get("busy"))
+        if busy and self.interrupted is not None and self.interrupted[1] == version:
+            busy = time.monotonic() - max(self.interrupted[0], self.last_output) < INTERRUPT_SETTLE_S
+            if not busy:
+                self.interrupted = None
+                self._report_interrupted(data.get("agent_session"))
+        return session_id, busy
+
+    def _report_interrupted(self, agent_session) -> None:
+        """The turn ended by an interrupt: the hook, run as the CLI would run it, ends it
+        on the service (its ``ended`` marker through the outbox) and in the state file.
+        Not waited for: the terminal goes on."""
+        import json
+        import subprocess
+
+        from machine.hooks.mapping import INTERRUPTED
+
+        if not isinstance(agent_session, str) or not agent_session or self.agent not in ("claude", "codex"):
+            return
+        payload = json.dumps({"hook_event_name": INTERRUPTED, "session_id": agent_session})
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, **{TERMINAL_ENV: self.folder, "RUNSTEAD_HOOK_DIR": self.state_dir,
+                                  "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)})
+        try:
+            self.children.append(subprocess.Popen([sys.executable, "-m", "machine.hooks", self.agent, payload], env=env,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True))
+        except OSError as error:
+            from machine.hooks import store
+
+            store.log_line(self.state_dir, "terminal.log", f"interrupt report: {error!r}")
+
+    def _state_version(self) -> int:
+        try:
+            return os.stat(os.path.join(self.folder, "state.json")).st_mtime_ns
+        except OSError:
+            return 0
+
+    def _interrupting(self) -> None:
+        """The interrupt key went to the CLI now (T5, or the person's own)."""
+        self.interrupted = (time.monotonic(), self._state_version())
 
     def report(self, session_id: str, seq: int, state: str) -> None:
         """Queue what became of message ``seq`` for the service, in the hooks' outbox (R4)."""
@@ -220,6 +289,7 @@ class Wrapper:
                     data = b""
                 if not data:
                     return  # the CLI closed its terminal: it ended
+                self.last_output = time.monotonic()
                 self._write_out(data)
             if self.stdin_fd in ready:
                 try:
@@ -238,9 +308,12 @@ class Wrapper:
             self.last_key = time.monotonic()
         if dirty is not None:
             self.line_dirty = dirty
+        if data == INTERRUPT_KEYS.get(self.agent, b"\x03"):
+            self._interrupting()
         self.proc.write(data)
 
     def _deliver(self) -> None:
+        self.children = [child for child in self.children if child.poll() is None]
         session_id, busy = self.session()
         if session_id is None:
             return
@@ -248,6 +321,7 @@ class Wrapper:
             self.sweep(session_id)
         if inbox.take_interrupt(self.state_dir, session_id):
             self.proc.write(INTERRUPT_KEYS.get(self.agent, b"\x03"))
+            self._interrupting()
         if busy or self.line_dirty or time.monotonic() - self.last_key < self.quiet_s:
             return
         if not inbox.waiting(self.state_dir, session_id):
@@ -276,6 +350,7 @@ class Wrapper:
                 except OSError:
                     data = b""
                 if data:
+                    self.last_output = time.monotonic()
                     self._write_out(data)
             if self.stdin_fd in ready:
                 try:

@@ -110,7 +110,8 @@
 
   // I6: agent, title, folder and "needs you" travel in the snapshot and in every
   // session.status event; a field an event does not carry keeps its value.
-  var SESSION_INFO = ["title", "agent", "cwd", "attention", "attention_message", "attention_since"];
+  var SESSION_INFO = ["title", "agent", "cwd", "attention", "attention_message", "attention_since",
+                      "machine", "channel", "reach"]; // T1: how a message reaches it, in words
   function copySessionInfo(s, source) {
     SESSION_INFO.forEach(function (key) { if (source[key] !== undefined) s[key] = source[key]; });
   }
@@ -434,6 +435,11 @@
         el("span", { className: "attention-message", text: s.attention_message ||
           (s.attention === "approval" ? "an approval is pending" : "permission needed") }),
         s.attention_since ? el("span", { className: "muted" }, " since ", timeEl(s.attention_since, fmtTime(s.attention_since))) : null));
+    }
+    if (s.reach) { // T1: when a message sent now reaches it, in the service's words
+      var reachable = !!s.machine && (s.channel === "terminal" || s.channel === "hook");
+      li.appendChild(el("div", { className: "line reach muted", "data-channel": s.channel || "none" },
+        reachable ? "A message arrives " + s.reach + "." : s.reach));
     }
     var badges = el("div", { className: "line markers" });
     var running = 0;

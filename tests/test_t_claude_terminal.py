@@ -8,6 +8,11 @@ Inside the wrapper (``scripts/runstead-term claude``, channel ``terminal``):
   sees its text once, the message ends ``delivered`` then ``answered``;
 - a message sent mid-turn stays in the inbox until the turn ends, then goes in at the
   prompt and is answered;
+- the person types in the terminal while a message waits: a half-typed line holds the
+  message back however quiet the keyboard; the person's prompt and the message reach the
+  model as two prompts, each once, the person's first;
+- interrupted (``POST .../interrupt/``, Esc) during a long tool call: the tool stops and
+  the next message is answered by the same process in the same conversation;
 - the wrapper killed (kill -9) after it took a message and before it typed it: the next
   wrapper of that session (``claude --resume``) reports it ``undelivered``; the model
   never sees it.
@@ -37,10 +42,12 @@ from machine import inbox
 from machine.hooks import store
 from machine.hooks.install import install
 from machine.hooks.mapping import session_uuid
+from machine.worker import sessions
 from sessions_app.models import Session, SessionMessage
 from tests.claude_cli import claude_bin, claude_env, fake_model_api  # noqa: F401  (fixture)
 from tests.conftest import machine_api
 from tests.hooks_support import stop_sender
+from tests.model_apis import AnthropicAPI
 from tests.tmux import Terminal
 from tests.wait import wait_for
 
@@ -98,12 +105,21 @@ class Desk:
         return answer.json()
 
     def pull_and_record(self) -> int:
-        """What the machine's worker does: pull, record each session message (W2)."""
+        """What the machine's worker does: pull, record each session message or
+        interrupt in the inbox (W2)."""
         messages = machine_api(self.machine).get("/api/worker/messages/?wait=0").json()["messages"]
         for message in messages:
-            if message["kind"] == "session_message":
-                inbox.record(str(self.state_dir), message["payload"])
+            if message["kind"] in sessions.KINDS:
+                sessions.record(message["kind"], message["payload"], state_dir=str(self.state_dir))
         return len(messages)
+
+    def prompts(self) -> list[str]:
+        """Each prompt the model was asked to answer (its request's last user text), in
+        the order of the requests, a prompt asked again in a row (after a tool's result)
+        counted once."""
+        asked = [AnthropicAPI.conversation(body)[0] for path, body in self.api.requests
+                 if path.startswith("/v1/messages") and not path.startswith("/v1/messages/count_tokens")]
+        return [prompt for n, prompt in enumerate(asked) if n == 0 or asked[n - 1] != prompt]
 
     def seen(self, text: str) -> int:
         """The most times ``text`` occurs in one request to the model (its whole
@@ -161,6 +177,32 @@ def test_t3_real_claude_in_the_wrapper_message_sent_mid_turn_waits_for_the_promp
     assert all(waits or done for waits, done in samples), "taken before the turn ended"
     assert desk.seen("then this from the phone") == 1 and desk.seen("[[slow:6]] a long one") == 1
     wait_for(lambda: desk.state(sent) == "answered", timeout_s=30, what="the message answered")
+
+
+def holds(check, for_s: float) -> None:
+    """``check()`` stays true for ``for_s`` seconds (read every 50 ms): a thing that must
+    not happen during a window (here, a message typed while the person's line is dirty)."""
+    end = time.monotonic() + for_s
+    while time.monotonic() < end:
+        assert check(), "it happened"
+        time.sleep(0.05)
+
+
+def test_t3_real_claude_in_the_wrapper_the_persons_typing_and_a_waiting_message_never_mix(desk):
+    term = desk.open()
+    session = desk.session()
+    folder = str(desk.state_dir), str(session.pk)
+    term.type("desk half")
+    term.wait_for("desk half")
+    sent = desk.send(session.pk, "the phone words")
+    desk.pull_and_record()
+    # a half-typed line: the keyboard quiet for 4 x RUNSTEAD_TERMINAL_QUIET_S, the message still waits
+    holds(lambda: inbox.waiting(*folder), for_s=4 * 0.5)
+    term.submit(" done", accepted=lambda: "ok: desk half done" in term.screen())
+    term.wait_for("ok: the phone words")  # then, at the prompt, the message as its own turn
+    wait_for(lambda: desk.state(sent) == "answered", timeout_s=30, what="the message answered")
+    prompts = desk.prompts()
+    assert [p for p in prompts if "desk" in p or "phone" in p] == ["desk half done", "the phone words"], prompts
 
 
 def wrapper_pid(term: Terminal) -> int:
@@ -261,3 +303,47 @@ def test_t4_real_claude_without_the_wrapper_service_silent_the_turn_ends_within_
     # back to wait for a Stop that can claim it (the second turn's Stop tried again, as silent)
     wait_for(lambda: inbox.waiting(str(desk.state_dir), str(session.pk)), timeout_s=10, what="still waiting")
     assert SessionMessage.objects.get(session=session).state == "sent"
+
+
+def running(marker: str) -> bool:
+    """A process whose command line holds ``marker`` runs (the agent's tool call)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+LONG = "time.sleep(47.5)"
+
+
+def test_t5_real_claude_in_the_wrapper_interrupted_in_a_long_tool_call_answers_the_next_message(desk):
+    """Claude Code fires no hook when a turn is interrupted (no Stop): the wrapper counts
+    the turn over once it sent Esc and the screen went still, and ends it on the service
+    through the hook (machine.terminal)."""
+    term = desk.open("--allowedTools", "Bash(python3:*)")  # Claude Code refuses a bare `sleep`
+    session = desk.session()
+    (agent,) = _children(wrapper_pid(term))
+    term.submit(f"[[bash:python3 -c 'import time; {LONG}']] a long tool call", accepted=lambda: running(LONG),
+                settle_s=15)
+    wait_for(lambda: Session.objects.get(pk=session.pk).status == "busy", timeout_s=20, what="the turn open")
+    answer = httpx.post(f"{desk.url}/api/sessions/{session.pk}/interrupt/", headers=desk.headers, timeout=20)
+    assert answer.status_code == 202, answer.text
+    assert desk.pull_and_record() == 1
+    wait_for(lambda: not running(LONG), timeout_s=20, what="the tool call stopped")
+    term.wait_for("Interrupted")
+    # no hook fires for it: the wrapper ends the turn on the service itself
+    wait_for(lambda: Session.objects.get(pk=session.pk).status == "idle", timeout_s=20, what="the session idle")
+    sent = desk.send(session.pk, "after the interrupt")
+    desk.pull_and_record()
+    term.wait_for("ok: after the interrupt")
+    wait_for(lambda: desk.state(sent) == "answered", timeout_s=30, what="the message answered")
+    # the same process and the same conversation: the model is asked with the interrupted turn in it
+    assert _children(wrapper_pid(term)) == [agent]
+    assert Session.objects.filter(owner=desk.owner, agent="claude").count() == 1
+    asked = [body for _, body in desk.api.requests if AnthropicAPI.conversation(body)[0] == "after the interrupt"]
+    assert asked and "a long tool call" in json.dumps(asked[-1]["messages"])
+    assert desk.prompts().count("after the interrupt") == 1

@@ -96,3 +96,18 @@ def test_t2_the_sweeps_report_is_accepted_from_the_machine_token(owner, machine,
     answer = machine_api(machine).post(item["path"], item["body"], format="json")
     assert answer.status_code == 200, answer.content
     assert answer.json()["state"] == "undelivered"
+
+
+def test_t5_an_interrupt_being_recorded_is_not_taken_half_written(tmp_path):
+    """The worker writes an interrupt as a temporary file renamed into place: a wrapper
+    looking at that moment takes nothing (it once took the temporary file, and the
+    worker's rename then failed)."""
+    state_dir, session_id = str(tmp_path), str(uuid.uuid4())
+    folder = inbox.session_dir(state_dir, session_id)
+    os.makedirs(folder)
+    with open(os.path.join(folder, "intr-abc.json.123.tmp"), "w") as handle:
+        handle.write("{}")
+    assert inbox.take_interrupt(state_dir, session_id) is False
+    assert inbox.record_interrupt(state_dir, session_id, "abc") is True
+    assert inbox.take_interrupt(state_dir, session_id) is True
+    assert inbox.take_interrupt(state_dir, session_id) is False

@@ -305,3 +305,55 @@ def test_t6_the_stop_hooks_last_assistant_message_is_kept_on_the_messages_its_tu
     _replay(api, stop)
     assert [(m["state"], m["reply"]) for m in api.get(f"/api/sessions/{real_id}/messages/").json()["results"]][1] == \
         ("answered", "")
+
+
+@pytest.mark.django_db
+def test_t6_codex_last_assistant_message_from_its_stop_hook_or_notify_is_kept_on_the_answered_message(owner, machine):
+    """Codex's recorded ``Stop`` (``last_assistant_message``) and ``notify``
+    (``last-assistant-message``) both end the turn with its reply: whichever comes first
+    carries it to the message that turn answered, the other changes nothing."""
+    from machine.hooks.mapping import handle, identify
+    from tests.hooks_support import fixture
+
+    api, thread = owner_api(owner), str(uuid.uuid4())
+    state: dict = {}
+
+    def hook(name, **overrides):
+        ids = {"thread-id": thread} if name.startswith("notify") else {"session_id": thread}
+        payload = fixture("codex", name, **ids, **overrides)
+        return handle(identify("codex", payload), payload, state, hostname="laptop", now=1.0,
+                      binding={"machine": str(machine.id), "channel": "terminal"})
+
+    for turn, (first, then) in enumerate([("notify_turn_complete", "stop"), ("stop", "notify_turn_complete")], 1):
+        turn_id = f"turn-{turn}"
+        _replay(api, hook("user_prompt_submit", turn_id=turn_id))
+        real_id = Session.objects.get().pk
+        assert send(owner, real_id, f"message {turn}").status_code == 201
+        assert delivery(api, real_id, turn, "delivered").status_code == 200
+        reply = {"last-assistant-message" if first.startswith("notify") else "last_assistant_message": f"reply {turn}"}
+        _replay(api, hook(first, **{"turn-id" if first.startswith("notify") else "turn_id": turn_id}, **reply))
+        assert hook(then, **{"turn-id" if then.startswith("notify") else "turn_id": turn_id}) == []
+    got = api.get(f"/api/sessions/{real_id}/messages/").json()["results"]
+    assert [(m["state"], m["reply"]) for m in got] == [("answered", "reply 1"), ("answered", "reply 2")]
+
+
+@pytest.mark.django_db
+def test_t5_the_wrappers_interrupted_event_ends_the_open_turn_on_the_service(owner, machine):
+    """Claude Code fires no hook for an interrupted turn; the wrapper reports RunStead's
+    own ``RunsteadInterrupted`` through the hook: the open turn ends (the session idle),
+    and with no turn open it writes nothing."""
+    from machine.hooks.mapping import INTERRUPTED, handle, identify
+    from tests.hooks_support import fixture
+
+    api, agent_session = owner_api(owner), str(uuid.uuid4())
+    state: dict = {}
+
+    def hook(payload):
+        return handle(identify("claude", payload), payload, state, hostname="laptop", now=1.0,
+                      binding={"machine": str(machine.id), "channel": "terminal"})
+
+    _replay(api, hook(fixture("claude", "user_prompt_submit", session_id=agent_session)))
+    assert Session.objects.get().status == "busy"
+    _replay(api, hook({"hook_event_name": INTERRUPTED, "session_id": agent_session}))
+    assert Session.objects.get().status == "idle" and "turn" not in state
+    assert hook({"hook_event_name": INTERRUPTED, "session_id": agent_session}) == []

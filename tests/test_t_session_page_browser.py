@@ -4,7 +4,8 @@ API as the hooks would report it; a message sent from the page reads "sent", the
 the agent" once the machine reports its delivery through the delivery route as the
 wrapper does, then a turn end carrying Claude Code's last assistant message shows the
 reply under it; the delivery line in words; a pending approval answered inline; every
-change arrives over the board socket (no reload); the board's session card leads here.
+change arrives over the board socket (no reload); the board's session card leads here
+and says in words how a message reaches the session now (T1), live.
 Screenshots go to var/test-output/screenshots/."""
 import uuid
 
@@ -49,7 +50,14 @@ def test_t6_phone_session_chat_sent_with_the_agent_reply_delivery_line_and_appro
 
     board = new_page(url, owner, **PHONE)
     board.goto(f"{url}/")
-    board.locator(f"li.session[data-session-id='{session_id}'] a.session-link").click()
+    card = board.locator(f"li.session[data-session-id='{session_id}']")
+    expect(card.locator(".reach")).to_have_text("A message arrives now, at the prompt.")  # T1, in words
+    owner_client.post("/api/sessions/", json={"id": session_id, "machine": str(machine.id), "channel": "hook"})
+    expect(card.locator(".reach")).to_have_text("A message arrives when this turn ends.")  # live
+    owner_client.post("/api/sessions/", json={"id": session_id, "machine": str(machine.id), "channel": "terminal"})
+    expect(card.locator(".reach")).to_have_text("A message arrives now, at the prompt.")
+    no_horizontal_scroll(board)
+    card.locator("a.session-link").click()
     board.wait_for_url(f"{url}/sessions/{session_id}/")
 
     page = new_page(url, owner, **PHONE)
@@ -142,6 +150,10 @@ def test_t6_an_unreachable_session_says_how_to_reach_it(live_daphne, new_page, m
     owner = make_owner()
     created = api(url, owner).post("/api/sessions/", json={"title": "web", "agent": "claude"}).json()
     page = new_page(url, owner, **PHONE)
+    page.goto(f"{url}/")  # the board's card says it too (T1)
+    expect(page.locator(f"li.session[data-session-id='{created['id']}'] .reach")).to_have_text(
+        "cannot reach this session: start it with `runstead-term claude`")
+    no_horizontal_scroll(page)
     page.goto(f"{url}/sessions/{created['id']}/")
     page.wait_for_selector("#conn[data-state=live]")
     expect(page.locator("#reach")).to_have_text("cannot reach this session: start it with `runstead-term claude`")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from machine import inbox
-from machine.terminal import inert, paste
+from machine.terminal import inert, own_process, paste
 from tests.tmux import Terminal
 from tests.wait import wait_for
 
@@ -146,3 +146,12 @@ def test_t3_the_terminals_answers_to_the_clis_queries_are_not_the_person_typing(
     assert typing(b"\x1b[A") == (True, True)  # history up fills the line
     assert typing(b"\x1b") == (True, None) and typing(b"\x03") == (True, False)
     assert typing(b"\x1b[?1;2cab") == (True, True)
+
+
+def test_t3_codex_runs_its_turns_in_the_wrappers_process_unless_the_person_chose():
+    """Codex's shared background server would run the hooks outside the wrapper's
+    environment: the wrapper adds ``--no-daemon``, other CLIs' arguments are unchanged."""
+    assert own_process("codex", ["/bin/codex", "resume", "--last"]) == ["/bin/codex", "--no-daemon", "resume", "--last"]
+    assert own_process("codex", ["codex", "--remote", "unix://"]) == ["codex", "--remote", "unix://"]
+    assert own_process("codex", ["codex", "--no-daemon"]) == ["codex", "--no-daemon"]
+    assert own_process("claude", ["claude", "-c"]) == ["claude", "-c"]

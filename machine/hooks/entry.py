@@ -92,7 +92,7 @@ def run(argv: list[str]) -> None:
                     outbox.save_session_state(event.key, state)
         if os.environ.get(TERMINAL_ENV):
             terminal_state(os.environ[TERMINAL_ENV], session_id=mapping.session_uuid(agent, event.agent_session_id),
-                           busy=bool(state.get("turn")))
+                           busy=bool(state.get("turn")), agent_session=event.agent_session_id)
         if writes:
             from machine.hooks import launch
 
@@ -123,15 +123,16 @@ def binding(config: dict, environ, agent: str) -> dict:
     return {"machine": machine, "channel": channel}
 
 
-def terminal_state(folder: str, *, session_id: str, busy: bool) -> None:
-    """T3: tell the wrapper which session it runs and whether a turn is open (one small
-    file, replaced at once; no fsync: the next hook writes it again)."""
+def terminal_state(folder: str, *, session_id: str, busy: bool, agent_session: str = "") -> None:
+    """T3: tell the wrapper which session it runs (RunStead's id and the agent's own) and
+    whether a turn is open (one small file, replaced at once; no fsync: the next hook
+    writes it again)."""
     from machine.files import write_atomic
     from machine.hooks import json_dumps
 
     try:
-        write_atomic(os.path.join(folder, "state.json"), json_dumps({"session_id": session_id, "busy": busy}),
-                     sync=False)
+        write_atomic(os.path.join(folder, "state.json"),
+                     json_dumps({"session_id": session_id, "busy": busy, "agent_session": agent_session}), sync=False)
     except OSError:
         pass
 

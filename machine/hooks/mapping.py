@@ -319,6 +319,20 @@ def tool_activity(w: Writes, p: dict) -> None:
     w.continue_turn()
 
 
+# T5: the event RunStead's terminal wrapper reports itself (the CLIs fire none for it).
+INTERRUPTED = "RunsteadInterrupted"
+
+
+def terminal_interrupted(w: Writes, p: dict) -> None:
+    """T5: the terminal wrapper sent the CLI's interrupt key (or the person pressed it)
+    and the CLI went still: the turn is over, though Claude Code 2.1.328 fires no hook
+    when a turn is interrupted (no ``Stop``). The wrapper runs the hook with
+    ``{"hook_event_name": "RunsteadInterrupted", "session_id": <the agent's id>}``."""
+    w.answered_in_terminal()
+    w.clear_attention()
+    w.ended()
+
+
 def claude_permission_request(w: Writes, p: dict) -> None:
     """Q3, Q4: an earlier approval still pending here was answered in the terminal (the
     service does the same when it creates the new one); the agent works on (I7). The
@@ -347,25 +361,29 @@ def claude_session_end(w: Writes, p: dict) -> None:
 
 def codex_notify(w: Writes, p: dict) -> None:
     """``agent-turn-complete``: ``ended`` for its ``turn-id``, preceded by ``running`` when
-    that turn was never started (no trusted hooks)."""
+    that turn was never started (no trusted hooks), carrying ``last-assistant-message``
+    (T6: kept on the messages the turn answered)."""
     messages = p.get("input-messages")
     first = messages[0] if isinstance(messages, list) and messages and isinstance(messages[0], str) else ""
     w.ensure_session(cwd=_text(p, "cwd"), title=" ".join(first.split())[:TITLE_MAX])
+    reply = _text(p, "last-assistant-message")
     turn_id = turn_token(p.get("turn-id"))
     if turn_id is None:
-        w.ended()
+        w.ended(reply=reply)
         return
     if turn_id in w.state.get("ended", []):
         return
     if turn_id not in (w.state.get("turn"), w.state.get("turn_origin")):
         w.running(turn_id)
-    w.ended(turn_id)
+    w.ended(turn_id, reply=reply)
 
 
 def codex_stop(w: Writes, p: dict) -> None:
+    """Codex's ``Stop`` hook: the turn ended, with ``last_assistant_message`` (T6; the
+    same as its ``notify``'s, whichever comes first ends the turn)."""
     w.answered_in_terminal()
     w.ensure_session(cwd=_text(p, "cwd"))
-    w.ended()
+    w.ended(reply=_text(p, "last_assistant_message"))
 
 
 # --- Gemini CLI (I4) --------------------------------------------------------------------
@@ -477,6 +495,7 @@ HANDLERS = {
         "PreToolUse": tool_activity,
         "PostToolUse": tool_activity,
         "PermissionRequest": claude_permission_request,
+        INTERRUPTED: terminal_interrupted,
     },
     "codex": {
         "agent-turn-complete": codex_notify,
@@ -486,6 +505,7 @@ HANDLERS = {
         "PreToolUse": tool_activity,
         "PostToolUse": tool_activity,
         "PermissionRequest": claude_permission_request,
+        INTERRUPTED: terminal_interrupted,
     },
     "gemini": {
         "SessionStart": claude_session_start,
