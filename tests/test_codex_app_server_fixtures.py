@@ -82,3 +82,56 @@ def test_c5_eof_during_a_turn_exits_without_finishing_it():
         eof = next(r["at_s"] for r in rows if r["stream"] == "in" and r["line"] == "<EOF>")
         exit_row = next(r for r in rows if r["stream"] == "exit")
         assert exit_row["line"] == 0 and exit_row["at_s"] - eof < 2
+
+
+def test_g2_g3_the_app_server_parser_reads_thread_turns_tokens_tools_and_verdict():
+    from machine.worker.parsers import make_parser
+
+    parser = make_parser("codex_app_server")
+    for seq, text in enumerate(["first hello", "second hello", "third hello"]):
+        parser.turn_prompt(seq, text)
+    parser.feed((FIXTURES / "three_turns.jsonl").read_bytes())
+    parser.close()
+    assert parser.facts() == {
+        "agent_session_id": "THREAD_1",
+        "agent_result": {"is_error": False, "subtype": "completed", "summary": "ok: third hello"},
+        "usage": {"turns": 3, "tool_calls": 0, "input_tokens": 60, "output_tokens": 15, "cost_usd": None},
+        "last_message": "ok: third hello"}
+    assert [(e["kind"], e["text"], e.get("seq")) for e in parser.entries] == [
+        ("prompt", "first hello", 0), ("message", "ok: first hello", None), ("prompt", "second hello", 1),
+        ("message", "ok: second hello", None), ("prompt", "third hello", 2), ("message", "ok: third hello", None)]
+    assert parser.unknown_events == 0
+    tool = make_parser("codex_app_server")
+    tool.feed((FIXTURES / "tool_turn.jsonl").read_bytes())
+    tool.close()
+    assert [(e["kind"], e["text"]) for e in tool.entries] == [
+        ("tool_call", "/bin/bash -lc 'echo hi'"), ("tool_result", "hi\n"), ("message", "done.")]
+    interrupted = make_parser("codex_app_server")
+    interrupted.feed(b"".join(line + b"\n" for line in (FIXTURES / "interrupt_tool.jsonl").read_bytes().splitlines()
+                              if b'"TURN_2"' not in line))  # up to the interrupted turn's end
+    interrupted.close()
+    assert interrupted.facts()["agent_result"]["subtype"] == "interrupted"
+    assert interrupted.facts()["agent_result"]["is_error"] is False
+
+
+def test_c11_the_app_server_adapter_waits_for_the_ids_it_needs():
+    """``live_agents.AppServer``: a message's turn/start needs the thread's id, an
+    interrupt the id of its message's turn; until the output shows them, no line."""
+    from machine.worker.live_agents import AppServer
+
+    agent = AppServer()
+    message = {"item_id": "m0", "kind": "message", "placement": 0,
+               "line": json.dumps({"type": "user", "message": {"role": "user", "content": "hi"}})}
+    interrupt = {"item_id": "i1", "kind": "interrupt", "placement": 1, "line": None}
+    items = [message, interrupt]
+    assert agent.line(message, items) is None
+    agent.see(json.dumps({"id": "rs-thread", "result": {"thread": {"id": "T"}}}))
+    assert json.loads(agent.line(message, items)) == {"id": "msg:m0", "method": "turn/start", "params": {
+        "threadId": "T", "input": [{"type": "text", "text": "hi"}], "clientUserMessageId": "m0"}}
+    assert agent.line(interrupt, items) is None
+    agent.see(json.dumps({"id": "msg:m0", "result": {"turn": {"id": "U", "status": "inProgress"}}}))
+    assert json.loads(agent.line(interrupt, items))["params"] == {"threadId": "T", "turnId": "U"}
+    assert agent.turns_ended == 0
+    agent.see(json.dumps({"method": "turn/completed", "params": {"threadId": "T", "turn": {"id": "U"}}}))
+    agent.see(json.dumps({"id": "msg:m2", "error": {"code": -32600, "message": "no"}}))
+    assert agent.turns_ended == 2  # a refused turn/start ends its turn: no turn/completed will come

@@ -56,7 +56,20 @@ def output_events(setup, task_id) -> list[dict]:
     return events
 
 
-def test_c11_codex_app_server_answers_three_messages_in_order_and_an_interrupt_keeps_the_thread(codex_live):
+def app_servers(folder) -> list[int]:
+    """Pids of the processes running in ``folder`` whose command line ends in ``app-server``
+    (the launcher, npm's ``codex`` script, the native binary)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.cmdline()[-1:] == ["app-server"] and p.cwd() == str(folder):
+                found.append(p.pid)
+        except (psutil.Error, IndexError):
+            continue
+    return found
+
+
+def test_c11_codex_app_server_three_messages_in_order_a_worker_kill_and_an_interrupt_keep_one_thread(codex_live):
     setup, api = codex_live
     task_id = setup.submit("codex", prompt="[[slow:2]] first turn", mode="conversation")
     assert setup.task(task_id)["conversation"] == "live"
@@ -70,19 +83,29 @@ def test_c11_codex_app_server_answers_three_messages_in_order_and_an_interrupt_k
     assert codex_turns_started(api) == texts  # each once, in order, one model turn each
     with open(os.path.join(op_dir(setup, task_id), "launcher.json")) as f:
         agent_pid = json.load(f)["agent_pid"]
+    processes = app_servers(setup.repo)
+    assert agent_pid in processes
+    # X3: the worker killed (SIGKILL) mid-turn; the next one adopts the same agent, reads
+    # its output again (the thread's and turns' ids) and carries on.
+    assert send(setup, task_id, "[[slow:3]] across a worker kill").status_code == 201
+    wait_states(setup, task_id, {3: "delivered"}, timeout=30)
+    setup.stop_workers()
+    setup.start_worker()
+    wait_states(setup, task_id, {3: "answered"}, timeout=60)
+    assert app_servers(setup.repo) == processes  # no second agent process
     # C4: an interrupt during a long command ends the turn and keeps the thread.
     assert send(setup, task_id, LONG_TOOL).status_code == 201
     wait_for(long_tool_runs, timeout_s=60, what="the long command runs")
     resp = setup.api.post(f"/api/tasks/{task_id}/interrupt/")
     assert resp.status_code == 202, resp.text
-    wait_states(setup, task_id, {3: "answered"}, timeout=30)
+    wait_states(setup, task_id, {4: "answered"}, timeout=30)
     assert send(setup, task_id, "after the interrupt").status_code == 201
-    wait_states(setup, task_id, {4: "answered"}, timeout=60)
+    wait_states(setup, task_id, {5: "answered"}, timeout=60)
+    texts.append("[[slow:3]] across a worker kill")
     assert codex_turns_started(api) == [*texts, LONG_TOOL, "after the interrupt"]
     events = output_events(setup, task_id)
     completed = [e["params"] for e in events if e.get("method") == "turn/completed"]
-    assert [t["turn"]["status"] for t in completed] == ["completed", "completed", "completed", "interrupted",
-                                                        "completed"]
+    assert [t["turn"]["status"] for t in completed] == ["completed"] * 4 + ["interrupted", "completed"]
     assert len({t["threadId"] for t in completed}) == 1  # one thread, one process
     with open(os.path.join(op_dir(setup, task_id), "launcher.json")) as f:
         assert json.load(f)["agent_pid"] == agent_pid and psutil.pid_exists(agent_pid)
@@ -94,7 +117,7 @@ def test_c11_codex_app_server_answers_three_messages_in_order_and_an_interrupt_k
     assert task["agent_session_id"] == completed[0]["threadId"]
     assert task["agent_result"] == {"is_error": False, "subtype": "completed", "summary": "ok: after the interrupt"}
     usage = task["usage"]
-    assert usage["turns"] == 5 and usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+    assert usage["turns"] == 6 and usage["input_tokens"] > 0 and usage["output_tokens"] > 0
     assert usage["cost_usd"] is None  # Codex reports tokens only
     # The interrupted command outlives its turn (docs/codex-app-server.md) but not the task (L8).
     assert not long_tool_runs()

@@ -412,6 +412,9 @@ class Runner:
         deadline = Deadline(LeaseTerms.from_reply(json.loads(record["lease_terms"])),
                             SentAt(record["sent_mono"], record["sent_wall"]))
         if not process.alive(leader) or deadline.phase(clock) != OK:
+            log.warning("operation %s: live conversation not adopted: launcher %s %s, lease %s (%.1f s left)",
+                        record["operation_id"], leader.pid, "alive" if process.alive(leader) else "gone",
+                        deadline.phase(clock), deadline.remaining(clock))
             return False
         operation_id = record["operation_id"]
         with ctx.runs_lock:
