@@ -19,7 +19,9 @@ appends ``n`` to ``op_dir/written.log`` (fsynced) after each. The worker records
 number before it writes the file, and rewrites a recorded file it finds missing: the
 launcher skips nothing and never takes a number twice, so a line reaches the agent at most
 once whatever the worker's crashes. Files are looked for every ``RUNSTEAD_INBOX_POLL_S``
-seconds (0.02).
+seconds (0.02). Before them, ``op_dir/opening`` (when the worker wrote one before the
+spawn: a CLI's handshake, e.g. Codex app-server's ``initialize`` and ``thread/start``,
+``machine/worker/live_agents.py``) is written to the agent's stdin as it is, once.
 
 The lease (SPEC L3, L4, L8): the worker writes each grant's and renewal's deadline to
 ``op_dir/lease.json`` (``{sent_mono, sent_wall, duration_s, margin_s, kill_grace_s}``,
@@ -86,6 +88,17 @@ def _feed(op_dir, feed):
     """The inbox, in order, to the agent's stdin (module docstring); ends with the agent."""
     child = feed.child
     inbox = os.path.join(op_dir, "inbox")
+    try:
+        with open(os.path.join(op_dir, "opening"), "rb") as f:
+            opening = f.read()
+    except FileNotFoundError:
+        opening = b""
+    if opening:
+        try:
+            child.stdin.write(opening)
+            child.stdin.flush()
+        except (OSError, ValueError):
+            return  # the agent closed its input or is gone
     written = os.open(os.path.join(op_dir, "written.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     n = 0
     try:

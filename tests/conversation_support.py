@@ -1,14 +1,17 @@
 """Helpers for the live-conversation tests (SPEC C): a real worker running the real Claude
-Code in streaming-input mode against the fake Messages API (tests/model_apis.py)."""
+Code in streaming-input mode against the fake Messages API, or the real Codex app-server
+against the fake Responses API (tests/model_apis.py)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
 from pathlib import Path
 
+from tests.agent_clis import offline
 from tests.claude_cli import write_claude_profile
-from tests.model_apis import AnthropicAPI
+from tests.model_apis import AnthropicAPI, ResponsesAPI
 from tests.wait import wait_for
 from tests.worker_harness import LiveSetup
 
@@ -23,6 +26,33 @@ def conversation_setup(url: str, owner, tmp_path, api: AnthropicAPI) -> LiveSetu
     setup.start_worker()
     wait_live_profile(setup)
     return setup
+
+
+def codex_conversation_setup(url: str, owner, tmp_path, api: ResponsesAPI) -> LiveSetup:
+    """A paired worker whose ``codex`` profile is the real Codex CLI offline against
+    ``api`` (``conversation`` live by its preset: ``codex app-server``, C11); returns once
+    the service knows the profile can converse live."""
+    setup = LiveSetup(url, owner, tmp_path)
+    subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
+    profile = offline("codex", tmp_path / "home", api).profile()
+    env = ", ".join(f"{key} = {json.dumps(value)}" for key, value in profile["env"].items())
+    setup.config.write_text(f'allowed_roots = ["{setup.root}"]\n[profiles.codex]\npreset = "codex"\n'
+                            f'binary = {json.dumps(profile["binary"])}\nenv = {{ {env} }}\n')
+    setup.start_worker()
+    wait_live_profile(setup)
+    return setup
+
+
+def codex_turns_started(api: ResponsesAPI) -> list[str]:
+    """The user texts that started a model turn, in the order the fake Responses API saw
+    them: a request whose last user text has no tool output after it."""
+    out = []
+    for path, body in api.requests:
+        if path.startswith("/v1/responses"):
+            prompt, tools_done = ResponsesAPI.conversation(body)
+            if tools_done == 0:
+                out.append(prompt)
+    return out
 
 
 FAKE_CLAUDE = Path(__file__).resolve().parent.parent / "scripts" / "fake_claude.py"

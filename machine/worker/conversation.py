@@ -1,8 +1,11 @@
 """A live conversation's input, on the worker (SPEC C1-C6, W1-W3).
 
-The agent (Claude Code ``-p --input-format stream-json``, docs/claude-stream-input.md)
-reads its input from the launcher's inbox (``launcher.py``): numbered files the launcher
-writes to the agent's stdin in order, each once, noting each number in ``written.log``.
+The agent (Claude Code ``-p --input-format stream-json``, docs/claude-stream-input.md;
+Codex ``app-server``, docs/codex-app-server.md) reads its input from the launcher's inbox
+(``launcher.py``): numbered files the launcher writes to the agent's stdin in order, each
+once, noting each number in ``written.log``. What a line says and what ends a turn is the
+CLI's adapter's (``live_agents.py``: ``StreamJson``, ``AppServer``); what goes when is decided
+here, the same for every CLI.
 Here, per run, a ``ConversationPart`` of the run (``run.py``), stepped by the run's thread
 (the only writer, so no two threads ever place an item):
 
@@ -15,10 +18,13 @@ Here, per run, a ``ConversationPart`` of the run (``run.py``), stepped by the ru
   the ``message`` receipt ``delivered`` and the session's ``running`` marker of its turn
   go in the same commit; the k-th ``result`` line of the agent's stream answers the k-th
   written message (``answered`` receipt, ``ended`` marker: B5 and N fire at the turn's true
-  end, C6); then the next item is placed: its inbox number recorded, then its file
+  end, C6; the adapter's turn ends: a ``result`` line, Codex's ``turn/completed``); then
+  the next item is placed: its inbox number recorded, then its file
   written (record before write, C3). A recorded number whose file is missing (a crash
   between the two) is written again: the launcher takes each number once, so the agent
-  reads each message at most once, and, as long as the agent runs, exactly once.
+  reads each message at most once, and, as long as the agent runs, exactly once. A line
+  the adapter cannot build yet (Codex: the thread's or the turn's id is not in the
+  output yet) is not written; the next step writes it, and the launcher waits for it.
   A message given its place goes to the run's transcript too (``parser.turn_prompt``,
   G4): its ``prompt`` entry, with its ``seq``, opens its turn there; after a restart
   every placed message again, in placement order, before the output is re-read.
@@ -38,8 +44,9 @@ One message is one turn: the next message is placed only after the previous one'
 ``result``, because Claude Code merges lines written during a turn into one turn (or
 into the running one). Messages go in the service's ``seq`` order with no gap; an
 interrupt goes at once while a turn is open (and is ``skipped`` otherwise); ``end``
-(``last_seq``: the messages to write first) closes the agent's stdin, and so does
-``idle_s`` seconds with no turn open and nothing to write (C5).
+(``last_seq``: the messages to write first; for a CLI whose EOF abandons a running turn,
+Codex, also after the turn's end) closes the agent's stdin, and so does ``idle_s`` seconds
+with no turn open and nothing to write (C5).
 """
 from __future__ import annotations
 
@@ -52,7 +59,7 @@ from collections import deque
 from machine.files import write_atomic
 from machine.protocol.shapes import RECEIPTS_PATH
 
-from . import faults
+from . import faults, live_agents
 from .lease import slept_s
 from .process import OutputFollower
 from .wire import marker_item, receipt_item
@@ -110,10 +117,12 @@ def record(store, *, kind: str, operation_id: str, payload: dict, wall: float, m
 
 class ConversationPart:
     """One live conversation's input (module docstring), a part of ``run`` (``run.Run``).
-    ``idle_s``: seconds with no turn open and nothing to write before stdin closes (C5).
+    ``idle_s``: seconds with no turn open and nothing to write before stdin closes (C5);
+    ``agent``: the CLI's adapter (``live_agents``; Claude Code's by default).
     ``step(now)`` is True when it took a message or moved an item."""
 
-    def __init__(self, run, *, idle_s: float):
+    def __init__(self, run, *, idle_s: float, agent=None):
+        self.agent = agent if agent is not None else live_agents.StreamJson()
         self.ctx, self.run = run.ctx, run
         self.idle_s = idle_s
         self.inbox = os.path.join(run.op_dir, "inbox")
@@ -132,8 +141,12 @@ class ConversationPart:
         self.taken.append((kind, message_id))
         self.run.work_arrived.set()
 
-    def open(self, *, prompt_message_id: str, prompt: str) -> None:
-        """Before the spawn: the prompt is message 0, the first line the agent reads."""
+    def open(self, *, prompt_message_id: str, prompt: str, folder: str) -> None:
+        """Before the spawn: the adapter's opening (``op_dir/opening``, which the launcher
+        writes first), then the prompt as message 0, the first inbox line."""
+        opening = self.agent.opening(folder)
+        if opening:
+            write_atomic(os.path.join(self.run.op_dir, "opening"), opening)
         record(self.ctx.store, kind="message", operation_id=self.run.operation_id, wall=self.ctx.clock.wall(),
                payload={"message_id": prompt_message_id, "seq": 0, "text": prompt}, message_id=None)
         self.step(self.ctx.clock.monotonic())
@@ -221,13 +234,8 @@ class ConversationPart:
 
     def _answered(self) -> bool:
         for line in self.follower.read_lines():
-            if '"result"' in line:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(event, dict) and event.get("type") == "result":
-                    self.results += 1
+            self.agent.see(line)
+        self.results = self.agent.turns_ended
         ctx, run = self.ctx, self.run
         messages = sorted((i for i in self._items() if i["kind"] == "message" and i["state"] in ("written", "answered")),
                           key=lambda i: i["placement"])
@@ -299,7 +307,7 @@ class ConversationPart:
         end = next((i for i in items if i["kind"] == "end"), None)
         if end is not None:
             last_seq = end["seq"] if end["seq"] is not None else -1
-            if all(i["seq"] > last_seq for i in waiting):
+            if all(i["seq"] > last_seq for i in waiting) and not (turn_open and self.agent.end_waits_for_turn):
                 self._give_place(end, placed)
                 return True
         elif not turn_open and not waiting:
@@ -359,5 +367,11 @@ class ConversationPart:
         return os.path.join(self.inbox, f"{n:010d}.json")
 
     def _write(self, item: dict) -> None:
-        body = {"close": True} if item["kind"] == "end" else {"line": item["line"]}
+        if item["kind"] == "end":
+            body = {"close": True}
+        else:
+            line = self.agent.line(item, self._items())
+            if line is None:
+                return  # not yet (module docstring): the next step's ``_place`` writes it
+            body = {"line": line}
         write_atomic(self._path(item["placement"]), json.dumps(body))

@@ -648,6 +648,107 @@ def _codex_call(item_type: str, item: dict) -> tuple[str, str]:
     return str(item.get("name") or item_type), tool_text(item.get("arguments") or item.get("input"))
 
 
+class CodexAppServerParser(TextParser):
+    """Codex ``app-server`` on stdio (a live conversation, C11; docs/codex-app-server.md):
+    JSON-RPC lines. The thread's id from the ``thread/start`` answer or ``thread/started``;
+    ``turn/started`` counts a turn; ``item/completed`` of an ``agentMessage`` is assistant
+    text, ``commandExecution`` / ``fileChange`` / other tool items are tool calls (their
+    ``item/started`` opens the call); ``thread/tokenUsage/updated`` carries the thread's
+    running ``total`` (it stands, not a sum) and the model request's ``last`` (the pending
+    message's usage); ``turn/completed`` ends a turn (``turn_ended``) and is the verdict so
+    far: ``completed`` -> success, ``interrupted`` (C4) -> no error, ``failed`` -> error with
+    ``turn.error.message``; ``error`` notifications are error entries. No cost is reported.
+    The user's messages are the conversation's (``turn_prompt``), not read from the stream."""
+
+    name = "codex_app_server"
+    structured = True
+    tools_reported = True
+
+    def on_event(self, event: dict) -> bool:
+        method, params = event.get("method"), _dict(event.get("params"))
+        if method is None:  # an answer: the thread's id comes with thread/start's
+            thread = _dict(_dict(event.get("result")).get("thread"))
+            if isinstance(thread.get("id"), str):
+                self.agent_session_id = thread["id"]
+            return "result" in event or "error" in event
+        if method == "thread/started":
+            thread = _dict(params.get("thread"))
+            if isinstance(thread.get("id"), str):
+                self.agent_session_id = thread["id"]
+        elif method == "turn/started":
+            self.turns += 1
+        elif method == "turn/completed":
+            self.turn_ended()
+            turn = _dict(params.get("turn"))
+            status = turn.get("status")
+            if status == "failed":
+                message = str(_dict(turn.get("error")).get("message") or "turn failed")
+                self.set_result(is_error=True, subtype="turn_failed", summary=message)
+                self.add_entry("error", message)
+            else:
+                self.set_result(is_error=False, subtype="interrupted" if status == "interrupted" else "completed",
+                                summary=self.last_message)
+            self.flush_message()
+        elif method == "thread/tokenUsage/updated":
+            usage = _dict(params.get("tokenUsage"))
+            total, last = _dict(usage.get("total")), _dict(usage.get("last"))
+            self.input_tokens = _int(total.get("inputTokens"))
+            self.output_tokens = _int(total.get("outputTokens"))
+            self.flush_message(usage={"input_tokens": _int(last.get("inputTokens")),
+                                      "output_tokens": _int(last.get("outputTokens"))} if last else None)
+        elif method == "error":
+            self.add_entry("error", str(_dict(params.get("error")).get("message") or "error"))
+        elif method in ("item/started", "item/completed"):
+            self._item(method == "item/completed", _dict(params.get("item")))
+        else:
+            return method in CODEX_APP_SERVER_QUIET
+        return True
+
+    def _item(self, completed: bool, item: dict) -> None:
+        kind, item_id = item.get("type"), item.get("id")
+        if kind == "agentMessage":
+            if completed and isinstance(item.get("text"), str) and item["text"]:
+                self.set_message(item["text"])
+                self.message_part(item["text"])  # its usage comes with thread/tokenUsage/updated
+            return
+        if kind in ("userMessage", "reasoning", "plan", "hookPrompt", "contextCompaction") or kind is None:
+            return
+        if not (isinstance(item_id, str) and item_id in self._calls):
+            self.tool_calls += 1
+            if kind == "commandExecution":
+                tool, text = "shell", tool_text(item.get("command"))
+            elif kind == "fileChange":
+                changes = [_dict(c) for c in item.get("changes") or [] if isinstance(c, dict)]
+                tool, text = "edit", ", ".join(f"{_dict(c.get('kind')).get('type') or c.get('kind') or 'change'} "
+                                               f"{c.get('path') or '?'}" for c in changes[:20])
+            elif kind == "mcpToolCall":
+                tool, text = ".".join(str(p) for p in (item.get("server"), item.get("tool")) if p) or "mcp", \
+                    tool_text(item.get("arguments"))
+            elif kind == "webSearch":
+                tool, text = "web_search", tool_text(item.get("query"))
+            else:
+                tool, text = str(item.get("tool") or kind), tool_text(item.get("arguments") or item.get("path"))
+            self.call_started(item_id, tool, text)
+        if not completed:
+            return
+        status = item.get("status")
+        code = item.get("exitCode")
+        ok = status not in ("failed", "declined") and (code is None or code == 0)
+        output = item.get("aggregatedOutput") if kind == "commandExecution" else item.get("result")
+        if output is not None and not isinstance(output, str):
+            output = json.dumps(output, ensure_ascii=False, separators=(",", ":"))
+        self.call_result(item_id, ok=ok, text=output or "")
+
+
+# Notifications of no interest to the facts (known shapes, so not counted as unknown).
+CODEX_APP_SERVER_QUIET = frozenset((
+    "thread/status/changed", "item/agentMessage/delta", "item/commandExecution/outputDelta", "warning",
+    "configWarning", "account/rateLimits/updated", "remoteControl/status/changed", "turn/diff/updated",
+    "turn/plan/updated", "item/reasoning/summaryTextDelta", "item/reasoning/summaryPartAdded",
+    "item/reasoning/textDelta", "item/fileChange/outputDelta", "serverRequest/resolved", "mcpServer/startupStatus/updated",
+))
+
+
 class GeminiParser(TextParser):
     """Gemini CLI ``--output-format stream-json``: ``init{session_id, model}``,
     ``message{role, content, delta?}``, ``tool_use``, ``tool_result``, ``error`` (non-fatal)
@@ -876,6 +977,7 @@ PARSERS = {
     "text": TextParser,
     "claude": ClaudeParser,
     "codex": CodexParser,
+    "codex_app_server": CodexAppServerParser,
     "gemini": GeminiParser,
     "opencode": OpencodeParser,
     "aider": AiderParser,

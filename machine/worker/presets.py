@@ -95,6 +95,10 @@ PRESETS: dict[str, Preset] = {
         tested_version="0.169.0",
         resume=("resume", "{session_id}"),
         doc="Codex CLI exec, JSON lines",
+        # C11: `codex app-server`, JSON-RPC on stdio (docs/codex-app-server.md; the
+        # protocol is machine/worker/live_agents.py's AppServer): the handshake, then one
+        # `turn/start` per message. The profile's extra_args are exec's flags: not given.
+        live_argv=("{binary}", "app-server"),
     ),
     # Gemini CLI: `gemini --output-format stream-json --prompt=PROMPT` (`--prompt=VALUE`
     # so a leading dash stays part of the prompt). Headless it registers no shell tool

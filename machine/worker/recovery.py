@@ -22,7 +22,7 @@ import json
 import logging
 import os
 
-from . import process
+from . import live_agents, process
 from .context import WorkerContext
 from .conversation import placed_prompts
 from .observe import recovered_extras
@@ -57,7 +57,8 @@ def _agent_extras(ctx: WorkerContext, operation_id: str, payload: dict, op_dir: 
     folder = payload.get("folder")
     live = payload.get("mode") == "conversation"  # its prompt is message 0, placed like the others (G4)
     try:
-        return recovered_extras(parser=profile.parser if profile else "text", op_dir=op_dir,
+        parser = (live_agents.for_preset(profile.preset).parser if live else profile.parser) if profile else "text"
+        return recovered_extras(parser=parser, op_dir=op_dir,
                                 folder=os.path.realpath(folder) if isinstance(folder, str) else None,
                                 worktree=worktree, prompt=None if live else payload.get("prompt"),
                                 record=profile.record_path(op_dir) if profile else None,

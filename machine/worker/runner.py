@@ -60,7 +60,7 @@ from collections.abc import Callable
 from machine.protocol import Backoff
 from machine.protocol.shapes import StartPayload
 
-from . import approvals, faults, process, worktrees
+from . import approvals, faults, live_agents, process, worktrees
 from .conversation import ConversationPart
 from .config import check_start
 from .presets import ResumeUnsupported
@@ -192,8 +192,8 @@ class Runner:
                                code="resume_unsupported")
         # A live conversation's prompt is its message 0: its entry (with its seq) comes from
         # the conversation part, like every message's (G4).
-        observer = run.process.observe(parser=profile.parser, folder=folder,
-                                       prompt=None if live else run.payload["prompt"],
+        observer = run.process.observe(parser=live_agents.for_preset(profile.preset).parser if live else profile.parser,
+                                       folder=folder, prompt=None if live else run.payload["prompt"],
                                        record=profile.record_path(run.op_dir))
         observer.record_git_start()  # G5, before the lease: a slow git costs no lease time
         # W8: at most max_concurrent agents; a queued start waits here, unleased.
@@ -346,9 +346,10 @@ class Runner:
             except worktrees.WorktreeError as exc:
                 problem = f"no worktree for this task: {exc}"
         if live and problem is None:  # C1: the prompt is message 0 in the launcher's inbox
-            run.conversation = ConversationPart(run, idle_s=float(payload.get("idle_s") or 1800))
+            run.conversation = ConversationPart(run, idle_s=float(payload.get("idle_s") or 1800),
+                                                agent=self._live_agent(payload))
             run.conversation.open(prompt_message_id=payload.get("prompt_message_id") or f"prompt:{run.operation_id}",
-                                  prompt=payload["prompt"])
+                                  prompt=payload["prompt"], folder=folder)
         agent.spawned = SentAt.now(clock)
         try:
             if problem is None:
@@ -411,6 +412,9 @@ class Runner:
         deadline = Deadline(LeaseTerms.from_reply(json.loads(record["lease_terms"])),
                             SentAt(record["sent_mono"], record["sent_wall"]))
         if not process.alive(leader) or deadline.phase(clock) != OK:
+            log.warning("operation %s: live conversation not adopted: launcher %s %s, lease %s (%.1f s left)",
+                        record["operation_id"], leader.pid, "alive" if process.alive(leader) else "gone",
+                        deadline.phase(clock), deadline.remaining(clock))
             return False
         operation_id = record["operation_id"]
         with ctx.runs_lock:
@@ -427,14 +431,22 @@ class Runner:
         if profile is not None:
             agent.worktree = json.loads(record["worktree"]) if record.get("worktree") else None
             folder = agent.worktree["cwd"] if agent.worktree else os.path.realpath(payload["folder"])
-            agent.observe(parser=profile.parser, folder=folder, prompt=None,  # the prompt is message 0 (G4)
+            agent.observe(parser=live_agents.for_preset(profile.preset).parser, folder=folder,
+                          prompt=None,  # the prompt is message 0 (G4)
                           record=profile.record_path(run.op_dir)).resume_git_start()
-        run.conversation = ConversationPart(run, idle_s=float(payload.get("idle_s") or 1800))
+        run.conversation = ConversationPart(run, idle_s=float(payload.get("idle_s") or 1800),
+                                            agent=self._live_agent(payload))
         run.conversation.adopted()
         log.warning("operation %s: live conversation (launcher pid %s) adopted after restart", operation_id,
                     leader.pid)
         self._launch(run, self._watch_adopted)
         return True
+
+    def _live_agent(self, payload: dict):
+        """C1, C11: the adapter of the CLI a live conversation runs (``live_agents``), by
+        its profile's preset."""
+        profile = self.ctx.config.profiles.get(payload.get("agent"))
+        return live_agents.for_preset(profile.preset if profile is not None else None)
 
     def _watch_adopted(self, run: Run) -> None:
         with self.slots:  # W8: an adopted agent holds a slot like any other

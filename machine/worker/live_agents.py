@@ -1,0 +1,150 @@
+"""How a live conversation talks to each CLI (SPEC C1, C4, C11): one small adapter per
+streaming-input protocol, behind the same interface, used by ``conversation.ConversationPart``.
+
+The conversation part decides what goes to the agent and when (one message, one turn; an
+interrupt while a turn is open; ``end``); the launcher writes the lines (``launcher.py``).
+An adapter only knows the protocol:
+
+- ``parser``: the ``parsers`` name of the live stream (G2-G4);
+- ``opening(folder)``: the text the launcher writes before the first inbox line ("" for
+  none), written once, at the spawn (the launcher holds it across worker crashes);
+- ``see(line)``: each line of the agent's output, in order from the first (a restarted
+  worker reads them all again, so what an adapter knows is rebuilt); ``turns_ended``:
+  the turn ends seen so far (the k-th answers the k-th message written);
+- ``line(item, items)``: the line for a placed conversation item (``store`` row; the
+  ``line`` column holds the message as Claude Code's user line, ``conversation.user_line``),
+  or None when it cannot be built yet (what it needs is not in the output yet: the
+  conversation part tries again at its next step; the launcher waits for the number);
+- ``end_waits_for_turn``: True when closing stdin during a turn abandons the turn, so
+  ``end`` waits for the turn's end.
+
+``StreamJson``: Claude Code ``-p --input-format stream-json`` (docs/claude-stream-input.md):
+the stored lines as they are; a ``result`` line ends a turn; EOF lets the turn finish.
+
+``AppServer``: Codex ``app-server`` (JSON-RPC on stdio, docs/codex-app-server.md): the
+opening is ``initialize``, ``initialized`` and ``thread/start`` (the folder,
+``approvalPolicy: "never"``, ``sandbox: "workspace-write"`` as the exec preset runs);
+a message is ``turn/start`` in that thread (its id from ``thread/start``'s answer) with
+``clientUserMessageId`` = the message id and request id ``msg:<message id>``; an interrupt
+is ``turn/interrupt`` of the turn of the message placed before it (its id from that
+``turn/start``'s answer); ``turn/completed`` ends a turn, and so does an error answer to a
+``turn/start`` (no turn will come). EOF during a turn abandons it (observed), hence
+``end_waits_for_turn``.
+"""
+from __future__ import annotations
+
+import json
+
+
+def _text(line: str | None) -> str:
+    """The text of a stored message line (Claude Code's user line)."""
+    try:
+        text = json.loads(line)["message"]["content"]
+    except (TypeError, ValueError, KeyError):
+        return ""
+    return text if isinstance(text, str) else ""
+
+
+class StreamJson:
+    """Claude Code's streaming input (module docstring)."""
+
+    parser = "claude"
+    end_waits_for_turn = False
+
+    def __init__(self):
+        self.turns_ended = 0
+
+    def opening(self, folder: str) -> str:
+        return ""
+
+    def see(self, line: str) -> None:
+        if '"result"' not in line:
+            return
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        if isinstance(event, dict) and event.get("type") == "result":
+            self.turns_ended += 1
+
+    def line(self, item: dict, items: list[dict]) -> str | None:
+        return item["line"]
+
+
+THREAD_REQUEST = "rs-thread"
+
+
+class AppServer:
+    """Codex's ``app-server`` (module docstring)."""
+
+    parser = "codex_app_server"
+    end_waits_for_turn = True
+
+    def __init__(self):
+        self.turns_ended = 0
+        self.thread_id: str | None = None
+        self.turns: dict[str, str | None] = {}  # message id -> its turn's id (None: turn/start refused)
+
+    def opening(self, folder: str) -> str:
+        lines = [
+            {"id": "rs-initialize", "method": "initialize",
+             "params": {"clientInfo": {"name": "runstead", "title": "RunStead", "version": "1"}}},
+            {"method": "initialized"},
+            {"id": THREAD_REQUEST, "method": "thread/start",
+             "params": {"cwd": folder, "approvalPolicy": "never", "sandbox": "workspace-write"}},
+        ]
+        return "".join(json.dumps(line) + "\n" for line in lines)
+
+    def see(self, line: str) -> None:
+        if not line.startswith("{"):
+            return
+        try:
+            event = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        if event.get("method") == "turn/completed":
+            self.turns_ended += 1
+            return
+        request = event.get("id")
+        if "method" in event or not isinstance(request, str):
+            return
+        result = event.get("result") if isinstance(event.get("result"), dict) else {}
+        if request == THREAD_REQUEST:
+            thread = result.get("thread") if isinstance(result.get("thread"), dict) else {}
+            self.thread_id = thread.get("id") if isinstance(thread.get("id"), str) else None
+        elif request.startswith("msg:"):
+            turn = result.get("turn") if isinstance(result.get("turn"), dict) else {}
+            self.turns[request[4:]] = turn.get("id") if isinstance(turn.get("id"), str) else None
+            if "error" in event:
+                self.turns_ended += 1  # refused: no turn, so nothing else will end it
+
+    def line(self, item: dict, items: list[dict]) -> str | None:
+        if self.thread_id is None:
+            return None
+        if item["kind"] == "message":
+            return json.dumps({"id": f"msg:{item['item_id']}", "method": "turn/start", "params": {
+                "threadId": self.thread_id, "input": [{"type": "text", "text": _text(item["line"])}],
+                "clientUserMessageId": item["item_id"]}})
+        if item["kind"] == "interrupt":
+            before = [i for i in items if i["kind"] == "message" and i["placement"] is not None
+                      and i["placement"] < item["placement"]]
+            if not before:
+                return None
+            message_id = max(before, key=lambda i: i["placement"])["item_id"]
+            if message_id not in self.turns:
+                return None  # its turn/start is not answered yet
+            # A turn that already ended (or never began) answers -32600, and nothing happens.
+            return json.dumps({"id": f"int:{item['item_id']}", "method": "turn/interrupt", "params": {
+                "threadId": self.thread_id, "turnId": self.turns[message_id] or ""}})
+        return None
+
+
+ADAPTERS = {"claude": StreamJson, "codex": AppServer}
+
+
+def for_preset(preset: str | None):
+    """A fresh adapter for a profile's ``preset`` (a ``presets.PRESETS`` name with a
+    ``live_argv``; anything else is taken as Claude Code's streaming input)."""
+    return ADAPTERS.get(preset or "claude", StreamJson)()

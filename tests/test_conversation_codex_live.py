@@ -1,0 +1,123 @@
+"""Live conversations with the real Codex CLI (SPEC C1-C6, C11): a real daphne, a real
+worker subprocess, the pinned CLI's ``codex app-server`` (JSON-RPC on stdio) offline
+against the fake Responses API (docs/codex-app-server.md for what it does; the adapter
+is machine/worker/live_agents.py's ``AppServer``)."""
+import json
+import os
+
+import psutil
+import pytest
+
+from tests.conversation_support import (
+    codex_conversation_setup,
+    codex_turns_started,
+    op_dir,
+    send,
+    wait_states,
+)
+from tests.live import live_daphne  # noqa: F401  (fixture)
+from tests.model_apis import ResponsesAPI
+from tests.wait import wait_for
+from tests.worker_harness import SHORT_TIMINGS
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+LONG_TOOL = '[[bash:python3 -c "import time; time.sleep(45)"; echo slept]] long tool'
+# A lease that outlives a renewal delayed by a loaded machine (a real CLI starting is heavy).
+TIMINGS = {**SHORT_TIMINGS, "RUNSTEAD_LEASE_DURATION_S": "20", "RUNSTEAD_LEASE_RENEW_S": "1"}
+
+
+@pytest.fixture
+def codex_live(live_daphne, make_owner, tmp_path):  # noqa: F811
+    with ResponsesAPI() as api:
+        setup = codex_conversation_setup(live_daphne(**TIMINGS), make_owner(), tmp_path, api)
+        try:
+            yield setup, api
+        finally:
+            setup.close()
+
+
+def long_tool_runs() -> bool:
+    for p in psutil.process_iter():
+        try:
+            if "time.sleep(45)" in " ".join(p.cmdline()):
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def output_events(setup, task_id) -> list[dict]:
+    events = []
+    with open(os.path.join(op_dir(setup, task_id), "output.log")) as f:
+        for line in f:
+            if line.startswith("{"):
+                events.append(json.loads(line))
+    return events
+
+
+def app_servers(folder) -> list[int]:
+    """Pids of the processes running in ``folder`` whose command line ends in ``app-server``
+    (the launcher, npm's ``codex`` script, the native binary)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.cmdline()[-1:] == ["app-server"] and p.cwd() == str(folder):
+                found.append(p.pid)
+        except (psutil.Error, IndexError):
+            continue
+    return found
+
+
+def test_c11_codex_app_server_three_messages_in_order_a_worker_kill_and_an_interrupt_keep_one_thread(codex_live):
+    setup, api = codex_live
+    task_id = setup.submit("codex", prompt="[[slow:2]] first turn", mode="conversation")
+    assert setup.task(task_id)["conversation"] == "live"
+    wait_states(setup, task_id, {0: "delivered"}, timeout=90)
+    # Two messages sent while the first turn runs: they wait on the worker (a turn/start
+    # written now would join the running turn) and go one turn each, after it.
+    assert send(setup, task_id, "message one").status_code == 201
+    assert send(setup, task_id, "message two").status_code == 201
+    wait_states(setup, task_id, {0: "answered", 1: "answered", 2: "answered"}, timeout=90)
+    texts = ["[[slow:2]] first turn", "message one", "message two"]
+    assert codex_turns_started(api) == texts  # each once, in order, one model turn each
+    with open(os.path.join(op_dir(setup, task_id), "launcher.json")) as f:
+        agent_pid = json.load(f)["agent_pid"]
+    processes = app_servers(setup.repo)
+    assert agent_pid in processes
+    # X3: the worker killed (SIGKILL) mid-turn; the next one adopts the same agent, reads
+    # its output again (the thread's and turns' ids) and carries on.
+    assert send(setup, task_id, "[[slow:3]] across a worker kill").status_code == 201
+    wait_states(setup, task_id, {3: "delivered"}, timeout=30)
+    setup.stop_workers()
+    setup.start_worker()
+    wait_states(setup, task_id, {3: "answered"}, timeout=60)
+    assert app_servers(setup.repo) == processes  # no second agent process
+    # C4: an interrupt during a long command ends the turn and keeps the thread.
+    assert send(setup, task_id, LONG_TOOL).status_code == 201
+    wait_for(long_tool_runs, timeout_s=60, what="the long command runs")
+    resp = setup.api.post(f"/api/tasks/{task_id}/interrupt/")
+    assert resp.status_code == 202, resp.text
+    wait_states(setup, task_id, {4: "answered"}, timeout=30)
+    assert send(setup, task_id, "after the interrupt").status_code == 201
+    wait_states(setup, task_id, {5: "answered"}, timeout=60)
+    texts.append("[[slow:3]] across a worker kill")
+    assert codex_turns_started(api) == [*texts, LONG_TOOL, "after the interrupt"]
+    events = output_events(setup, task_id)
+    completed = [e["params"] for e in events if e.get("method") == "turn/completed"]
+    assert [t["turn"]["status"] for t in completed] == ["completed"] * 4 + ["interrupted", "completed"]
+    assert len({t["threadId"] for t in completed}) == 1  # one thread, one process
+    with open(os.path.join(op_dir(setup, task_id), "launcher.json")) as f:
+        assert json.load(f)["agent_pid"] == agent_pid and psutil.pid_exists(agent_pid)
+    assert setup.task(task_id)["state"] == "running"
+    # End: stdin closes with no turn open (EOF would abandon a running one), the task succeeds.
+    assert setup.api.post(f"/api/tasks/{task_id}/end/").status_code == 200
+    task = setup.wait_final(task_id, timeout=60)
+    assert task["state"] == "succeeded", (task["state_reason"], task["output_tail"])
+    assert task["agent_session_id"] == completed[0]["threadId"]
+    assert task["agent_result"] == {"is_error": False, "subtype": "completed", "summary": "ok: after the interrupt"}
+    usage = task["usage"]
+    assert usage["turns"] == 6 and usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+    assert usage["cost_usd"] is None  # Codex reports tokens only
+    # The interrupted command outlives its turn (docs/codex-app-server.md) but not the task (L8).
+    assert not long_tool_runs()
