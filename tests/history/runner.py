@@ -217,7 +217,8 @@ class Run:
 
         self.model_api = AnthropicAPI().__enter__()
         env = claude_env(home=self.tmp / "claude-home", api=self.model_api)
-        profile_env = ", ".join(f'{k} = "{env[k]}"' for k in CLI_ENV_KEYS)
+        profile_env = ", ".join([*(f'{k} = "{env[k]}"' for k in CLI_ENV_KEYS),
+                                 f'{simulated_sleep.ENV} = "{machine.sleep_file}"'])  # its launcher sleeps too
         with open(machine.setup.config, "a") as config:
             config.write(f'\n[profiles.claude]\npreset = "claude"\nbinary = "{claude_bin()}"\n'
                          'extra_args = ["--permission-mode", "bypassPermissions"]\n'
