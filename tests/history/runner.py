@@ -18,7 +18,12 @@ The client mix (``clients`` threads, each its own seeded choice): submit with ne
 or not), racing duplicates (two threads, one key, released together), a key reused with
 another body; cancel; read; decisions on pending approvals from two clients at once (and
 a replay); merge/discard of worktree tasks from two clients at once; conversation
-messages (new keys, replays, racing keys), interrupts, ends. A grant revoked and granted
+messages (new keys, replays, racing keys), interrupts, ends; session messages (T2, new
+keys and replays) to the hooked session of each machine, whose agent side is the real
+Stop hook (``hook_loop``, T4); a message of either kind withdrawn at once ``WITHDRAW_P``
+of the time (C10, racing its delivery). A thread (``s3_loop``) writes sessions as the
+hooks would: a turn, a held job in it, the turn's end, the job's finish, a wake turn,
+reading the session all along (S3). A grant revoked and granted
 again about every ``REVOKE_EVERY_S``, and one unpair and re-pair of a machine, on a
 seeded schedule (``admin``). A reader thread reads tasks all along
 (the observations of ``states``).
