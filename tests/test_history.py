@@ -304,3 +304,38 @@ def test_a2_a_service_whose_replays_differ_by_a_byte_fails_the_checker(transacti
     print(run.summary())
     assert {v.check for v in found} == {"replay"}, [str(v) for v in found]
     assert all("not byte-equal" in v.detail for v in found)
+
+
+def test_l3_l5_a_simulated_sleep_stops_the_worker_monotonic_clock_and_never_extends_a_deadline(tmp_path, monkeypatch):
+    """The history run's clock_jump fault (``machine.simulated_sleep``): with its test-only
+    variable set, the worker's ``SystemClock`` stands still during a pause and then runs
+    behind by its length, never backward; wall time goes on, so a lease's deadline (L3:
+    max of both elapsed) is not extended. Unset, the clock is ``time.monotonic`` itself."""
+    import importlib
+    import time
+
+    from machine import simulated_sleep
+    from machine.worker.clock import SystemClock
+    from machine.worker.lease import SentAt
+
+    assert simulated_sleep.monotonic is time.monotonic
+    path = tmp_path / "sleep.json"
+    monkeypatch.setenv(simulated_sleep.ENV, str(path))
+    try:
+        importlib.reload(simulated_sleep)
+        clock = SystemClock()
+        sent = SentAt.now(clock)
+        simulated_sleep.add_pause(str(path), 0.3)
+        readings = [clock.monotonic()]
+        began = time.monotonic()
+        while time.monotonic() - began < 0.45:
+            readings.append(clock.monotonic())
+        assert readings == sorted(readings)  # never backward
+        assert readings[-1] - readings[0] < 0.2  # stood still for 0.3 of 0.45 s
+        reading = clock.monotonic()
+        assert time.monotonic() - reading >= 0.3  # behind by the pause
+        assert sent.elapsed(clock) >= time.time() - sent.wall - 1e-6  # wall elapsed counts: no extension
+    finally:
+        monkeypatch.delenv(simulated_sleep.ENV)
+        importlib.reload(simulated_sleep)
+    assert simulated_sleep.monotonic is time.monotonic
