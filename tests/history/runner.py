@@ -716,12 +716,12 @@ class Run:
                 pid = None  # none running, or it ended meanwhile
             return {"pid": pid}
         if kind == "kill_launcher":
-            pid = self.live_launcher(rng)
+            pid, claude = self.live_launcher(rng)
             try:
                 os.kill(pid, 9)
             except (TypeError, OSError):
-                pid = None  # no live conversation now, or it ended meanwhile
-            return {"pid": pid}
+                pid = claude = None  # no live conversation now, or it ended meanwhile
+            return {"pid": pid, "claude": claude}
         if kind == "clock_jump":
             # L5's sleep case: the machine sleeps ``length`` seconds (its monotonic clock
             # stands still while wall time and the service go on), then wakes.
@@ -742,9 +742,10 @@ class Run:
             return {"killed": faults.pg_kill(self.database["DATABASE_URL"], self.database["DATABASE_URL"].rsplit("/", 1)[1])}
         raise ValueError(kind)
 
-    def live_launcher(self, rng) -> int | None:
-        """A launcher that holds a live agent (``--inbox``: a live conversation), the real
-        Claude Code's first when one runs."""
+    def live_launcher(self, rng) -> tuple[int | None, bool | None]:
+        """``(pid, whether its agent is the real Claude Code)`` of a launcher that holds a
+        live agent (``--inbox``: a live conversation), the real Claude Code's first when one
+        runs; ``(None, None)``: none runs."""
         import psutil
 
         found = []
@@ -752,7 +753,10 @@ class Run:
             argv = proc.info["cmdline"] or []
             if any(a.endswith("launcher.py") for a in argv[:4]) and "--inbox" in argv:
                 found.append((str(AGENT) in argv, proc.info["pid"]))  # (not Claude, pid)
-        return sorted(found)[0][1] if found and self.claude else (rng.choice(sorted(found))[1] if found else None)
+        if not found:
+            return None, None
+        test_agent, pid = sorted(found)[0] if self.claude else rng.choice(sorted(found))
+        return pid, not test_agent
 
     def live_agent(self, rng) -> int | None:
         import psutil
