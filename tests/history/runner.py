@@ -70,7 +70,7 @@ WORKER_EXTRA = {"RUNSTEAD_WORKER_PULL_IDLE_S": "1.5", "RUNSTEAD_LOG_LEVEL": "INF
 MIX = (("submit", 22), ("submit_ask", 5), ("submit_wt", 5), ("submit_follow", 3), ("submit_conv", 3),
        ("replay", 8), ("race", 5), ("reuse", 2), ("cancel", 8), ("read", 6), ("decide", 8), ("integrate", 6),
        ("message", 12), ("message_replay", 3), ("message_race", 3), ("interrupt", 2), ("end", 1),
-       ("smessage", 6), ("smessage_replay", 2))
+       ("smessage", 5), ("smessage_replay", 2), ("withdraw_late", 3))
 WITHDRAW_P = 0.3  # a sent message (conversation or session) is withdrawn at once this often (C10)
 HOOK_EVERY_S = 1.5  # a hooked session's turn ends (its Stop hook runs) about this often
 S3_STEP_S = 0.4  # the held-job client's pace between its writes
@@ -141,6 +141,7 @@ class Run:
         self.messages: list[tuple[str, str, dict]] = []  # (task, key, body)
         self.ended: set[str] = set()
         self.smessages: list[tuple[str, str, dict]] = []  # (session, key, body)
+        self.accepted_messages: list[str] = []  # ".../messages/{seq}/" of every message answered 201
         self.hooks_done = threading.Event()  # the settle's last Stop hooks have run
         self.integrated: set[str] = set()
         self.stop = threading.Event()
@@ -231,14 +232,15 @@ class Run:
 
     def claude_loop(self) -> None:
         """Live conversations with the real CLI, one at a time, each opened when the last
-        one is over (a lease lost to a long partition ends one): messages one after
+        one is over (a lease lost to a long partition ends one), at most one a minute of
+        the run (4 at least): messages one after
         another (each once the previous is answered, or after 15 s), a replay of each,
         a racing pair now and then; the last one is ended in the settle."""
         rng = random.Random(f"claude-{self.seed}")
         machine = self.machines[0]
         self.claude_tasks = []
         with self.client() as http:
-            while not self.stop.is_set() and len(self.claude_tasks) < 4:
+            while not self.stop.is_set() and len(self.claude_tasks) < max(4, self.duration_s // 60):
                 body = {"machine": machine.id, "folder": str(machine.setup.repo), "agent": "claude",
                         "mode": "conversation", "prompt": f"claude-{uuid.uuid4().hex[:8]}", "exclusive": False,
                         "max_runtime_s": 600}
@@ -365,8 +367,24 @@ class Run:
             self.smessages.append((session, key, body))
         path = f"/api/sessions/{session}/messages/"
         status, answer = self.call(http, name, "smessage", "POST", path, json=body, key=key)
-        if status == 201 and answer and rng.random() < WITHDRAW_P:
+        self.maybe_withdraw(http, name, rng, path, status, answer)
+
+    def maybe_withdraw(self, http, name, rng, path, status, answer) -> None:
+        """Note an accepted message; withdraw it at once ``WITHDRAW_P`` of the time (C10)."""
+        if status != 201 or not answer:
+            return
+        with self.lock:
+            self.accepted_messages.append(f"{path}{answer['seq']}/")
+        if rng.random() < WITHDRAW_P:
             self.call(http, name, "withdraw", "POST", f"{path}{answer['seq']}/withdraw/")
+
+    def withdraw_late(self, http, name, rng) -> None:
+        """Withdraw one of the last accepted messages, whatever became of it: one delivered
+        meanwhile is refused (409 ``message_not_sent``), so both sides of C10's race show."""
+        with self.lock:
+            recent = self.accepted_messages[-20:]
+        if recent:
+            self.call(http, name, "withdraw", "POST", rng.choice(recent) + "withdraw/")
 
     # --- held jobs: busy/idle never blips (S3) --------------------------------------------
 
@@ -518,6 +536,8 @@ class Run:
             self.message(http, name, rng, what)
         elif what.startswith("smessage"):
             self.smessage(http, name, rng, what)
+        elif what == "withdraw_late":
+            self.withdraw_late(http, name, rng)
         elif what in ("interrupt", "end"):
             task, _ = self.pick(rng, ("conv",))
             if task and task not in self.ended:
@@ -590,8 +610,7 @@ class Run:
                           (http, name), (other, name + "b"))
         else:
             status, answer = self.call(http, name, "message", "POST", path, json=body, key=key)
-            if status == 201 and answer and rng.random() < WITHDRAW_P:
-                self.call(http, name, "withdraw", "POST", f"{path}{answer['seq']}/withdraw/")
+            self.maybe_withdraw(http, name, rng, path, status, answer)
 
     def revoke(self, http, name, machine: Machine):
         """Revoke the machine's grant, then grant its folder again (a new grant)."""
@@ -836,7 +855,9 @@ class Run:
                 time.sleep(POLL_S)
             # Session messages: the Stop hooks keep running until none is still ``sent``
             # (each is delivered by a claim, withdrawn, or, its machine gone, undelivered).
+            # Its own time: the Stop hook hands over one message per turn.
             sessions = [m.session for m in self.machines if m.session]
+            deadline = time.monotonic() + self.settle_s / 2
             while time.monotonic() < deadline and not all(self.session_settled(http, s) for s in sessions):
                 time.sleep(POLL_S)
             for session in sessions:
