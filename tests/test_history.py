@@ -289,6 +289,8 @@ def test_w3_x4_a2_p_q2_g7_c3_c10_s3_short_seeded_history_under_faults_passes_the
     print(run.summary())
     assert not found, "\n".join(f"{v}\n{timeline(lines, v)}" for v in found)
     assert run.figures["faults"] >= 4 and run.figures["agent_starts"] >= 5, run.figures
+    mixed = run.figures["by_kind"]
+    assert all(mixed.get(f, 0) >= 1 for f in ("smessage", "withdraw", "job", "sread")), mixed  # T2, C10, S3 ran
 
 
 @pytest.mark.postgres
