@@ -25,7 +25,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(BASE_DIR))
 
-from run import scratch_service  # noqa: E402  (bench/run.py: a scratch database, migrated)
+from harness import scratch_service  # noqa: E402  (bench/harness.py: a scratch database, migrated)
 
 
 def main() -> int:
@@ -42,7 +42,7 @@ def main() -> int:
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix=f"history-{args.seed}-"))
     out.mkdir(parents=True, exist_ok=True)
-    with scratch_service("postgres", "history"):
+    with scratch_service("postgres", "history"):  # yields (env, dbname, admin_url): the run reads its own
         from tests.history.checker import check, timeline
         from tests.history.record import load
         from tests.history.runner import Run

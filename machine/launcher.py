@@ -55,6 +55,7 @@ import time
 
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from machine import simulated_sleep  # noqa: E402  (test only: time.monotonic unless a test simulates a sleep)
 from machine.files import write_atomic  # noqa: E402
 from machine.settings import env_float  # noqa: E402
 
@@ -135,7 +136,7 @@ def _lease_left(op_dir):
     try:
         with open(os.path.join(op_dir, "lease.json")) as f:
             lease = json.load(f)
-        elapsed = max(time.monotonic() - float(lease["sent_mono"]), time.time() - float(lease["sent_wall"]))
+        elapsed = max(simulated_sleep.monotonic() - float(lease["sent_mono"]), time.time() - float(lease["sent_wall"]))
         return float(lease["duration_s"]) - float(lease["margin_s"]) - elapsed, float(lease["kill_grace_s"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -181,7 +182,7 @@ def main(argv):
     except OSError as exc:
         _write_json(
             os.path.join(op_dir, "exit.json"),
-            {"exit_code": 127, "signal": None, "exit_wall": time.time(), "exit_mono": time.monotonic(),
+            {"exit_code": 127, "signal": None, "exit_wall": time.time(), "exit_mono": simulated_sleep.monotonic(),
              "agent_pid": None, "spawn_error": f"{type(exc).__name__}: {exc}"},
         )
         sys.stderr.write(f"runstead launcher: cannot start agent: {exc}\n")
@@ -195,7 +196,7 @@ def main(argv):
         threading.Thread(target=_watch_lease, args=(op_dir, child, feed, ended, lease_stop), daemon=True).start()
     code = child.wait()
     ended.set()
-    exit_wall, exit_mono = time.time(), time.monotonic()
+    exit_wall, exit_mono = time.time(), simulated_sleep.monotonic()
     facts = {
         "exit_code": code if code >= 0 else None,
         "signal": -code if code < 0 else None,

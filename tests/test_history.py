@@ -224,10 +224,58 @@ def test_c2_c3_a_message_twice_out_of_order_or_answered_unseen_is_reported():
         assert checks_of(book) == ["messages"], received
 
 
+def test_c10_t2_a_withdrawn_message_that_reached_its_agent_is_reported():
+    for path, f in (("/api/tasks/t1/messages/", "message"), ("/api/sessions/s1/messages/", "smessage")):
+        target = path.split("/")[-3]
+        for received, caught in (([], []), (["one"], ["messages"])):
+            book = Book()
+            lived(book)
+            book.op(f, "POST", path, status=201, key="m1", sent={"text": "one"},
+                    answer={"seq": 1, "text": "one", "state": "sent"})
+            book.op("withdraw", "POST", f"{path}1/withdraw/", answer={"seq": 1, "text": "one", "state": "withdrawn"})
+            for text in received:
+                book.agent("message", target, text=text, pid=-2, op=None)
+            assert checks_of(book) == caught, (f, received)
+        book = Book()  # the withdraw won, a later read says delivered
+        lived(book)
+        book.op(f, "POST", path, status=201, key="m1", sent={"text": "one"}, answer={"seq": 1, "text": "one", "state": "sent"})
+        book.op("withdraw", "POST", f"{path}1/withdraw/", answer={"seq": 1, "text": "one", "state": "withdrawn"})
+        book.op(f + "s", "GET", path, answer={"results": [{"seq": 1, "text": "one", "state": "delivered"}]})
+        assert checks_of(book) == ["messages"], f
+
+
+def held_job(book, wakes, blip_at):
+    """A session's turn with a held job, ended, the job finished, (a wake turn); a read
+    at step ``blip_at`` says idle (None: every read says busy)."""
+    args = {"session": "s1"}
+    steps = [("marker", {"turn": "a", "state": "running"}), ("job", {"job": "j1"}),
+             ("marker", {"turn": "a", "state": "ended"}), ("job_finish", {"job": "j1", "wakes": wakes})]
+    if wakes:
+        steps += [("marker", {"turn": "w", "state": "running"}), ("marker", {"turn": "w", "state": "ended"})]
+    for i, (f, more) in enumerate(steps):
+        book.op(f, "PUT" if f == "marker" else "POST", f"/api/sessions/s1/{f}/", args={**args, **more}, answer={})
+        if i < len(steps) - 1:
+            book.op("sread", "GET", "/api/sessions/s1/", args=args,
+                    answer={"id": "s1", "status": "idle" if i == blip_at else "busy"})
+    book.op("sread", "GET", "/api/sessions/s1/", args=args, answer={"id": "s1", "status": "idle"})
+
+
+def test_s3_s1_a_session_read_idle_while_a_held_job_or_a_turn_is_pending_is_reported():
+    for wakes, blip_at, caught in ((True, None, []), (False, None, []), (True, 2, ["busy"]), (True, 3, ["busy"]),
+                                   (True, 4, ["busy"]), (False, 2, ["busy"]), (True, 0, ["busy"])):
+        book = Book()
+        held_job(book, wakes, blip_at)
+        assert checks_of(book) == caught, (wakes, blip_at)
+    book = Book()
+    held_job(book, False, None)
+    book.lines[-1]["body"] = json.dumps({"id": "s1", "status": "idle"})  # after the release: idle is right
+    assert check(book.lines) == []
+
+
 @pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_w3_x4_a2_p_q2_g7_c3_short_seeded_history_under_faults_passes_the_checker(transactional_db, tmp_path):
+def test_w3_x4_a2_p_q2_g7_c3_c10_s3_short_seeded_history_under_faults_passes_the_checker(transactional_db, tmp_path):
     from tests.history.checker import timeline
     from tests.history.record import load
     from tests.history.runner import Run
@@ -241,6 +289,8 @@ def test_w3_x4_a2_p_q2_g7_c3_short_seeded_history_under_faults_passes_the_checke
     print(run.summary())
     assert not found, "\n".join(f"{v}\n{timeline(lines, v)}" for v in found)
     assert run.figures["faults"] >= 4 and run.figures["agent_starts"] >= 5, run.figures
+    mixed = run.figures["by_kind"]
+    assert all(mixed.get(f, 0) >= 1 for f in ("smessage", "withdraw", "job", "sread")), mixed  # T2, C10, S3 ran
 
 
 @pytest.mark.postgres
@@ -256,3 +306,38 @@ def test_a2_a_service_whose_replays_differ_by_a_byte_fails_the_checker(transacti
     print(run.summary())
     assert {v.check for v in found} == {"replay"}, [str(v) for v in found]
     assert all("not byte-equal" in v.detail for v in found)
+
+
+def test_l3_l5_a_simulated_sleep_stops_the_worker_monotonic_clock_and_never_extends_a_deadline(tmp_path, monkeypatch):
+    """The history run's clock_jump fault (``machine.simulated_sleep``): with its test-only
+    variable set, the worker's ``SystemClock`` stands still during a pause and then runs
+    behind by its length, never backward; wall time goes on, so a lease's deadline (L3:
+    max of both elapsed) is not extended. Unset, the clock is ``time.monotonic`` itself."""
+    import importlib
+    import time
+
+    from machine import simulated_sleep
+    from machine.worker.clock import SystemClock
+    from machine.worker.lease import SentAt
+
+    assert simulated_sleep.monotonic is time.monotonic
+    path = tmp_path / "sleep.json"
+    monkeypatch.setenv(simulated_sleep.ENV, str(path))
+    try:
+        importlib.reload(simulated_sleep)
+        clock = SystemClock()
+        sent = SentAt.now(clock)
+        simulated_sleep.add_pause(str(path), 0.3)
+        readings = [clock.monotonic()]
+        began = time.monotonic()
+        while time.monotonic() - began < 0.45:
+            readings.append(clock.monotonic())
+        assert readings == sorted(readings)  # never backward
+        assert readings[-1] - readings[0] < 0.2  # stood still for 0.3 of 0.45 s
+        reading = clock.monotonic()
+        assert time.monotonic() - reading >= 0.3  # behind by the pause
+        assert sent.elapsed(clock) >= time.time() - sent.wall - 1e-6  # wall elapsed counts: no extension
+    finally:
+        monkeypatch.delenv(simulated_sleep.ENV)
+        importlib.reload(simulated_sleep)
+    assert simulated_sleep.monotonic is time.monotonic

@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Protocol
 
+from machine import simulated_sleep
+
 # FakeClock: how long (real seconds) one wait blocks before a spurious return, so loops
 # that poll real processes keep polling while fake time stands still.
 FAKE_REAL_SLICE_S = 0.005
@@ -39,12 +41,14 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The real clocks: ``time.monotonic()`` and ``time.time()`` (seconds)."""
+    """The real clocks: ``time.monotonic()`` and ``time.time()`` (seconds). (A test can
+    simulate a sleep of the machine: ``machine.simulated_sleep``, off unless its
+    environment variable is set.)"""
 
     shares_system_time = True
 
     def monotonic(self) -> float:
-        return time.monotonic()
+        return simulated_sleep.monotonic()
 
     def wall(self) -> float:
         return time.time()

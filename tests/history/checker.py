@@ -19,8 +19,12 @@ Each check returns ``Violation``s; ``check(lines)`` runs them all. The rules:
   agree), and the agent acted on that one;
 - ``merges`` (G7): each task integrated at most once (one key won; one action), and the
   base branch holds a task's commit at most once, and only when a merge may have won;
-- ``messages`` (C2, C3): every message reached its agent at most once, in ``seq`` order,
-  and one reported ``answered`` reached it.
+- ``messages`` (C2, C3, T2, C10): every message, a conversation's or a session's (T2: the
+  Stop hook's block is what its agent receives), reached its agent at most once, in ``seq``
+  order, and one reported ``answered`` reached it; a message whose withdraw won never
+  reached it, and no later read says it was delivered;
+- ``busy`` (S1, S3): no session read says idle inside a span where a turn ran or a held
+  job was pending (``busy_spans``).
 
 A queued follow-up may end the run ``queued`` when the task it follows ended it
 ``unknown`` (G8: its turn comes when that one is final).
@@ -370,11 +374,11 @@ def check_messages(h: History) -> list[Violation]:
     seq_of = {}  # (task, text) -> seq, from acknowledged sends
     sends = {}
     for op in h.ops:
-        if op["f"] == "message" and acked(op):
-            task = op["path"].split("/")[-3]
+        if op["f"] in ("message", "smessage") and acked(op):
+            task = op["path"].split("/")[-3]  # a task's or a session's id
             seq_of[(task, op["json"]["text"])] = body(op)["seq"]
             sends.setdefault((task, op["json"]["text"]), op)
-    received = defaultdict(list)  # task -> [(t, text)]
+    received = defaultdict(list)  # task or session -> its agent's message lines
     for line in h.agent:
         if line["ev"] == "message":
             task = h.task_of_agent(line)
@@ -397,14 +401,30 @@ def check_messages(h: History) -> list[Violation]:
                                          f"seq {last_seq} ({last_text!r})",
                                          [sends[(task, text)]["id"], sends[(task, last_text)]["id"]]))
                 last_seq, last_text = seq, text
+    text_of = {(task, seq): text for (task, text), seq in seq_of.items()}
+    withdrawn = {}  # (task, seq) -> the withdraw that won (C10)
     for op in h.ops:
-        if op["f"] != "messages" or op.get("status") != 200:
+        if op["f"] == "withdraw" and op.get("status") == 200 and (body(op) or {}).get("state") == "withdrawn":
+            parts = op["path"].split("/")
+            withdrawn.setdefault((parts[-5], int(parts[-3])), op)
+    for (task, seq), op in withdrawn.items():
+        text = text_of.get((task, seq))
+        got = [line for line in received.get(task, []) if line["text"] == text]
+        if got:
+            out.append(Violation("messages", "C10", f"{task}: seq {seq} ({text!r}) was withdrawn and reached the agent "
+                                 f"{len(got)} time(s)", [*([sends[(task, text)]["id"]] if text else []), op["id"]]))
+    for op in h.ops:
+        if op["f"] not in ("messages", "smessages") or op.get("status") != 200:
             continue
         task = op["path"].split("/")[-3]
         got = {line["text"] for line in received.get(task, [])}
         for message in (body(op) or {}).get("results", []):
             # ``delivered`` is written to the agent's input, which an agent stopped at once
             # never reads; ``answered`` means its turn ended: it was read (C3).
+            if (task, message["seq"]) in withdrawn and message["state"] != "withdrawn" and op["t0"] > withdrawn[
+                    (task, message["seq"])]["t1"]:
+                out.append(Violation("messages", "C10", f"{task}: seq {message['seq']} was withdrawn, later read "
+                                     f"{message['state']!r}", [withdrawn[(task, message["seq"])]["id"], op["id"]]))
             if message["state"] == "answered" and message["text"] not in got:
                 send = sends.get((task, message["text"]))
                 out.append(Violation("messages", "C3", f"task {task}: seq {message['seq']} reported {message['state']!r} "
@@ -412,8 +432,72 @@ def check_messages(h: History) -> list[Violation]:
     return out
 
 
+def busy_spans(h: History) -> dict[str, list[tuple[float, float, str, list]]]:
+    """Session -> the spans in which it had to be busy, ``(from, to, rule, op ids)``: a
+    turn from its ``running`` write's answer to its ``ended`` write's first try (S1); a
+    held job from its start's answer until its release (S3): ``wakes: false``, the
+    finish's first try; ``wakes: true``, the first try of the ``ended`` write of the
+    first turn whose ``running`` write began after the finish was answered (the wake turn
+    that consumes it). A release never tried: the run's end (S7's 60 minutes are longer
+    than a run's held job)."""
+    writes = defaultdict(list)
+    for op in h.ops:
+        if op["f"] in ("marker", "job", "job_finish"):
+            writes[(op.get("args") or {}).get("session")].append(op)
+    end_of_run = max((o["t1"] for o in h.ops), default=0.0)
+    spans = defaultdict(list)
+    for session, ops in writes.items():
+        ops = sorted(ops, key=lambda o: o["t0"])
+
+        def first_try(pred):
+            return min((o["t0"] for o in ops if pred(o)), default=end_of_run)
+
+        for op in ops:
+            args = op.get("args") or {}
+            if op["f"] == "marker" and args.get("state") == "running" and acked(op):
+                ended = first_try(lambda o, t=args["turn"]: o["f"] == "marker" and o["args"].get("turn") == t
+                                  and o["args"].get("state") == "ended")
+                spans[session].append((op["t1"], ended, "S1", [op["id"]]))
+            if op["f"] == "job" and acked(op):
+                job = args["job"]
+                finishes = [o for o in ops if o["f"] == "job_finish" and o["args"].get("job") == job]
+                if not finishes:
+                    release = end_of_run
+                elif not finishes[0]["args"].get("wakes"):
+                    release = finishes[0]["t0"]
+                else:
+                    answered = [o["t1"] for o in finishes if acked(o)]
+                    wake = next((o for o in ops if answered and o["f"] == "marker" and o["args"].get("state") == "running"
+                                 and o["t0"] >= min(answered)), None)
+                    release = end_of_run if wake is None else first_try(
+                        lambda o, t=wake["args"]["turn"]: o["f"] == "marker" and o["args"].get("turn") == t
+                        and o["args"].get("state") == "ended")
+                spans[session].append((op["t1"], release, "S3", [op["id"], *[o["id"] for o in finishes]]))
+    return spans
+
+
+def check_busy(h: History) -> list[Violation]:
+    """S1, S3: no read of a session inside a span where it had to be busy (``busy_spans``:
+    the read began after the span began and was answered before it ended) says idle."""
+    out = []
+    spans = busy_spans(h)
+    for op in h.ops:
+        if op["f"] != "sread" or op.get("status") != 200:
+            continue
+        session = (op.get("args") or {}).get("session")
+        state = (body(op) or {}).get("status")
+        if state == "busy":
+            continue
+        for start, end, rule, ids in spans.get(session, []):
+            if op["t0"] > start and op["t1"] < end:
+                what = "a held job was pending" if rule == "S3" else "a turn was running"
+                out.append(Violation("busy", rule, f"session {session} read {state!r} while {what}", [*ids, op["id"]]))
+                break
+    return out
+
+
 CHECKS = (check_double_start, check_acceptances, check_replays, check_states, check_start_after_stop,
-          check_approvals, check_merges, check_messages)
+          check_approvals, check_merges, check_messages, check_busy)
 
 
 def check(lines: list[dict]) -> list[Violation]:

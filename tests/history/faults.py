@@ -4,11 +4,16 @@
 - ``kill_worker``: kill -9 a worker, start it again (X3 recovery; it never runs anything
   again);
 - ``kill_agent``: kill -9 a live agent process (its run ends by its facts);
+- ``kill_launcher``: kill -9 the launcher that holds a live conversation's agent (the real
+  Claude Code's when one runs): the agent's input pipe goes with it (C3, X3);
 - ``partition_short`` / ``partition_long``: a worker's link to the service dropped (open
   connections stop forwarding and stay open, as after a Wi-Fi drop; new ones too) for
   less, or more, than the lease (L, D1);
 - ``redis_restart``: the run's own redis-server killed and started again on its port;
-- ``pg_kill``: ``pg_terminate_backend`` of every other backend of the run's own database.
+- ``pg_kill``: ``pg_terminate_backend`` of every other backend of the run's own database;
+- ``clock_jump``: a worker's machine sleeps (simulated: ``machine.simulated_sleep``, its
+  monotonic clock, the worker's and its launchers', stands still for 0.5-2 leases while
+  wall time and the service go on): L3, L5's sleep case.
 
 Each fault is recorded (``Recorder.fault``) with its start and end.
 """
@@ -23,7 +28,8 @@ import time
 from tests.proxies import BlackholeProxy
 from tests.wait import wait_for
 
-KINDS = ("kill_daphne", "kill_worker", "kill_agent", "partition_short", "partition_long", "redis_restart", "pg_kill")
+KINDS = ("kill_daphne", "kill_worker", "kill_agent", "kill_launcher", "partition_short", "partition_long",
+         "redis_restart", "pg_kill", "clock_jump")
 
 
 def schedule(seed: int, duration_s: float, *, every_s: float = 3.0, lease_s: float = 3.0) -> list[tuple]:
@@ -38,7 +44,8 @@ def schedule(seed: int, duration_s: float, *, every_s: float = 3.0, lease_s: flo
             rng.shuffle(bag)
         kind = bag.pop()
         length = {"partition_short": lease_s * rng.uniform(0.3, 0.6),
-                  "partition_long": lease_s * rng.uniform(1.5, 2.0)}.get(kind, rng.uniform(0.3, 1.5))
+                  "partition_long": lease_s * rng.uniform(1.5, 2.0),
+                  "clock_jump": lease_s * rng.uniform(0.5, 2.0)}.get(kind, rng.uniform(0.3, 1.5))
         out.append((round(at, 2), kind, round(length, 2)))
         at += every_s * rng.uniform(0.6, 1.4)
     return out

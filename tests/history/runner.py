@@ -18,7 +18,12 @@ The client mix (``clients`` threads, each its own seeded choice): submit with ne
 or not), racing duplicates (two threads, one key, released together), a key reused with
 another body; cancel; read; decisions on pending approvals from two clients at once (and
 a replay); merge/discard of worktree tasks from two clients at once; conversation
-messages (new keys, replays, racing keys), interrupts, ends. A grant revoked and granted
+messages (new keys, replays, racing keys), interrupts, ends; session messages (T2, new
+keys and replays) to the hooked session of each machine, whose agent side is the real
+Stop hook (``hook_loop``, T4); a message of either kind withdrawn at once ``WITHDRAW_P``
+of the time (C10, racing its delivery). A thread (``s3_loop``) writes sessions as the
+hooks would: a turn, a held job in it, the turn's end, the job's finish, a wake turn,
+reading the session all along (S3). A grant revoked and granted
 again about every ``REVOKE_EVERY_S``, and one unpair and re-pair of a machine, on a
 seeded schedule (``admin``). A reader thread reads tasks all along
 (the observations of ``states``).
@@ -42,6 +47,7 @@ from pathlib import Path
 
 import httpx
 
+from machine import simulated_sleep
 from tests.history import faults
 from tests.history.record import Recorder
 from tests.wait import wait_for
@@ -51,6 +57,7 @@ FINAL = ("succeeded", "failed", "failed_lease_lost", "cancelled", "not_started",
 CLIENT_TIMEOUT_S = 8.0
 POLL_S = 0.2
 REPAIR_ATTEMPTS = 10  # tries at pairing a machine again under faults
+DAPHNE_RESTARTS = 3  # tries at starting a killed daphne again on its port
 SERVICE_ENV = {
     "RUNSTEAD_ACCEPT_RATE": "100000/min",
     "RUNSTEAD_APPROVAL_RATE": "100000/min",
@@ -63,13 +70,19 @@ WORKER_EXTRA = {"RUNSTEAD_WORKER_PULL_IDLE_S": "1.5", "RUNSTEAD_LOG_LEVEL": "INF
 # (operation, weight): the client mix
 MIX = (("submit", 22), ("submit_ask", 5), ("submit_wt", 5), ("submit_follow", 3), ("submit_conv", 3),
        ("replay", 8), ("race", 5), ("reuse", 2), ("cancel", 8), ("read", 6), ("decide", 8), ("integrate", 6),
-       ("message", 12), ("message_replay", 3), ("message_race", 3), ("interrupt", 2), ("end", 1))
+       ("message", 12), ("message_replay", 3), ("message_race", 3), ("interrupt", 2), ("end", 1),
+       ("smessage", 5), ("smessage_replay", 2), ("withdraw_late", 3))
+WITHDRAW_P = 0.3  # a sent message (conversation or session) is withdrawn at once this often (C10)
+HOOK_EVERY_S = 1.5  # a hooked session's turn ends (its Stop hook runs) about this often
+S3_STEP_S = 0.4  # the held-job client's pace between its writes
 MAX_OPEN_TASKS = 24  # no new submit while this many tasks are unfinished: the workers keep up
 REVOKE_EVERY_S = 12.0  # a grant revoked and granted again about this often (each ends its never-leased tasks, P3)
 
 
-def config_toml(root: Path, agent_log: Path) -> str:
-    env = f'env = {{ HISTORY_AGENT_LOG = "{agent_log}" }}\n'
+def config_toml(root: Path, agent_log: Path, sleep_file: Path) -> str:
+    # The launcher reads the simulated sleep too (it enforces the lease with the machine's
+    # clocks): the profile's environment reaches it (the worker's RUNSTEAD_* do not).
+    env = f'env = {{ HISTORY_AGENT_LOG = "{agent_log}", {simulated_sleep.ENV} = "{sleep_file}" }}\n'
     return (f'allowed_roots = ["{root}"]\nmax_concurrent = 8\nprevent_idle_sleep = false\n\n'
             f'[profiles.task]\nargv = ["{sys.executable}", "{AGENT}", "{{prompt}}"]\n{env}\n'
             f'[profiles.cl]\npreset = "claude"\nbinary = "{AGENT}"\napprovals = "ask"\n{env}\n'
@@ -92,13 +105,21 @@ class Machine:
         (setup.repo / "README").write_text("history\n")
         git(setup.repo, "add", "-A")
         git(setup.repo, "commit", "-q", "-m", "init")
-        setup.config.write_text(config_toml(setup.root, agent_log))
+        # The machine's simulated sleeps (clock_jump, ``machine.simulated_sleep``): test only.
+        self.sleep_file = setup.root.parent / "simulated-sleep.json"
+        # The hook state directory this machine's worker fills (session messages, T2) and
+        # its hooked session's Stop hook reads (T4).
+        self.hook_dir = setup.root.parent / "hooks"
+        self.session: str | None = None  # the hooked session on this machine (``hooked_session``)
+        self.agent_session = f"history-{uuid.uuid4()}"
+        setup.config.write_text(config_toml(setup.root, agent_log, self.sleep_file))
 
     def worker(self):
         return self.setup.workers[-1] if self.setup.workers else None
 
     def start_worker(self):
-        return self.setup.start_worker(env=WORKER_EXTRA)
+        return self.setup.start_worker(env={**WORKER_EXTRA, simulated_sleep.ENV: str(self.sleep_file),
+                                            "RUNSTEAD_HOOK_DIR": str(self.hook_dir)})
 
 
 class Run:
@@ -120,6 +141,9 @@ class Run:
         self.sent: list[tuple[str, dict, str]] = []  # (key, body, kind) of every submit
         self.messages: list[tuple[str, str, dict]] = []  # (task, key, body)
         self.ended: set[str] = set()
+        self.smessages: list[tuple[str, str, dict]] = []  # (session, key, body)
+        self.accepted_messages: list[str] = []  # ".../messages/{seq}/" of every message answered 201
+        self.hooks_done = threading.Event()  # the settle's last Stop hooks have run
         self.integrated: set[str] = set()
         self.stop = threading.Event()
         self.figures: dict = {}
@@ -189,6 +213,7 @@ class Run:
         with self.client() as http:
             for machine in self.machines:
                 self.wait(lambda m=machine: self.profiles_known(http, m.id), 60, f"machine {machine.id} reports its profiles")
+                self.hooked_session(http, machine)
 
     def add_claude(self, machine: Machine) -> None:
         """A ``claude`` profile on ``machine``: the real Claude Code offline against the
@@ -199,7 +224,8 @@ class Run:
 
         self.model_api = AnthropicAPI().__enter__()
         env = claude_env(home=self.tmp / "claude-home", api=self.model_api)
-        profile_env = ", ".join(f'{k} = "{env[k]}"' for k in CLI_ENV_KEYS)
+        profile_env = ", ".join([*(f'{k} = "{env[k]}"' for k in CLI_ENV_KEYS),
+                                 f'{simulated_sleep.ENV} = "{machine.sleep_file}"'])  # its launcher sleeps too
         with open(machine.setup.config, "a") as config:
             config.write(f'\n[profiles.claude]\npreset = "claude"\nbinary = "{claude_bin()}"\n'
                          'extra_args = ["--permission-mode", "bypassPermissions"]\n'
@@ -207,14 +233,15 @@ class Run:
 
     def claude_loop(self) -> None:
         """Live conversations with the real CLI, one at a time, each opened when the last
-        one is over (a lease lost to a long partition ends one): messages one after
+        one is over (a lease lost to a long partition ends one), at most one a minute of
+        the run (4 at least): messages one after
         another (each once the previous is answered, or after 15 s), a replay of each,
         a racing pair now and then; the last one is ended in the settle."""
         rng = random.Random(f"claude-{self.seed}")
         machine = self.machines[0]
         self.claude_tasks = []
         with self.client() as http:
-            while not self.stop.is_set() and len(self.claude_tasks) < 4:
+            while not self.stop.is_set() and len(self.claude_tasks) < max(4, self.duration_s // 60):
                 body = {"machine": machine.id, "folder": str(machine.setup.repo), "agent": "claude",
                         "mode": "conversation", "prompt": f"claude-{uuid.uuid4().hex[:8]}", "exclusive": False,
                         "max_runtime_s": 600}
@@ -265,6 +292,150 @@ class Run:
             self.rec.write({"type": "agent", "ev": "message", "text": text, "pid": -1, "op": None,
                             "task": tags.get(text), "t": None, "via": "model_api"})
         self.model_api.__exit__(None, None, None)
+
+    # --- session messages through the real Stop hook (T2, T4) -----------------------------
+
+    def hooked_session(self, http, machine: Machine) -> None:
+        """A Claude Code session on ``machine`` reached through its Stop hook (channel
+        ``hook``): the hook's configuration (server: the machine's own link, partitioned
+        with its worker), the session bound to the machine."""
+        from machine.hooks import store
+        from machine.hooks.mapping import session_uuid
+
+        store.write_config(machine.hook_dir, server=machine.setup.url, token=self.token,
+                           extra={"machine": str(machine.id)})
+        machine.session = str(session_uuid("claude", machine.agent_session))
+        body = {"id": machine.session, "agent": "claude", "machine": str(machine.id), "channel": "hook",
+                "cwd": str(machine.setup.repo)}
+        self.wait(lambda: self.call(http, "setup", "session", "POST", "/api/sessions/", json=body)[0] in (200, 201),
+                  30, f"session {machine.session} bound to machine {machine.id}")
+
+    def hook_loop(self) -> None:
+        """The hooked sessions' agents: each turn's end runs the real ``Stop`` hook
+        (``python -m machine.hooks claude``) as Claude Code does; a block it prints is the
+        message the agent receives (the reason's text), logged before anything else (the
+        agents' side of the record; one file per session, ``via: stop_hook``); a block is
+        followed by the ``stop_hook_active`` re-fire of the turn it continued. Runs until
+        the settle says the last messages are through (``hooks_done``)."""
+        from machine.hooks.deliver import REASON_PREFIX
+        from tests.hooks_support import fixture, hook_env
+
+        logs = {m.id: open(self.agent_log / f"session-{m.id}.jsonl", "a") for m in self.machines}
+        try:
+            while not self.hooks_done.is_set():
+                for machine in self.machines:
+                    if machine.session is None:
+                        continue
+                    active = False
+                    while True:
+                        payload = fixture("claude", "stop", session_id=machine.agent_session, cwd=str(machine.setup.repo),
+                                          stop_hook_active=active)
+                        done = subprocess.run([sys.executable, "-m", "machine.hooks", "claude"],
+                                              input=json.dumps(payload).encode(), capture_output=True, timeout=30,
+                                              env=hook_env(machine.hook_dir), cwd="/")
+                        printed = done.stdout.strip()
+                        if not printed:
+                            break
+                        reason = json.loads(printed)["reason"]
+                        log = logs[machine.id]
+                        log.write(json.dumps({"ev": "message", "pid": -2, "op": None, "t": time.time(),
+                                              "task": machine.session, "text": reason.removeprefix(REASON_PREFIX),
+                                              "via": "stop_hook"}) + "\n")
+                        log.flush()
+                        os.fsync(log.fileno())
+                        active = True
+                self.hooks_done.wait(HOOK_EVERY_S)
+        finally:
+            for log in logs.values():
+                log.close()
+
+    def smessage(self, http, name, rng, what):
+        """A session message (T2) to a hooked session: new, or a replay of an earlier one;
+        a new one withdrawn at once ``WITHDRAW_P`` of the time (C10: racing its claim)."""
+        if what == "smessage_replay":
+            with self.lock:
+                if not self.smessages:
+                    return
+                session, key, body = rng.choice(self.smessages)
+            self.call(http, name, "smessage", "POST", f"/api/sessions/{session}/messages/", json=body, key=key)
+            return
+        sessions = [m.session for m in self.machines if m.session]
+        if not sessions:
+            return
+        session, key = rng.choice(sessions), uuid.uuid4().hex
+        body = {"text": f"smsg-{uuid.uuid4().hex[:8]}"}
+        with self.lock:
+            self.smessages.append((session, key, body))
+        path = f"/api/sessions/{session}/messages/"
+        status, answer = self.call(http, name, "smessage", "POST", path, json=body, key=key)
+        self.maybe_withdraw(http, name, rng, path, status, answer)
+
+    def maybe_withdraw(self, http, name, rng, path, status, answer) -> None:
+        """Note an accepted message; withdraw it at once ``WITHDRAW_P`` of the time (C10)."""
+        if status != 201 or not answer:
+            return
+        with self.lock:
+            self.accepted_messages.append(f"{path}{answer['seq']}/")
+        if rng.random() < WITHDRAW_P:
+            self.call(http, name, "withdraw", "POST", f"{path}{answer['seq']}/withdraw/")
+
+    def withdraw_late(self, http, name, rng) -> None:
+        """Withdraw one of the last accepted messages, whatever became of it: one delivered
+        meanwhile is refused (409 ``message_not_sent``), so both sides of C10's race show."""
+        with self.lock:
+            recent = self.accepted_messages[-20:]
+        if recent:
+            self.call(http, name, "withdraw", "POST", rng.choice(recent) + "withdraw/")
+
+    # --- held jobs: busy/idle never blips (S3) --------------------------------------------
+
+    def s3_loop(self) -> None:
+        """Sessions written as a Claude Code session's hooks would (through the API, each
+        write retried until answered, in order, as the hook outbox does): a turn opens, a
+        held job starts in it, the turn ends, the job finishes (``wakes`` true or false),
+        a wake turn runs and ends. Each write's and every read's times are recorded
+        (``args``: session, turn, job) so the checker can say when the session had to be
+        busy (S3); reads in between, all along. A new session per cycle."""
+        rng = random.Random(f"s3-{self.seed}")
+        device = f"history:claude:{uuid.uuid4().hex[:8]}"
+        with self.client() as http:
+            while not self.stop.is_set():
+                session = str(uuid.uuid4())
+                if not self.s3_write(http, "session", "POST", "/api/sessions/", {"id": session, "agent": "claude"},
+                                     {"session": session}):
+                    continue
+                base = f"/api/sessions/{session}/"
+                turn, job, wakes = uuid.uuid4().hex, f"job-{uuid.uuid4().hex[:8]}", rng.random() < 0.7
+                steps = [("marker", "PUT", base + "marker/", {"turn_id": turn, "device_id": device, "state": "running"},
+                          {"turn": turn, "state": "running"}),
+                         ("job", "POST", base + "jobs/", {"job_id": job, "mode": "held"}, {"job": job}),
+                         ("marker", "PUT", base + "marker/", {"turn_id": turn, "device_id": device, "state": "ended"},
+                          {"turn": turn, "state": "ended"}),
+                         ("job_finish", "POST", f"{base}jobs/{job}/finish/", {"wakes": wakes},
+                          {"job": job, "wakes": wakes})]
+                if wakes:
+                    wake = uuid.uuid4().hex
+                    steps += [("marker", "PUT", base + "marker/", {"turn_id": wake, "device_id": device,
+                                                                     "state": "running"}, {"turn": wake, "state": "running"}),
+                              ("marker", "PUT", base + "marker/", {"turn_id": wake, "device_id": device,
+                                                                     "state": "ended"}, {"turn": wake, "state": "ended"})]
+                for f, method, path, sent, args in steps:
+                    for _ in range(rng.randint(0, 2)):
+                        self.call(http, "s3", "sread", "GET", base, args={"session": session})
+                        time.sleep(S3_STEP_S * rng.random())
+                    if not self.s3_write(http, f, method, path, sent, {"session": session, **args}):
+                        break  # never answered: the cycle stops here (the checker counts from what was sent)
+                self.call(http, "s3", "sread", "GET", base, args={"session": session})
+
+    def s3_write(self, http, f, method, path, sent, args) -> bool:
+        for _ in range(20):
+            status, _ = self.call(http, "s3", f, method, path, json=sent, args=args)
+            if status is not None and status < 300:
+                return True
+            if self.stop.is_set() or (status is not None and status < 500 and status != 429):
+                return False
+            time.sleep(POLL_S)
+        return False
 
     def profiles_known(self, http, machine_id) -> bool:
         answer = http.get("/api/machines/")
@@ -364,6 +535,10 @@ class Run:
             self.integrate(http, name, rng)
         elif what.startswith("message"):
             self.message(http, name, rng, what)
+        elif what.startswith("smessage"):
+            self.smessage(http, name, rng, what)
+        elif what == "withdraw_late":
+            self.withdraw_late(http, name, rng)
         elif what in ("interrupt", "end"):
             task, _ = self.pick(rng, ("conv",))
             if task and task not in self.ended:
@@ -435,7 +610,8 @@ class Run:
                 self.race(lambda h, n: self.call(h, n, "message", "POST", path, json=body, key=key),
                           (http, name), (other, name + "b"))
         else:
-            self.call(http, name, "message", "POST", path, json=body, key=key)
+            status, answer = self.call(http, name, "message", "POST", path, json=body, key=key)
+            self.maybe_withdraw(http, name, rng, path, status, answer)
 
     def revoke(self, http, name, machine: Machine):
         """Revoke the machine's grant, then grant its folder again (a new grant)."""
@@ -528,7 +704,10 @@ class Run:
                 if self.stop.wait(0.05):
                     return
             t0 = time.time()
-            detail = self.inject(kind, length)
+            try:
+                detail = self.inject(kind, length)
+            except Exception as error:  # noqa: BLE001  the run goes on; the record says what failed
+                detail = {"error": repr(error)[:300]}
             self.rec.fault(kind, t0, **(detail or {}))
 
     def inject(self, kind: str, length: float) -> dict:
@@ -541,8 +720,13 @@ class Run:
             old.process.kill()
             old.process.wait(10)
             time.sleep(length)
-            self.servers[i] = start_daphne(self.env, log_dir=self.tmp, port=old.port)
-            return {"server": i}
+            for attempt in range(1, DAPHNE_RESTARTS + 1):
+                try:  # under a heavy load a daphne can take longer than start_daphne waits
+                    self.servers[i] = start_daphne(self.env, log_dir=self.tmp, port=old.port)
+                    return {"server": i, "attempts": attempt}
+                except (AssertionError, RuntimeError):
+                    if attempt == DAPHNE_RESTARTS:
+                        raise
         if kind == "kill_worker":
             machine = rng.choice(self.machines)
             worker = machine.worker()
@@ -559,6 +743,20 @@ class Run:
             except (TypeError, OSError):
                 pid = None  # none running, or it ended meanwhile
             return {"pid": pid}
+        if kind == "kill_launcher":
+            pid, claude = self.live_launcher(rng)
+            try:
+                os.kill(pid, 9)
+            except (TypeError, OSError):
+                pid = claude = None  # no live conversation now, or it ended meanwhile
+            return {"pid": pid, "claude": claude}
+        if kind == "clock_jump":
+            # L5's sleep case: the machine sleeps ``length`` seconds (its monotonic clock
+            # stands still while wall time and the service go on), then wakes.
+            machine = rng.choice(self.machines)
+            simulated_sleep.add_pause(str(machine.sleep_file), length)
+            time.sleep(length)
+            return {"machine": machine.id, "slept_s": length}
         if kind in ("partition_short", "partition_long"):
             machine = rng.choice(self.machines)
             machine.proxy.partition()
@@ -571,6 +769,22 @@ class Run:
         if kind == "pg_kill":
             return {"killed": faults.pg_kill(self.database["DATABASE_URL"], self.database["DATABASE_URL"].rsplit("/", 1)[1])}
         raise ValueError(kind)
+
+    def live_launcher(self, rng) -> tuple[int | None, bool | None]:
+        """``(pid, whether its agent is the real Claude Code)`` of a launcher that holds a
+        live agent (``--inbox``: a live conversation), the real Claude Code's first when one
+        runs; ``(None, None)``: none runs."""
+        import psutil
+
+        found = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            argv = proc.info["cmdline"] or []
+            if any(a.endswith("launcher.py") for a in argv[:4]) and "--inbox" in argv:
+                found.append((str(AGENT) in argv, proc.info["pid"]))  # (not Claude, pid)
+        if not found:
+            return None, None
+        test_agent, pid = sorted(found)[0] if self.claude else rng.choice(sorted(found))
+        return pid, not test_agent
 
     def live_agent(self, rng) -> int | None:
         import psutil
@@ -590,7 +804,10 @@ class Run:
         try:
             self.start()
             threads = [threading.Thread(target=self.client_loop, args=(i,), daemon=True) for i in range(self.n_clients)]
-            threads += [threading.Thread(target=self.reader_loop, daemon=True)]
+            threads += [threading.Thread(target=self.reader_loop, daemon=True),
+                        threading.Thread(target=self.s3_loop, daemon=True)]
+            hooks = threading.Thread(target=self.hook_loop, daemon=True)
+            hooks.start()
             if self.claude:
                 threads += [threading.Thread(target=self.claude_loop, daemon=True)]
             fault_thread = threading.Thread(target=self.fault_loop, args=(plan,), daemon=True)
@@ -602,7 +819,10 @@ class Run:
             for t in threads:
                 t.join(30)
             self.settle()
+            self.hooks_done.set()
+            hooks.join(60)
         finally:
+            self.hooks_done.set()
             self.close()
         lines = self.figures
         lines["wall_s"] = round(time.monotonic() - started, 1)
@@ -642,6 +862,15 @@ class Run:
                     if all(t["state"] in (*FINAL, "unknown") for t in self.tasks.values()):
                         break
                 time.sleep(POLL_S)
+            # Session messages: the Stop hooks keep running until none is still ``sent``
+            # (each is delivered by a claim, withdrawn, or, its machine gone, undelivered).
+            # Its own time: the Stop hook hands over one message per turn.
+            sessions = [m.session for m in self.machines if m.session]
+            deadline = time.monotonic() + self.settle_s / 2
+            while time.monotonic() < deadline and not all(self.session_settled(http, s) for s in sessions):
+                time.sleep(POLL_S)
+            for session in sessions:
+                self.call(http, "final", "smessages", "GET", f"/api/sessions/{session}/messages/")
             for task in list(self.tasks):
                 self.read(http, "final", task)
                 if self.tasks[task]["kind"] in ("conv", "claude"):
@@ -650,10 +879,18 @@ class Run:
             self.rec.write({"type": "repo", "machine": machine.id,
                             "subjects": git(machine.setup.repo, "log", "--format=%s").split("\n")[:-1]})
 
+    def session_settled(self, http, session: str) -> bool:
+        status, answer = self.call(http, "settle", "smessages", "GET", f"/api/sessions/{session}/messages/")
+        return status == 200 and all(m["state"] != "sent" for m in answer["results"])
+
     def close(self) -> None:
+        from tests.hooks_support import stop_sender
+
         for machine in self.machines:
             machine.setup.close()
             machine.proxy.close()
+            if machine.hook_dir.exists():
+                stop_sender(machine.hook_dir)  # the detached sender the Stop hooks started
         starts = self.rec.agent_logs(self.agent_log) if self.agent_log.exists() else 0
         self.claude_record()
         if getattr(self, "balancer", None):
