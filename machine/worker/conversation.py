@@ -66,9 +66,16 @@ OPEN = ("placed", "written")  # a message in a turn that has not ended
 DONE = ("placed", "written", "answered")  # a message given its place
 
 
-def user_line(text: str) -> str:
-    """Claude Code's stream-json user message (one line, C1)."""
-    return json.dumps({"type": "user", "message": {"role": "user", "content": text}})
+def user_line(text: str, message_id: str | None = None) -> str:
+    """Claude Code's stream-json user message (one line, C1); ``message_id``, when it is a
+    UUID, as the line's ``uuid``, which ``--replay-user-messages`` echoes back when the
+    agent takes the line (C9, docs/claude-stream-input.md)."""
+    line = {"type": "user", "message": {"role": "user", "content": text}}
+    try:
+        line["uuid"] = str(uuid.UUID(message_id)) if message_id else None
+    except ValueError:
+        pass
+    return json.dumps({k: v for k, v in line.items() if v is not None})
 
 
 def interrupt_line(request_id: str) -> str:
@@ -96,16 +103,69 @@ def placed_prompts(items: list[dict]) -> list[tuple[int, str]]:
 
 def record(store, *, kind: str, operation_id: str, payload: dict, wall: float, message_id: str | None) -> bool:
     """Commit a pulled conversation message as an item (W2): a ``message``
-    ``{message_id, seq, text}``, an ``interrupt`` ``{interrupt_id}`` or an ``end``
+    ``{message_id, seq, text[, delivery]}``, an ``interrupt`` ``{interrupt_id}`` or an ``end``
     ``{last_seq}``. False when it was already known (W3)."""
     if kind == "message":
-        item_id, seq, line = str(payload["message_id"]), int(payload["seq"]), user_line(payload["text"])
+        item_id, seq = str(payload["message_id"]), int(payload["seq"])
+        line = user_line(payload["text"], item_id)
     elif kind == "interrupt":
         item_id, seq, line = str(payload["interrupt_id"]), None, interrupt_line(str(payload["interrupt_id"]))
     else:
         item_id, seq, line = f"end:{operation_id}", payload.get("last_seq"), None
     return store.record_item(item_id=item_id, operation_id=operation_id, kind=kind, seq=seq, line=line, wall=wall,
-                             message_id=message_id)
+                             message_id=message_id, delivery="steer" if payload.get("delivery") == "steer" else "queue")
+
+
+def stream_event(line: str) -> tuple[str, str | None] | None:
+    """C9: what one line of the agent's stream says about its input: ``("taken", uuid)``
+    (Claude Code's echo of a user line it took, ``isReplay``), ``("result", None)`` (a
+    turn ended), or None."""
+    if '"result"' not in line and '"isReplay"' not in line:
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict):
+        return None
+    if event.get("type") == "result":
+        return ("result", None)
+    if event.get("type") == "user" and event.get("isReplay") is True and isinstance(event.get("uuid"), str):
+        return ("taken", event["uuid"])
+    return None
+
+
+def landings(messages: list[dict], events: list[tuple[str, str | None]]) -> tuple[dict[str, int], set[str]]:
+    """C9: where each message landed, from the agent's stream since its start.
+    ``messages``: the messages given their place (``item_id``, ``seq``), in placement
+    order, which is the order the agent reads them; ``events``: ``stream_event``s in
+    stream order. Returns ``(turn_of, answered)``: ``turn_of`` maps each message the
+    agent showed it took to the seq of the message whose turn took it, ``answered`` the
+    messages whose own turn ended.
+
+    The agent reads its input in order, so at any point the earliest message not yet
+    settled (answered, or taken into a turn that has ended) is the one whose turn runs:
+    a message taken then joins that turn (or opens it, if it is that message), and a
+    ``result`` answers it (a stream without echoes, an agent run without
+    ``--replay-user-messages``, still answers one message per ``result``, as C3 did).
+    Pure: the same stream gives the same answer after a restart re-reads it."""
+    by_id = {m["item_id"]: m for m in messages}
+    settled: set[str] = set()
+    turn_of: dict[str, int] = {}
+    answered: set[str] = set()
+
+    def running():
+        return next((m for m in messages if m["item_id"] not in settled), None)
+
+    for kind, item_id in events:
+        if kind == "taken":
+            if item_id in by_id and item_id not in turn_of and item_id not in settled and (owner := running()):
+                turn_of[item_id] = int(owner["seq"])
+        elif (owner := running()) is not None:
+            answered.add(owner["item_id"])
+            turn_of.setdefault(owner["item_id"], int(owner["seq"]))
+            settled.update(i for i, seq in turn_of.items() if seq == int(owner["seq"]))
+    return turn_of, answered
 
 
 class ConversationPart:
@@ -119,7 +179,7 @@ class ConversationPart:
         self.inbox = os.path.join(run.op_dir, "inbox")
         os.makedirs(self.inbox, mode=0o700, exist_ok=True)
         self.written_path = os.path.join(run.op_dir, "written.log")
-        self.results = 0  # ``result`` lines in the agent's stream so far
+        self.events: list[tuple[str, str | None]] = []  # C9: ``stream_event``s so far, in order
         self.follower = OutputFollower(run.op_dir)
         self.last_activity = self.ctx.clock.monotonic()
         self.idle_due: float | None = None  # when C5 closes stdin, if nothing happens first
@@ -180,9 +240,9 @@ class ConversationPart:
     def _items(self) -> list[dict]:
         return self.ctx.store.items(self.run.operation_id)
 
-    def _receipt(self, item: dict, state: str) -> dict:
+    def _receipt(self, item: dict, state: str, **facts) -> dict:
         return receipt_item(self.ctx.identity, operation_id=self.run.operation_id, kind="message",
-                            facts={"message_id": item["item_id"], "state": state},
+                            facts={"message_id": item["item_id"], "state": state, **facts},
                             slept=slept_s(self.run.lease.granted, self.ctx.clock), event_id=f"message:{item['item_id']}:{state}")
 
     def _marker(self, turn_id: str, state: str) -> list[dict]:
@@ -199,13 +259,19 @@ class ConversationPart:
         except (OSError, ValueError):
             written = set()
         ctx, run = self.ctx, self.run
+        taken = {item_id for kind, item_id in self.events if kind == "taken"}
         moved = False
-        for item in self._items():
-            if item["state"] != "placed" or item["placement"] not in written:
+        items = self._items()
+        for item in items:
+            if item["state"] != "placed" or (item["placement"] not in written and item["item_id"] not in taken):
                 continue
             outbox, turn_id = [], None
             if item["kind"] == "message":
-                if run.payload.get("session_id") and (item["seq"] != 0 or run.turn_id is None):
+                # C9: a message written while another's turn is open (a steer) starts no turn
+                # of its own now: it joins that one or opens the next without a gap (no blip).
+                others_open = any(i["kind"] == "message" and i["state"] in OPEN and i["item_id"] != item["item_id"]
+                                  and (i["turn_seq"] is None or i["turn_seq"] == i["seq"]) for i in items)
+                if run.payload.get("session_id") and not others_open and (item["seq"] != 0 or run.turn_id is None):
                     # a new turn (the first one's marker went with the ``running`` receipt),
                     # sent before the receipt: a message seen delivered has its session busy
                     turn_id = str(uuid.uuid4())
@@ -220,24 +286,41 @@ class ConversationPart:
         return moved
 
     def _answered(self) -> bool:
+        """What the agent's stream shows (C3, C9: ``landings``): a message taken into a
+        turn is ``consumed`` (a steer, or one that joined another's turn; reported with
+        ``turn_seq``), one whose own turn ended ``answered``; the ``ended`` marker goes
+        with the last answer while no other message is open (B5, N: the turn's true end)."""
         for line in self.follower.read_lines():
-            if '"result"' in line:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(event, dict) and event.get("type") == "result":
-                    self.results += 1
+            if (event := stream_event(line)) is not None:
+                self.events.append(event)
         ctx, run = self.ctx, self.run
-        messages = sorted((i for i in self._items() if i["kind"] == "message" and i["state"] in ("written", "answered")),
+        messages = sorted((i for i in self._items() if i["kind"] == "message" and i["placement"] is not None),
                           key=lambda i: i["placement"])
+        turn_of, answered = landings(messages, self.events)
         moved = False
-        for item in messages[:self.results]:
-            if item["state"] != "written":
+        for item in messages:
+            item_id, seq = item["item_id"], int(item["seq"])
+            turn_seq = turn_of.get(item_id)
+            if item["state"] != "written" or turn_seq is None or item["turn_seq"] is not None:
                 continue
-            outbox = [self._receipt(item, "answered")] + (self._marker(run.turn_id, "ended") if run.turn_id else [])
+            joined = turn_seq != seq  # it joined another's turn: that is all that happens to it
+            outbox = [self._receipt(item, "consumed", turn_seq=turn_seq)] \
+                if joined or item["delivery"] == "steer" else []
+            if ctx.store.item_moved(item_id, came_from="written", to="answered" if joined else "written",
+                                    turn_seq=turn_seq, outbox=outbox, wall=ctx.clock.wall()):
+                log.info("operation %s: message %s taken into the turn of message %s", run.operation_id, seq, turn_seq)
+                ctx.wake_sender()
+                moved = True
+        for item in messages:
+            if item["item_id"] not in answered or item["state"] != "written":
+                continue
+            still_open = any(i["state"] in OPEN and i["item_id"] not in answered and i["item_id"] != item["item_id"]
+                             and turn_of.get(i["item_id"], i["seq"]) == i["seq"] for i in messages)
+            outbox = [self._receipt(item, "answered")]
+            if run.turn_id and not still_open:
+                outbox += self._marker(run.turn_id, "ended")
             if ctx.store.item_moved(item["item_id"], came_from="written", to="answered", outbox=outbox,
-                                    wall=ctx.clock.wall()):
+                                    turn_seq=None, wall=ctx.clock.wall()):
                 self.last_activity = ctx.clock.monotonic()
                 ctx.wake_sender()
                 moved = True
@@ -284,18 +367,20 @@ class ConversationPart:
                     log.info("operation %s: interrupt with no turn running: nothing to stop", self.run.operation_id)
         waiting = sorted((i for i in items if i["kind"] == "message" and i["state"] == "received"),
                          key=lambda i: i["seq"])
-        done_seqs = [i["seq"] for i in items if i["kind"] == "message" and i["state"] in DONE + ("skipped",)]
-        if waiting and not turn_open and waiting[0]["seq"] == (max(done_seqs) + 1 if done_seqs else 0):
-            claim = self._claim(waiting[0])
-            if claim == "write":
-                self._give_place(waiting[0], placed)
-                return True
-            if claim == "never":
-                self.ctx.store.item_moved(waiting[0]["item_id"], came_from="received", to="skipped")
-                log.info("operation %s: message %s was withdrawn: not written", self.run.operation_id,
-                         waiting[0]["seq"])
-                return True
-            return found
+        known = {i["seq"] for i in items if i["kind"] == "message"}
+        done = {i["seq"] for i in items if i["kind"] == "message" and i["state"] in DONE + ("skipped",)}
+        first_not_done = next(n for n in range(len(done) + 1) if n not in done)
+        # C9: a steer goes now, while a turn runs, once every message before it is known here
+        # and every steer before it is written; a queued message waits for no open turn and
+        # every message before it written (a steer may thus pass queued messages: they wait
+        # for a turn of their own, it joins the running one).
+        steer = next((i for i in waiting if i["delivery"] == "steer"), None)
+        if steer is not None and set(range(steer["seq"])) <= known and not any(
+                i["delivery"] == "steer" and i["seq"] < steer["seq"] for i in waiting):
+            return self._deliver(steer, placed) or found
+        queued = next((i for i in waiting if i["delivery"] != "steer"), None)
+        if queued is not None and not turn_open and queued["seq"] == first_not_done:
+            return self._deliver(queued, placed) or found
         end = next((i for i in items if i["kind"] == "end"), None)
         if end is not None:
             last_seq = end["seq"] if end["seq"] is not None else -1
@@ -313,6 +398,19 @@ class ConversationPart:
             self._give_place(self._items()[-1], placed)
             return True
         return found
+
+    def _deliver(self, item: dict, placed: list[dict]) -> bool:
+        """Claim ``item``'s delivery (C10) and, if the claim won, place and write it; True
+        when it was placed or skipped (withdrawn), False when the claim waits."""
+        claim = self._claim(item)
+        if claim == "write":
+            self._give_place(item, placed)
+            return True
+        if claim == "never":
+            self.ctx.store.item_moved(item["item_id"], came_from="received", to="skipped")
+            log.info("operation %s: message %s was withdrawn: not written", self.run.operation_id, item["seq"])
+            return True
+        return False
 
     def _claim(self, item: dict) -> str:
         """C10 (module docstring): ``write``, ``never`` or ``later``, as the service answers
