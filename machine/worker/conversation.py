@@ -11,11 +11,12 @@ Here, per run, a ``ConversationPart`` of the run (``run.py``), stepped by the ru
   the ack the poller hands it to the run's part (``take``), which queues it and wakes the
   run; a run without its part yet reads its items from the database when it opens;
 - ``step``: the messages taken since the last step, then each new ``written.log`` number
-  moves its item to ``written``: for a message,
-  the ``message`` receipt ``delivered`` and the session's ``running`` marker of its turn
-  go in the same commit; the k-th ``result`` line of the agent's stream answers the k-th
-  written message (``answered`` receipt, ``ended`` marker: B5 and N fire at the turn's true
-  end, C6); then the next item is placed: its inbox number recorded, then its file
+  (or an echo of it, below) moves its item to ``written``: for a message,
+  the ``message`` receipt ``delivered`` and, when no other message's turn is open, the
+  session's ``running`` marker of its turn go in the same commit; the agent's stream says
+  which turn took each message and when a turn ended (``landings``, below: ``consumed``
+  and ``answered`` receipts; the ``ended`` marker with the last answer while no other
+  message is open: B5 and N fire at the turn's true end, C6); then the next item is placed: its inbox number recorded, then its file
   written (record before write, C3). A recorded number whose file is missing (a crash
   between the two) is written again: the launcher takes each number once, so the agent
   reads each message at most once, and, as long as the agent runs, exactly once.
@@ -34,12 +35,29 @@ owner's withdraw are one compare-and-set on the message row
 (``tasks_app.services.conversation``), so exactly one wins, and the agent reads a message
 only after its claim won: a withdrawn message never reaches the agent.
 
-One message is one turn: the next message is placed only after the previous one's
-``result``, because Claude Code merges lines written during a turn into one turn (or
-into the running one). Messages go in the service's ``seq`` order with no gap; an
-interrupt goes at once while a turn is open (and is ``skipped`` otherwise); ``end``
-(``last_seq``: the messages to write first) closes the agent's stdin, and so does
-``idle_s`` seconds with no turn open and nothing to write (C5).
+A queued message (``delivery`` ``queue``, C3) is one turn: it is placed only after the
+previous turn's ``result``, because Claude Code merges lines written during a turn into
+one turn (or into the running one). A steered message (``steer``, C9) is placed at once,
+while a turn runs (claimed first, as above): Claude Code takes it into the running turn
+at its next tool boundary, or, if that turn ends first, as the next turn's prompt
+(docs/claude-stream-input.md). Which one is read from the stream, not guessed: every
+user line carries its message id as ``uuid``, and ``--replay-user-messages`` echoes it
+when the agent takes the line (``stream_event``); ``landings`` turns the echoes and the
+``result`` lines into where each message landed (the agent reads its stdin in order, so
+the earliest message not yet settled is the one whose turn runs): a message taken into
+another's turn is ``consumed`` with that message's seq as ``turn_seq`` (and settled
+here: ``answered`` locally, ``turn_seq`` set); one that opened its turn gets its
+``turn_seq`` (a steer reports ``consumed`` too) and is ``answered`` at that turn's
+``result``. So each ``result`` answers exactly one message and the ``answered``
+messages count the agent's turns; nothing is written twice (each message once, by its
+place) and nothing is lost (a steer the running turn did not take is the next turn).
+
+Order: queued messages go in the service's ``seq`` order with no gap; a steer goes once
+every message before it is known here and every steer before it is placed (it may pass
+queued messages waiting for their turn: they are "next", it is "now"). An interrupt goes
+at once while a turn is open (and is ``skipped`` otherwise); ``end`` (``last_seq``: the
+messages to write first) closes the agent's stdin, and so does ``idle_s`` seconds with no
+turn open and nothing to write (C5).
 """
 from __future__ import annotations
 
