@@ -16,7 +16,8 @@ Here, per run, a ``ConversationPart`` of the run (``run.py``), stepped by the ru
   session's ``running`` marker of its turn go in the same commit; the agent's stream says
   which turn took each message and when a turn ended (``landings``, below: ``consumed``
   and ``answered`` receipts; the ``ended`` marker with the last answer while no other
-  message is open: B5 and N fire at the turn's true end, C6); then the next item is placed: its inbox number recorded, then its file
+  message is open: B5 and N fire at the turn's true end, C6); then the next item is
+  placed: its inbox number recorded, then its file
   written (record before write, C3). A recorded number whose file is missing (a crash
   between the two) is written again: the launcher takes each number once, so the agent
   reads each message at most once, and, as long as the agent runs, exactly once.
@@ -166,23 +167,31 @@ def landings(messages: list[dict], events: list[tuple[str, str | None]]) -> tupl
     a message taken then joins that turn (or opens it, if it is that message), and a
     ``result`` answers it (a stream without echoes, an agent run without
     ``--replay-user-messages``, still answers one message per ``result``, as C3 did).
-    Pure: the same stream gives the same answer after a restart re-reads it."""
+    Pure: the same stream gives the same answer after a restart re-reads it. Linear in
+    the events and messages (settled only grows, so the running one only moves on)."""
     by_id = {m["item_id"]: m for m in messages}
     settled: set[str] = set()
     turn_of: dict[str, int] = {}
+    members: dict[int, list[str]] = {}  # turn seq -> the messages taken into it
     answered: set[str] = set()
+    first = 0  # messages[:first] are settled
 
     def running():
-        return next((m for m in messages if m["item_id"] not in settled), None)
+        nonlocal first
+        while first < len(messages) and messages[first]["item_id"] in settled:
+            first += 1
+        return messages[first] if first < len(messages) else None
 
     for kind, item_id in events:
         if kind == "taken":
             if item_id in by_id and item_id not in turn_of and item_id not in settled and (owner := running()):
                 turn_of[item_id] = int(owner["seq"])
+                members.setdefault(int(owner["seq"]), []).append(item_id)
         elif (owner := running()) is not None:
             answered.add(owner["item_id"])
             turn_of.setdefault(owner["item_id"], int(owner["seq"]))
-            settled.update(i for i, seq in turn_of.items() if seq == int(owner["seq"]))
+            settled.add(owner["item_id"])
+            settled.update(members.pop(int(owner["seq"]), ()))
     return turn_of, answered
 
 
@@ -392,9 +401,8 @@ class ConversationPart:
         # and every steer before it is written; a queued message waits for no open turn and
         # every message before it written (a steer may thus pass queued messages: they wait
         # for a turn of their own, it joins the running one).
-        steer = next((i for i in waiting if i["delivery"] == "steer"), None)
-        if steer is not None and set(range(steer["seq"])) <= known and not any(
-                i["delivery"] == "steer" and i["seq"] < steer["seq"] for i in waiting):
+        steer = next((i for i in waiting if i["delivery"] == "steer"), None)  # the first steer waiting
+        if steer is not None and set(range(steer["seq"])) <= known:
             return self._deliver(steer, placed) or found
         queued = next((i for i in waiting if i["delivery"] != "steer"), None)
         if queued is not None and not turn_open and queued["seq"] == first_not_done:
