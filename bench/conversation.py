@@ -179,7 +179,7 @@ def run_bench(env: dict, *, open_count: int, messages: int, delivery: str = "que
         prompt = "[[hold]] measured" if steer else "measured"  # C9: a turn that runs while it is steered
         measured = open_conversation(client, machine, work, prompt)
         if arrivals.wait(prompt, READY_TIMEOUT_S) is None or not wait_answered(
-                client, measured, 0, 30, "delivered" if steer else "answered"):
+                client, measured, 0, READY_TIMEOUT_S, "delivered" if steer else "answered"):
             raise RuntimeError(f"the measured conversation never started; see {root / 'worker.log'}")
         ramp_s = time.perf_counter() - ramp0
         to_stdin, to_consumed, post, missing = [], [], [], 0
