@@ -442,7 +442,8 @@ TURN_OPEN = Q(state__in=TURN_OPEN_STATES) | Q(state=ConversationMessageState.CON
 
 def conversation_turn(task) -> Literal["open", "waiting"] | None:
     """C6, B1: ``"open"`` while a live conversation's message is sent or delivered (its
-    turn runs, or is about to), ``"waiting"`` between turns (the agent waits for its
+    turn runs, or is about to), or consumed as the opener of its own turn (C9: a steer
+    that became the next turn, until answered), ``"waiting"`` between turns (the agent waits for its
     owner); None for anything else: a plain task, a resume conversation, a final or
     ``unknown`` task, an ended conversation with nothing open. Reads the task's messages
     only for an unfinished live conversation (one query; the few such tasks a list has).
