@@ -278,5 +278,10 @@ def test_c9_steers_written_while_tools_run_are_each_consumed_once_by_the_running
     assert user_texts_in_last_request(fake_model_api) == [prompt, *steers, "late steer"]
     assert written_numbers(setup, task_id) == [0, 1, 2, 3, 4, 5, 6]
     assert agent_launcher(setup, task_id) == launcher  # one agent process throughout
+    # C6: the agent went from its first turn straight into the late steer's: one true end,
+    # one "idle" notification, no blip between the two turns.
+    session_id = setup.task(task_id)["session"]
+    wait_for(lambda: session_status(setup, session_id) == "idle", timeout_s=10, what="idle after the second turn")
+    assert idle_notices(session_id) == 1
     assert setup.api.post(f"/api/tasks/{task_id}/end/").status_code == 200
     assert setup.wait_final(task_id, timeout=60)["state"] == "succeeded"
