@@ -12,6 +12,14 @@ an idle agent): ``POST /api/tasks/{id}/messages/`` with an Idempotency-Key, and 
 from just before the POST to the agent reading the line (``time.time()`` in both
 processes: one machine, one clock), p50 / p99 / max; and the POST's own latency.
 
+``--delivery steer`` (C9): the measured conversation's prompt holds its turn open
+(``[[hold]]``: the stand-in agent answers only at EOF) and each message is a steer,
+written into that running turn and echoed by the agent as it reads it (as Claude Code's
+``--replay-user-messages`` does); measured besides submit -> stdin: submit -> ``consumed``
+as the owner sees it (the message's state read back through the API, polled every 5 ms:
+the worker's ``consumed`` receipt applied), the next message once the previous one is
+consumed.
+
 The path measured: acceptance (one transaction: the message, its seq, the outbox row) ->
 the worker's waiting long-poll woken (D1) -> the item committed in the worker's SQLite
 (W2) and acknowledged -> the run's watch thread woken -> its inbox number committed, its
@@ -26,6 +34,7 @@ Usage::
 
     .venv/bin/python bench/conversation.py --open 0 --label idle
     .venv/bin/python bench/conversation.py --open 100 --label open100
+    .venv/bin/python bench/conversation.py --open 100 --delivery steer --label steer-open100
 
 Prints one table (with the load average at start and end) and writes
 ``bench/results/conversation-<label>.json``.
@@ -34,12 +43,15 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
+
+import psutil
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -135,21 +147,21 @@ def open_conversation(client, machine: str, work: Path, prompt: str) -> str:
     return resp.json()["id"]
 
 
-def answered(client, task_id: str, seq: int) -> bool:
+def answered(client, task_id: str, seq: int, state: str = "answered") -> bool:
     rows = client.get(f"/api/tasks/{task_id}/messages/").json()["results"]
-    return any(m["seq"] == seq and m["state"] == "answered" for m in rows)
+    return any(m["seq"] == seq and m["state"] == state for m in rows)
 
 
-def wait_answered(client, task_id: str, seq: int, timeout: float) -> bool:
+def wait_answered(client, task_id: str, seq: int, timeout: float, state: str = "answered") -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if answered(client, task_id, seq):
+        if answered(client, task_id, seq, state):
             return True
         time.sleep(0.005)
     return False
 
 
-def run_bench(env: dict, *, open_count: int, messages: int) -> dict:
+def run_bench(env: dict, *, open_count: int, messages: int, delivery: str = "queue") -> dict:
     root = Path(tempfile.mkdtemp(prefix="bench-conv-"))
     arrivals_dir = root / "arrivals"
     arrivals_dir.mkdir()
@@ -163,15 +175,18 @@ def run_bench(env: dict, *, open_count: int, messages: int) -> dict:
         for i, task_id in enumerate(idle):
             if arrivals.wait(f"idle-{i}", READY_TIMEOUT_S) is None:
                 raise RuntimeError(f"idle conversation {i} never started; see {root / 'worker.log'}")
-        measured = open_conversation(client, machine, work, "measured")
-        if arrivals.wait("measured", READY_TIMEOUT_S) is None or not wait_answered(client, measured, 0, 30):
+        steer = delivery == "steer"
+        prompt = "[[hold]] measured" if steer else "measured"  # C9: a turn that runs while it is steered
+        measured = open_conversation(client, machine, work, prompt)
+        if arrivals.wait(prompt, READY_TIMEOUT_S) is None or not wait_answered(
+                client, measured, 0, READY_TIMEOUT_S, "delivered" if steer else "answered"):
             raise RuntimeError(f"the measured conversation never started; see {root / 'worker.log'}")
         ramp_s = time.perf_counter() - ramp0
-        to_stdin, post, missing = [], [], 0
+        to_stdin, to_consumed, post, missing = [], [], [], 0
         for n in range(messages):
             text = f"bench-{n}-{uuid.uuid4()}"
             sent_wall, sent = time.time(), time.perf_counter()
-            resp = client.post(f"/api/tasks/{measured}/messages/", json={"text": text},
+            resp = client.post(f"/api/tasks/{measured}/messages/", json={"text": text, "delivery": delivery},
                                headers={"Idempotency-Key": str(uuid.uuid4())})
             post.append(time.perf_counter() - sent)
             if resp.status_code != 201:
@@ -181,17 +196,29 @@ def run_bench(env: dict, *, open_count: int, messages: int) -> dict:
                 missing += 1
                 continue
             to_stdin.append(at - sent_wall)
-            if not wait_answered(client, measured, resp.json()["seq"], MESSAGE_TIMEOUT_S):
-                raise RuntimeError(f"message {n} never answered; see {root / 'worker.log'}")
+            if not wait_answered(client, measured, resp.json()["seq"], MESSAGE_TIMEOUT_S,
+                                 "consumed" if steer else "answered"):
+                raise RuntimeError(f"message {n} never {'consumed' if steer else 'answered'}; "
+                                   f"see {root / 'worker.log'}")
+            if steer:
+                to_consumed.append(time.perf_counter() - sent)
         still_open = sum(1 for t in idle if client.get(f"/api/tasks/{t}/").json()["state"] == "running")
-        return {"open": open_count, "still_running": still_open, "ramp_s": round(ramp_s, 1), "messages": messages,
-                "agent": "bench/stream_agent.py (the claude preset's live argv)",
-                "submit_to_stdin": {**lat(to_stdin), "missing": missing}, "post": lat(post)}
+        out = {"open": open_count, "still_running": still_open, "ramp_s": round(ramp_s, 1), "messages": messages,
+               "delivery": delivery, "agent": "bench/stream_agent.py (the claude preset's live argv)",
+               "submit_to_stdin": {**lat(to_stdin), "missing": missing}, "post": lat(post)}
+        if steer:
+            out["submit_to_consumed"] = lat(to_consumed)
+        return out
     finally:
         if worker is not None:
             worker.kill()
             worker.wait(10)
-        subprocess.run(["pkill", "-f", str(AGENT)], check=False)  # the stand-in agents the killed worker left
+        for file in arrivals_dir.glob("*.jsonl"):  # the stand-in agents the killed worker left, by their pids
+            try:
+                if str(AGENT) in " ".join(psutil.Process(int(file.stem)).cmdline()):  # not a reused pid
+                    os.kill(int(file.stem), signal.SIGKILL)
+            except (ValueError, OSError, psutil.Error):
+                pass
         server.stop()
         if os.environ.get("BENCH_KEEP"):
             print(f"kept {root}")
@@ -201,11 +228,18 @@ def run_bench(env: dict, *, open_count: int, messages: int) -> dict:
 
 def rows(r: dict) -> list[str]:
     s, p = r["submit_to_stdin"], r["post"]
-    return [
-        "open conversations | messages | submit -> agent stdin p50 / p99 / max ms (missing) | POST p50 / p99 ms",
-        f"  {r['open']:>5} (+1 measured, {r['still_running']} still running) | {r['messages']} | "
-        f"{s['p50_ms']} / {s['p99_ms']} / {s['max_ms']} ({s['missing']}) | {p['p50_ms']} / {p['p99_ms']}",
+    out = [
+        "open conversations | messages (delivery) | submit -> agent stdin p50 / p99 / max ms (missing) | "
+        "POST p50 / p99 ms",
+        f"  {r['open']:>5} (+1 measured, {r['still_running']} still running) | {r['messages']} "
+        f"({r.get('delivery', 'queue')}) | {s['p50_ms']} / {s['p99_ms']} / {s['max_ms']} ({s['missing']}) | "
+        f"{p['p50_ms']} / {p['p99_ms']}",
     ]
+    if "submit_to_consumed" in r:
+        c = r["submit_to_consumed"]
+        out.append(f"  submit -> consumed (seen through the API) p50 / p99 / max ms: "
+                   f"{c['p50_ms']} / {c['p99_ms']} / {c['max_ms']}")
+    return out
 
 
 def main() -> int:
@@ -214,6 +248,8 @@ def main() -> int:
     parser.add_argument("--shape", choices=["sqlite", "postgres"], default="sqlite")
     parser.add_argument("--open", type=int, default=0, help="idle conversations kept open on the worker")
     parser.add_argument("--messages", type=int, default=100)
+    parser.add_argument("--delivery", choices=["queue", "steer"], default="queue",
+                        help="C9: queue (each message its own turn) or steer (into a running turn)")
     parser.add_argument("--out", help="JSON path (default bench/results/conversation-LABEL.json)")
     args = parser.parse_args()
     os.chdir(BASE_DIR)
@@ -222,7 +258,8 @@ def main() -> int:
     report = report_start(args.label, shape=args.shape)
     try:
         with scratch_service(args.shape, "bench_conv") as (env, _, _):
-            report["conversation"] = run_bench(env, open_count=args.open, messages=args.messages)
+            report["conversation"] = run_bench(env, open_count=args.open, messages=args.messages,
+                                               delivery=args.delivery)
     finally:
         out = report_save(report, Path(args.out or BASE_DIR / "bench" / "results" / f"conversation-{args.label}.json"))
         if "conversation" in report:

@@ -1,7 +1,13 @@
 /* The chat both pages draw (a conversation task's, task.js; a terminal session's,
  * session.js, T6): loaded after common.js, exposed as window.RunSteadChat.
  *
- *   LABELS, TITLES                    a message state in words, and what it means (C3, C10, T2)
+ *   LABELS, TITLES                    a message state in words, and what it means (C3, C9, C10, T2)
+ *   DELIVERY, DELIVERY_TITLES         a message's delivery in words: "now" (steer) or "next"
+ *                                     (queue), and what it means (C9)
+ *   landed(m) -> text | null          where a message landed (C9 `turn_seq`): "its own turn",
+ *                                     "joined the turn of message N", "joined your first turn"
+ *   GIVEN                             the states of a message the agent has (delivered,
+ *                                     consumed, answered)
  *   foldable(className, text, key, unfolded)  a dir="auto" text that folds after its CSS
  *                                     height (task.css .fold), unfolded when `unfolded` has key
  *   addFoldButtons(root, unfolded)    "Show all" under each folded text of root
@@ -19,12 +25,23 @@
   "use strict";
   var C = window.RunStead, el = C.el;
 
-  var LABELS = { sent: "sent", delivered: "with the agent", answered: "answered",
+  var LABELS = { sent: "sent", delivered: "with the agent", consumed: "taken in", answered: "answered",
                  undelivered: "not delivered", withdrawn: "withdrawn" };
   var TITLES = { sent: "waiting on your machine for the current turn to end",
-                 delivered: "the agent has it", answered: "its turn ended",
+                 delivered: "the agent has it", consumed: "the agent took it into a turn",
+                 answered: "its turn ended",
                  undelivered: "the conversation ended before it was written to the agent",
                  withdrawn: "you took it back before the agent saw it" };
+
+  var DELIVERY = { steer: "now", queue: "next" };
+  var DELIVERY_TITLES = { steer: "steered: into the turn that runs, as soon as the agent can take it",
+                          queue: "queued: its own turn, after the current one" };
+  var GIVEN = { delivered: true, consumed: true, answered: true };
+  function landed(m) {
+    if (m.turn_seq === null || m.turn_seq === undefined) return null;
+    if (m.turn_seq === m.seq) return m.delivery === "steer" ? "became its own turn" : null;
+    return m.turn_seq === 0 ? "joined the first turn" : "joined the turn of message " + m.turn_seq;
+  }
 
   function foldable(className, text, key, unfolded) {
     var body = el("div", { className: className + " fold", dir: "auto", text: text, "data-fold": key });
@@ -138,7 +155,8 @@
     connect();
   }
 
-  window.RunSteadChat = { LABELS: LABELS, TITLES: TITLES, foldable: foldable, addFoldButtons: addFoldButtons,
+  window.RunSteadChat = { LABELS: LABELS, TITLES: TITLES, DELIVERY: DELIVERY, DELIVERY_TITLES: DELIVERY_TITLES,
+                          GIVEN: GIVEN, landed: landed, foldable: foldable, addFoldButtons: addFoldButtons,
                           change: change, approvalItem: approvalItem, decide: decide, nearEnd: nearEnd,
                           keepNewestInView: keepNewestInView, connectBoard: connectBoard };
 })();

@@ -433,9 +433,11 @@
   function conversationOpen(t) {
     return isConversation(t) && !FINAL[t.state] && t.state !== "unknown" && !t.conversation_ended_at;
   }
-  function turnRunning() {
+  function turnRunning() { // C9: a steer taken as its own turn runs until it is answered
     var running = false;
-    chat.messages.forEach(function (m) { if (m.state === "delivered") running = true; });
+    chat.messages.forEach(function (m) {
+      if (m.state === "delivered" || (m.state === "consumed" && m.turn_seq === m.seq)) running = true;
+    });
     return running;
   }
   function taskPath(rest) { return "/api/tasks/" + encodeURIComponent(taskId) + "/" + rest; }
@@ -483,7 +485,7 @@
       turns.forEach(function (turn) { if (turn.seq !== null) out[turn.seq] = turn; });
       return out;
     }
-    var given = messages.filter(function (m) { return m.synthetic || m.state === "delivered" || m.state === "answered"; });
+    var given = messages.filter(function (m) { return m.synthetic || Chat.GIVEN[m.state]; });
     var offset = turns.length && turns[0].partial ? given.length - turns.length : 0;
     turns.forEach(function (turn, i) { var m = given[i + offset]; if (m) out[m.seq] = turn; });
     return out;
@@ -532,9 +534,17 @@
     var label = m.synthetic ? null : MESSAGE_LABELS[m.state] || m.state;
     // C10: a live conversation's message still waiting on the machine can be taken back.
     var waiting = !m.synthetic && m.seq > 0 && m.state === "sent" && t.conversation === "live" && conversationOpen(t);
-    return el("li", { className: "msg", "data-seq": m.seq, "data-state": m.state || "prompt", "data-id": m.id },
+    // C9: "now" (steered into the running turn) or "next" (its own turn), and where it landed.
+    var delivery = !m.synthetic && m.seq > 0 && t.conversation === "live" ? m.delivery || "queue" : null;
+    var where = m.synthetic ? null : Chat.landed(m);
+    return el("li", { className: "msg", "data-seq": m.seq, "data-state": m.state || "prompt", "data-id": m.id,
+                      "data-delivery": delivery || "" },
       foldable("msg-text", m.text || "", "m:" + m.seq),
-      label ? el("span", { className: "msg-state", title: MESSAGE_TITLES[m.state] || "", text: label }) : null,
+      delivery || label ? el("div", { className: "msg-meta" },
+        delivery ? el("span", { className: "msg-delivery", title: Chat.DELIVERY_TITLES[delivery],
+                                text: Chat.DELIVERY[delivery] }) : null,
+        where ? el("span", { className: "msg-landed", text: where }) : null,
+        label ? el("span", { className: "msg-state", title: MESSAGE_TITLES[m.state] || "", text: label }) : null) : null,
       waiting ? withdrawButton(m, "withdraw", false) : null,
       waiting ? withdrawButton(m, "edit", true) : null,
       m.carrier ? el("a", { className: "msg-carrier", href: "/tasks/" + encodeURIComponent(m.carrier) + "/",
@@ -578,19 +588,20 @@
     var replies = repliesBySeq(t, messages, chat.turns);
     var lastGiven = null;
     chat.firstWorking = false;
-    messages.forEach(function (m) { if (m.synthetic || m.state === "delivered" || m.state === "answered") lastGiven = m; });
+    messages.forEach(function (m) { if (m.synthetic || Chat.GIVEN[m.state]) lastGiven = m; });
     var list = $("chat-log");
     list.textContent = "";
     messages.forEach(function (m) {
       list.appendChild(messageItem(m, t));
       var working = open && LEASED[t.state] && m === lastGiven &&
-        (m.synthetic ? firstTurnWorking(replies[0]) : m.state === "delivered");
+        (m.synthetic ? firstTurnWorking(replies[0]) : m.state === "delivered" || (m.state === "consumed" && turnRunning()));
       if (m.synthetic) chat.firstWorking = working;
       var reply = replyItem(m, replies[m.seq], working);
       if (reply) list.appendChild(reply);
     });
     addFoldButtons(list);
     $("chat-form").hidden = !open;
+    $("chat-delivery").hidden = !(open && t.conversation === "live" && !chat.steerUnsupported);
     $("chat-interrupt").hidden = !(open && t.conversation === "live" && (turnRunning() || chat.firstWorking));
     renderApprovals();
     if (follow) keepNewestInView();
@@ -628,16 +639,21 @@
     if (chat.sending) return; // a double tap: the key would replay anyway (A2)
     var text = $("chat-text").value, status = $("chat-status");
     if (!text.trim()) { C.tell(status, "Write a message first.", true); return; }
+    // C9: "next" (queue, the default) or "now" (steer), as the composer's choice says.
+    var choice = document.querySelector("#chat-delivery input[name=delivery]:checked");
+    var delivery = !$("chat-delivery").hidden && choice ? choice.value : "queue";
     chat.sending = true;
     $("chat-send").disabled = true;
     C.tell(status, "Sending…", false);
-    C.api("POST", taskPath("messages/"), { text: text }, { "Idempotency-Key": chat.key })
+    C.api("POST", taskPath("messages/"), { text: text, delivery: delivery }, { "Idempotency-Key": chat.key })
       .then(function (res) {
         if (res.status === 201) {
           chat.key = C.newKey(); // the next message is a new request
           // Empty the box only if it still holds what was sent: what the owner typed
           // while it was sending is the next message, not to be lost.
           if ($("chat-text").value === text) $("chat-text").value = "";
+          var next = document.querySelector("#chat-delivery input[value=queue]");
+          if (next) next.checked = true; // C9: "now" is for one message; the default is "next" again
           C.tell(status, "", false);
           keepMessage(res.data);
           renderChat(state.task);
@@ -645,6 +661,12 @@
           return;
         }
         if (res.data && res.data.error === "idempotency_key_reused") chat.key = C.newKey();
+        if (res.data && res.data.error === "steer_unsupported") { // nothing was stored: send it as next
+          chat.steerUnsupported = true;
+          renderChat(state.task);
+          C.tell(status, "This agent cannot take a message into a running turn: it will go next. Send again.", true);
+          return;
+        }
         C.tell(status, C.errorText(res.status, res.data), true);
       })
       .catch(function () { C.tell(status, "Network error: send again (the agent gets it once).", true); })

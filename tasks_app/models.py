@@ -366,13 +366,23 @@ class OutboxMessage(models.Model):
 class ConversationMessageState(models.TextChoices):
     """C3: ``sent`` (accepted by the service), ``delivered`` (written to the agent),
     ``answered`` (its turn ended), ``undelivered`` (the task ended first); C10:
-    ``withdrawn`` (taken back by its owner before the worker claimed it)."""
+    ``withdrawn`` (taken back by its owner before the worker claimed it); C9: ``consumed``
+    (the agent showed it took the message into a turn: ``turn_seq`` says whose; a message
+    that opened a turn of its own goes on to ``answered`` when that turn ends)."""
 
     SENT = "sent"
     DELIVERED = "delivered"
+    CONSUMED = "consumed"
     ANSWERED = "answered"
     UNDELIVERED = "undelivered"
     WITHDRAWN = "withdrawn"
+
+
+class MessageDelivery(models.TextChoices):
+    """C9: how a message joins the conversation."""
+
+    QUEUE = "queue"
+    STEER = "steer"
 
 
 class ConversationMessage(models.Model):
@@ -394,6 +404,12 @@ class ConversationMessage(models.Model):
     # C10: when the worker claimed the message's delivery (``sent`` still; withdraw is a
     # compare-and-set against this claim: ``conversation.message_withdraw``).
     claimed_at = models.DateTimeField(null=True, blank=True)
+    # C9: ``queue`` (its own turn after the current one) or ``steer`` (into the running turn).
+    delivery = models.CharField(max_length=8, choices=MessageDelivery.choices, default=MessageDelivery.QUEUE)
+    # C9: when the agent showed it took the message, and the ``seq`` of the message whose
+    # turn took it (its own ``seq`` when it opened a turn; another's when it joined that one).
+    consumed_at = models.DateTimeField(null=True, blank=True)
+    turn_seq = models.PositiveIntegerField(null=True, blank=True)
     version = models.PositiveBigIntegerField(default=1)
 
     class Meta:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, NotRequired, TypedDict
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
+from django.db.models import F, Q
 
 from core.wire import BoardEvent, Doc, Time, Url, Uuid, iso
 from machine.protocol.shapes import AnyPayload
@@ -435,11 +436,14 @@ def task_dict(task, *, full: bool = False) -> TaskShape:
 
 # C3: the states of a message whose turn has not ended (sent: it waits for the agent).
 TURN_OPEN_STATES = (ConversationMessageState.SENT, ConversationMessageState.DELIVERED)
+# C9: a ``consumed`` message that opened a turn of its own keeps it open until ``answered``.
+TURN_OPEN = Q(state__in=TURN_OPEN_STATES) | Q(state=ConversationMessageState.CONSUMED, turn_seq=F("seq"))
 
 
 def conversation_turn(task) -> Literal["open", "waiting"] | None:
     """C6, B1: ``"open"`` while a live conversation's message is sent or delivered (its
-    turn runs, or is about to), ``"waiting"`` between turns (the agent waits for its
+    turn runs, or is about to), or consumed as the opener of its own turn (C9: a steer
+    that became the next turn, until answered), ``"waiting"`` between turns (the agent waits for its
     owner); None for anything else: a plain task, a resume conversation, a final or
     ``unknown`` task, an ended conversation with nothing open. Reads the task's messages
     only for an unfinished live conversation (one query; the few such tasks a list has).
@@ -447,7 +451,7 @@ def conversation_turn(task) -> Literal["open", "waiting"] | None:
     ``task`` event carries the turn as it is."""
     if task.conversation != "live" or task.state not in NEVER_LEASED_STATES | LEASED_STATES:
         return None
-    if ConversationMessage.objects.filter(task_id=task.pk, state__in=TURN_OPEN_STATES).exists():
+    if ConversationMessage.objects.filter(TURN_OPEN, task_id=task.pk).exists():
         return "open"
     return None if task.conversation_ended_at else "waiting"
 
@@ -510,10 +514,17 @@ class ConversationMessageShape(TypedDict):
     task: Uuid
     seq: Annotated[int, Doc("C2: per task from 1, in acceptance order (the task's prompt is message 0)")]
     text: str
-    state: Annotated[Literal["sent", "delivered", "answered", "undelivered", "withdrawn"], Doc("C3, C10")]
+    state: Annotated[Literal["sent", "delivered", "consumed", "answered", "undelivered", "withdrawn"],
+                     Doc("C3, C9, C10")]
+    delivery: Annotated[Literal["queue", "steer"],
+                        Doc('C9: "queue" (its own turn after the current one) or "steer" (into the running turn)')]
+    turn_seq: Annotated[int | None, Doc("C9: where it landed: the seq of the message whose agent turn took it (its own "
+                                        "when it opened a turn; an earlier one's when it joined that running turn); "
+                                        "null until the agent showed it took it")]
     carrier: Annotated[Uuid | None, Doc("a resume conversation: the follow-up task that carries it (G6)")]
     created_at: Time
     delivered_at: Time | None
+    consumed_at: Annotated[Time | None, Doc("C9: when the agent showed it took the message")]
     answered_at: Time | None
     version: int
 
@@ -521,9 +532,11 @@ class ConversationMessageShape(TypedDict):
 def conversation_message_dict(message) -> ConversationMessageShape:
     """One conversation message (C2, C3) as the API and ``message`` events carry it."""
     return {"id": str(message.id), "task": str(message.task_id), "seq": message.seq, "text": message.text,
-            "state": message.state, "carrier": str(message.carrier_id) if message.carrier_id else None,
+            "state": message.state, "delivery": message.delivery, "turn_seq": message.turn_seq,
+            "carrier": str(message.carrier_id) if message.carrier_id else None,
             "created_at": iso(message.created_at), "delivered_at": iso(message.delivered_at),
-            "answered_at": iso(message.answered_at), "version": message.version}
+            "consumed_at": iso(message.consumed_at), "answered_at": iso(message.answered_at),
+            "version": message.version}
 
 
 class ConversationMessagesShape(TypedDict):

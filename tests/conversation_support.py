@@ -11,19 +11,20 @@ from pathlib import Path
 
 from tests.agent_clis import offline
 from tests.claude_cli import write_claude_profile
-from tests.model_apis import AnthropicAPI, ResponsesAPI
+from tests.model_apis import AnthropicAPI, ResponsesAPI, steer_notes
 from tests.wait import wait_for
 from tests.worker_harness import LiveSetup
 
 
-def conversation_setup(url: str, owner, tmp_path, api: AnthropicAPI) -> LiveSetup:
+def conversation_setup(url: str, owner, tmp_path, api: AnthropicAPI, *, worker_fault: str | None = None) -> LiveSetup:
     """A paired worker whose ``claude`` profile is the real CLI (``conversation`` live by
-    its preset); returns once the service knows the profile can converse live."""
+    its preset), started with fault point ``worker_fault`` if given (``machine.worker.
+    faults``); returns once the service knows the profile can converse live."""
     setup = LiveSetup(url, owner, tmp_path)
     subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
     write_claude_profile(setup, api=api, home=tmp_path / "home",
                          options='extra_args = ["--permission-mode", "bypassPermissions"]\n')
-    setup.start_worker()
+    setup.start_worker(fault=worker_fault)
     wait_live_profile(setup)
     return setup
 
@@ -106,9 +107,11 @@ def open_conversation(setup: LiveSetup, prompt: str) -> str:
     return setup.submit("claude", prompt=prompt, mode="conversation")
 
 
-def send(setup: LiveSetup, task_id: str, text: str, key: str | None = None):
-    """``POST /api/tasks/{id}/messages/``; the httpx response."""
-    return setup.api.post(f"/api/tasks/{task_id}/messages/", json={"text": text},
+def send(setup: LiveSetup, task_id: str, text: str, key: str | None = None, delivery: str | None = None):
+    """``POST /api/tasks/{id}/messages/`` (``delivery``: C9's ``steer`` or ``queue``,
+    absent when None); the httpx response."""
+    body = {"text": text} if delivery is None else {"text": text, "delivery": delivery}
+    return setup.api.post(f"/api/tasks/{task_id}/messages/", json=body,
                           headers={"Idempotency-Key": key or str(uuid.uuid4())})
 
 
@@ -142,10 +145,13 @@ def turns_started(api: AnthropicAPI) -> list[str]:
 
 def user_texts_in_last_request(api: AnthropicAPI) -> list[str]:
     """Every user text block of the last Messages request (the whole conversation as the
-    agent holds it), system reminders left out."""
+    agent holds it), system reminders left out, and every message the user sent mid-turn
+    (C9: ``model_apis.steer_notes``), in the order the request holds them."""
     bodies = [b for p, b in api.requests if p.startswith("/v1/messages") and "count_tokens" not in p]
     texts = []
     for message in bodies[-1].get("messages") or []:
+        if message.get("role") == "system":
+            texts += steer_notes(message)
         if message.get("role") != "user":
             continue
         content = message.get("content")

@@ -23,6 +23,9 @@ user message that is not a tool result), so a test reads as what it does:
 - ``[[slow:SECONDS]]``: the text reply streams in small pieces over that long;
 - anything else: one text reply, ``"ok: <the prompt's first line, 40 characters>"``.
 
+A message Claude Code took into a running turn (SPEC C9, ``steer_notes``) is the prompt
+from then on, directives and all, as a model would follow it.
+
 ``api.requests`` lists ``(path, body)`` of every request received, in order.
 """
 from __future__ import annotations
@@ -195,6 +198,23 @@ class FakeAPI:
 # --- Anthropic Messages (Claude Code) ------------------------------------------------------
 
 
+STEER_NOTE = "The user sent a new message while you were working:\n"
+STEER_NOTE_END = "\n\nThis is how Claude Code surfaces messages the user sends mid-turn"
+
+
+def steer_notes(message: dict) -> list[str]:
+    """The texts a Messages request's ``message`` carries as messages the user sent while
+    the turn ran (Claude Code 2.1.328 with stream-json input: a system-role message after
+    the tool result, one note per text: ``STEER_NOTE`` + text + ``STEER_NOTE_END`` ...)."""
+    content = message.get("content")
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+    notes = []
+    for block in blocks:
+        for part in (block.get("text") or "").split(STEER_NOTE)[1:] if block.get("type") == "text" else ():
+            notes.append(part.split(STEER_NOTE_END)[0])
+    return notes
+
+
 class AnthropicAPI(FakeAPI):
     """``POST /v1/messages?beta=true`` with ``stream: true``: message_start,
     content_block_start/delta/stop per block, message_delta (stop_reason, usage),
@@ -206,9 +226,14 @@ class AnthropicAPI(FakeAPI):
     def conversation(body: dict) -> tuple[str, int]:
         """(the last user prompt, tool results since it). In ``-p`` mode the last message
         can be a system-role block and the CLI puts ``<system-reminder>`` texts before the
-        prompt: the prompt is the last other text of a user message."""
+        prompt: the prompt is the last other text of a user message. A message the user
+        sent mid-turn (Claude Code's steer, SPEC C9) comes as a system-role message after
+        the tool result it was taken with (``steer_notes``): the last of them is then the
+        prompt, as a model would follow it."""
         tools_done = 0
         for message in reversed(body.get("messages") or []):
+            if message.get("role") == "system" and (notes := steer_notes(message)):
+                return notes[-1], tools_done
             if message.get("role") != "user":
                 continue
             content = message.get("content")

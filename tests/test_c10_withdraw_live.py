@@ -3,7 +3,8 @@
 against a real daphne (SPEC C10): a message withdrawn while it waits on the worker never
 reaches the agent and the next one goes on in its place; a message withdrawn as the
 worker claims it either is withdrawn and never written or is delivered and answered, and
-the two answers agree."""
+the two answers agree. And C9's order on the same worker: a steer goes at once, past a
+queued message, which waits for a turn of its own."""
 import glob
 import json
 import os
@@ -76,5 +77,24 @@ def test_c10_withdraw_racing_the_workers_claim_one_wins_and_the_agent_sees_it_on
         assert read.count(f"race {n}") == (1 if outcome == "answered" else 0), (n, outcome, read)
     by_seq = {m["seq"]: m for m in messages(live, task_id)}
     assert all(by_seq[n]["state"] == outcome for n, outcome in outcomes.items())
+    assert live.api.post(f"/api/tasks/{task_id}/end/").status_code == 200
+    assert live.wait_final(task_id, timeout=30)["state"] == "succeeded"
+
+
+def test_c9_a_steer_is_written_at_once_past_a_queued_message_which_waits_for_a_turn_of_its_own(live):
+    """The order decision of C9 (machine/worker/conversation.py): a steer does not wait
+    behind queued messages, a queued one waits until no turn is open, the steer's included.
+    The demo's fake CLI echoes nothing: each ``result`` answers the next message in the
+    order they were written (the steer first)."""
+    task_id = live.submit("fake-claude", prompt="look around the repository", mode="conversation")
+    wait_states(live, task_id, {0: "delivered"}, timeout=30)
+    assert send(live, task_id, "next one").status_code == 201
+    assert send(live, task_id, "now one", delivery="steer").status_code == 201
+    got = wait_states(live, task_id, {2: "delivered"}, timeout=30)
+    assert got[1]["state"] == "sent"  # queued: waits for every open turn, the steer's too
+    got = wait_states(live, task_id, {0: "answered", 1: "answered", 2: "answered"}, timeout=60)
+    assert agent_read(live, task_id) == ["look around the repository", "now one", "next one"]
+    assert got[2]["answered_at"] < got[1]["delivered_at"]
+    assert [(m["delivery"], m["turn_seq"]) for m in got] == [("queue", 0), ("queue", 1), ("steer", 2)]
     assert live.api.post(f"/api/tasks/{task_id}/end/").status_code == 200
     assert live.wait_final(task_id, timeout=30)["state"] == "succeeded"

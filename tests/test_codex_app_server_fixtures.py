@@ -132,6 +132,10 @@ def test_c11_the_app_server_adapter_waits_for_the_ids_it_needs():
     agent.see(json.dumps({"id": "msg:m0", "result": {"turn": {"id": "U", "status": "inProgress"}}}))
     assert json.loads(agent.line(interrupt, items))["params"] == {"threadId": "T", "turnId": "U"}
     assert agent.turns_ended == 0
-    agent.see(json.dumps({"method": "turn/completed", "params": {"threadId": "T", "turn": {"id": "U"}}}))
-    agent.see(json.dumps({"id": "msg:m2", "error": {"code": -32600, "message": "no"}}))
+    # What the output says of the input, for ``conversation.landings`` (C9).
+    assert agent.see(json.dumps({"method": "item/started", "params": {"item": {
+        "type": "userMessage", "id": "x", "clientId": "m0", "content": []}}})) == ("taken", "m0")
+    assert agent.see(json.dumps({"method": "turn/completed", "params": {"threadId": "T", "turn": {"id": "U"}}})) \
+        == ("result", None)
+    assert agent.see(json.dumps({"id": "msg:m2", "error": {"code": -32600, "message": "no"}})) == ("result", None)
     assert agent.turns_ended == 2  # a refused turn/start ends its turn: no turn/completed will come

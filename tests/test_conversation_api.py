@@ -1118,3 +1118,118 @@ def test_c10_withdraw_race_against_the_workers_claim_exactly_one_wins_both_told(
 @pytest.mark.django_db(transaction=True)
 def test_c10_withdraw_race_on_sqlite(owner, profiles, grant, grant_root):
     _withdraw_claim_race(owner, profiles, grant_root / "repo", 4)
+
+
+# --- C9: steer or queue -----------------------------------------------------------------------
+
+
+def steer(owner, task_id, text="now please", *, key=None):
+    return send(owner, task_id, body={"text": text, "delivery": "steer"}, key=key)
+
+
+@pytest.mark.django_db
+def test_c9_a_steer_is_stored_as_steer_and_goes_to_the_worker_as_one(owner, profiles, grant, grant_root):
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    queued = send(owner, task_id, "next please")
+    steered = steer(owner, task_id)
+    assert (queued.status_code, steered.status_code) == (201, 201), (queued.content, steered.content)
+    assert (queued.json()["delivery"], steered.json()["delivery"]) == ("queue", "steer")
+    assert steered.json()["state"] == "sent" and steered.json()["turn_seq"] is None
+    assert steered.json()["consumed_at"] is None
+    payloads = sorted((m.payload for m in outbox(task_id, "message")), key=lambda p: p["seq"])
+    # A queued message's payload is as before C9 (an older worker reads it unchanged).
+    assert [p.get("delivery") for p in payloads] == [None, "steer"]
+    assert "delivery" not in payloads[0]
+    assert [(m["seq"], m["delivery"]) for m in listed(owner, task_id)] == [(0, "queue"), (1, "queue"), (2, "steer")]
+    explicit = send(owner, task_id, body={"text": "queued on purpose", "delivery": "queue"})
+    assert explicit.status_code == 201 and explicit.json()["delivery"] == "queue"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("delivery", ["now", "STEER", "", None, 1, ["steer"], {"steer": True}])
+def test_c9_unknown_delivery_is_400_invalid_and_changes_nothing(owner, profiles, grant, grant_root, delivery):
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    with NothingWritten():
+        body = assert_error(send(owner, task_id, body={"text": "hi", "delivery": delivery}), 400, "invalid")
+    assert list(body["fields"]) == ["delivery"], body
+
+
+@pytest.mark.django_db
+def test_c9_steer_where_the_cli_cannot_steer_is_409_steer_unsupported_nothing_stored(
+        owner, profiles, grant, grant_root):
+    # A live profile of another preset (Codex, until C11 proves its steer) and a resume
+    # conversation (each message its own follow-up process: nothing runs to steer).
+    resp = machine_api(profiles).put("/api/worker/profiles/", {"profiles": PROFILES + [
+        {"name": "codex-live", "preset": "codex", "conversation": "live"}]}, format="json")
+    assert resp.status_code == 200, resp.content
+    live_other = live_running(owner, profiles, grant_root / "other", agent="codex-live")
+    resume = conversation_id(owner, profiles, grant_root / "resume", agent="gemini")
+    for task_id in (live_other, resume):
+        with NothingWritten():
+            assert_error(steer(owner, task_id, key="steer-key"), 409, "steer_unsupported")
+        # Nothing stored, the key neither (A5): the same key queues the message.
+        assert send(owner, task_id, "queued instead", key="steer-key").status_code == 201
+
+
+@pytest.mark.django_db
+def test_c9_steer_replay_is_the_same_message_and_the_key_with_queue_is_reused(owner, profiles, grant, grant_root):
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    first = steer(owner, task_id, key="k")
+    again = steer(owner, task_id, key="k")
+    assert again.status_code == 201 and again.json() == first.json()
+    with NothingWritten():
+        assert_error(send(owner, task_id, body={"text": "now please", "delivery": "queue"}, key="k"), 422,
+                     "idempotency_key_reused")
+    assert outbox(task_id, "message").count() == 1
+
+
+@pytest.mark.django_db
+def test_c9_consumed_records_where_it_landed_and_one_answered_message_per_turn(owner, profiles, grant, grant_root):
+    """A steer that opened a turn: delivered -> consumed (its own seq) -> answered; one
+    that joined the running turn: consumed with that turn's seq, and there it stays."""
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    prompt = ConversationMessage.objects.get(task_id=task_id, seq=0)
+    assert message_receipt(profiles, task_id, prompt.id, "delivered").json() == {"outcome": "applied"}
+    joined, own = steer(owner, task_id, "join").json(), steer(owner, task_id, "own").json()
+    for message in (joined, own):
+        assert claim(profiles, task_id, message["id"]) == {"outcome": "applied"}
+        assert message_receipt(profiles, task_id, message["id"], "delivered").json() == {"outcome": "applied"}
+    consumed = receipt(profiles, task_id, "message", {"message_id": joined["id"], "state": "consumed", "turn_seq": 0})
+    assert consumed.json() == {"outcome": "applied"}
+    assert message_receipt(profiles, task_id, prompt.id, "answered").json() == {"outcome": "applied"}
+    assert owner_api(owner).get(f"/api/tasks/{task_id}/").json()["turn"] == "open"  # "own" is still to come
+    assert receipt(profiles, task_id, "message", {"message_id": own["id"], "state": "consumed",
+                                                  "turn_seq": 2}).json() == {"outcome": "applied"}
+    assert owner_api(owner).get(f"/api/tasks/{task_id}/").json()["turn"] == "open"  # its own turn runs
+    assert message_receipt(profiles, task_id, own["id"], "answered").json() == {"outcome": "applied"}
+    got = {m["seq"]: m for m in listed(owner, task_id)}
+    assert {seq: (m["state"], m["turn_seq"]) for seq, m in got.items()} == {
+        0: ("answered", 0), 1: ("consumed", 0), 2: ("answered", 2)}
+    assert got[1]["consumed_at"] and got[2]["consumed_at"] and got[0]["consumed_at"] is None
+    # Two agent turns, two answered messages; the board's turn is over.
+    assert owner_api(owner).get(f"/api/tasks/{task_id}/").json()["turn"] == "waiting"
+    # Only forward: consumed again, or after answered, changes nothing.
+    for message_id, turn_seq in ((joined["id"], 2), (own["id"], 2)):
+        stale = receipt(profiles, task_id, "message", {"message_id": message_id, "state": "consumed",
+                                                       "turn_seq": turn_seq})
+        assert stale.json() == {"outcome": "not_applied", "reason": "stale"}
+    assert message_row(joined["id"])["turn_seq"] == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("facts, problem", [
+    ({"state": "consumed"}, "consumed message facts are message_id, state and turn_seq"),
+    ({"state": "consumed", "turn_seq": -1}, "turn_seq must be a seq (an integer from 0)"),
+    ({"state": "consumed", "turn_seq": "0"}, "turn_seq must be a seq (an integer from 0)"),
+    ({"state": "consumed", "turn_seq": True}, "turn_seq must be a seq (an integer from 0)"),
+    ({"state": "consumed", "turn_seq": 2 ** 31}, "turn_seq must be a seq (an integer from 0)"),
+    ({"state": "delivered", "turn_seq": 0}, "message facts are message_id and state"),
+    ({"state": "taken"}, "state must be claimed, delivered, consumed, answered or undelivered"),
+])
+def test_c9_bad_consumed_receipt_is_400_and_changes_nothing(owner, profiles, grant, grant_root, facts, problem):
+    task_id = live_running(owner, profiles, grant_root / "repo")
+    message_id = steer(owner, task_id).json()["id"]
+    with NothingWritten():
+        resp = receipt(profiles, task_id, "message", {"message_id": message_id, **facts})
+        assert resp.status_code == 400, resp.content
+    assert problem in json.dumps(resp.json()), resp.json()

@@ -299,7 +299,7 @@ def test_c2_c7_b9_newcomer_sees_words_not_ids_states_in_words_long_message_folde
         setup.close()
 
 
-def test_c10_phone_chat_withdraw_and_edit_a_waiting_message(live_daphne, new_page, make_owner, tmp_path):  # noqa: F811
+def test_c9_c10_phone_chat_withdraw_and_edit_a_waiting_message_and_send_one_now(live_daphne, new_page, make_owner, tmp_path):  # noqa: F811
     from playwright.sync_api import expect
 
     setup = fake_claude_setup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, pause_s=3.0)
@@ -328,9 +328,20 @@ def test_c10_phone_chat_withdraw_and_edit_a_waiting_message(live_daphne, new_pag
         third = chat.locator(".msg[data-seq='3']")
         expect(third).to_have_attribute("data-state", "answered", timeout=60000)
         expect(third.locator(".msg-withdraw")).to_have_count(0)
+        # C9: the composer offers "next" (the default) or "now"; each bubble says which.
+        expect(third.locator(".msg-delivery")).to_have_text("next")
+        page.check("#chat-delivery input[value=steer]")
+        page.fill("#chat-text", "now, please")
+        page.click("#chat-send")
+        fourth = chat.locator(".msg[data-seq='4']")
+        expect(fourth).to_have_attribute("data-delivery", "steer")
+        expect(fourth.locator(".msg-delivery")).to_have_text("now")
+        expect(page.locator("#chat-delivery input[value=queue]")).to_be_checked()  # back to the default
+        expect(fourth).not_to_have_attribute("data-state", "sent", timeout=30000)  # no turn ran: written at once
         shot(page, "c10-withdraw-edit.png")
         no_horizontal_scroll(page)
         got = wait_states(setup, task_id, {0: "answered", 1: "withdrawn", 2: "withdrawn", 3: "answered"})
         assert [m["text"] for m in got if m["state"] == "answered"] == ["look around the repository", "second draft"]
+        assert got[4]["delivery"] == "steer"
     finally:
         setup.close()

@@ -35,8 +35,9 @@ RESTART_TIMINGS = {**SHORT_TIMINGS, "RUNSTEAD_LEASE_DURATION_S": "30", "RUNSTEAD
 
 @pytest.fixture
 def live(live_daphne, make_owner, tmp_path, fake_model_api):  # noqa: F811
-    def start(**env):
-        setup = conversation_setup(live_daphne(**{**SHORT_TIMINGS, **env}), make_owner(), tmp_path, fake_model_api)
+    def start(worker_fault=None, **env):
+        setup = conversation_setup(live_daphne(**{**SHORT_TIMINGS, **env}), make_owner(), tmp_path, fake_model_api,
+                                   worker_fault=worker_fault)
         started.append(setup)
         return setup
 
@@ -210,3 +211,77 @@ def test_c6_between_turns_the_task_runs_and_its_session_is_idle_one_turn_marker_
     [second_turn] = setup.api.get(f"/api/sessions/{session_id}/").json()["markers"]
     assert first_turn["state"] == second_turn["state"] == "ended"
     assert second_turn["turn_id"] != first_turn["turn_id"]
+
+
+GATE = """import os, sys, time
+folder, n = sys.argv[1], sys.argv[2]
+open(os.path.join(folder, "started-" + n), "w").close()
+while not os.path.exists(os.path.join(folder, "open-" + n)):
+    time.sleep(0.02)
+print("gate", n, "passed")
+"""
+
+
+def result_lines(setup, task_id) -> list[dict]:
+    with open(os.path.join(op_dir(setup, task_id), "output.log")) as f:
+        return [json.loads(line) for line in f if line.startswith("{") and '"type":"result"' in line]
+
+
+def test_c9_steers_written_while_tools_run_are_each_consumed_once_by_the_running_turn_and_a_late_one_is_the_next_turn(
+        live, fake_model_api, tmp_path):  # noqa: F811
+    """Five steers into one long turn of tool calls, each written while a tool runs (a
+    gate the test opens) and taken at that tool's end, the worker killed once between
+    recording the first and writing it; a sixth written while the turn's last text
+    streams opens the next turn. Each text reaches the agent once; two turns, two
+    ``answered`` messages."""
+    setup = live(worker_fault="conversation_after_record_before_write", **RESTART_TIMINGS)
+    [first] = setup.workers
+    gates = tmp_path / "gates"
+    gates.mkdir()
+    (tmp_path / "gate.py").write_text(GATE)
+
+    def tool(n):  # a tool call that runs until the test opens gate n
+        return f"[[bash:python3 {tmp_path / 'gate.py'} {gates} {n}]]"
+
+    prompt = f"{tool(0)} a long turn"
+    task_id = open_conversation(setup, prompt)
+    # Each steer asks for one more gated tool, so the turn goes on (the fake model follows
+    # the last message the turn took, tests/model_apis.py).
+    steers = [f"{tool(k)} steer {k}" for k in range(1, 5)] + [f"{tool(5)}[[slow:3]] steer 5"]
+    for k, text in enumerate(steers, start=1):
+        wait_for(lambda: (gates / f"started-{k - 1}").exists(), timeout_s=60, what=f"tool {k - 1} to run")
+        resp = send(setup, task_id, text, delivery="steer")
+        assert resp.status_code == 201 and resp.json()["delivery"] == "steer", resp.text
+        if k == 1:
+            assert first.wait(timeout=30) == 97  # died with steer 1 claimed and recorded, its file not written
+            assert not os.path.exists(os.path.join(op_dir(setup, task_id), "inbox", "0000000001.json"))
+            assert messages(setup, task_id)[1]["state"] == "sent"
+            launcher = agent_launcher(setup, task_id)
+            setup.start_worker()  # adopts the agent (whose tool still runs) and writes steer 1 once
+        wait_states(setup, task_id, {k: "delivered"}, timeout=30)
+        (gates / f"open-{k - 1}").touch()
+        got = wait_states(setup, task_id, {k: "consumed"}, timeout=30)
+        assert got[k]["turn_seq"] == 0 and got[0]["state"] == "delivered"  # taken by the running turn
+    wait_for(lambda: (gates / "started-5").exists(), timeout_s=30, what="tool 5 to run")
+    asked = len(fake_model_api.requests)
+    (gates / "open-5").touch()
+    # The turn's last text streams (3 s): a steer written now is not taken by this turn.
+    wait_for(lambda: len(fake_model_api.requests) > asked, timeout_s=30, what="the turn's last model request")
+    late = send(setup, task_id, "late steer", delivery="steer")
+    assert late.status_code == 201, late.text
+    final = wait_states(setup, task_id, {0: "answered", 6: "answered"}, timeout=60)
+    assert [(m["seq"], m["state"], m["turn_seq"]) for m in final] == [
+        (0, "answered", 0), *[(k, "consumed", 0) for k in range(1, 6)], (6, "answered", 6)]
+    assert final[6]["consumed_at"] and final[6]["delivery"] == "steer"
+    # Two agent turns (two ``result`` lines), two answered messages; every text once.
+    assert [r["subtype"] for r in result_lines(setup, task_id)] == ["success", "success"]
+    assert user_texts_in_last_request(fake_model_api) == [prompt, *steers, "late steer"]
+    assert written_numbers(setup, task_id) == [0, 1, 2, 3, 4, 5, 6]
+    assert agent_launcher(setup, task_id) == launcher  # one agent process throughout
+    # C6: the agent went from its first turn straight into the late steer's: one true end,
+    # one "idle" notification, no blip between the two turns.
+    session_id = setup.task(task_id)["session"]
+    wait_for(lambda: session_status(setup, session_id) == "idle", timeout_s=10, what="idle after the second turn")
+    assert idle_notices(session_id) == 1
+    assert setup.api.post(f"/api/tasks/{task_id}/end/").status_code == 200
+    assert setup.wait_final(task_id, timeout=60)["state"] == "succeeded"

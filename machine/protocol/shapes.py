@@ -92,12 +92,15 @@ class IntegratePayload(TypedDict):
 
 
 class MessagePayload(TypedDict):
-    """``message`` (C2, C3): the owner's message number ``seq`` (from 1) for the live agent."""
+    """``message`` (C2, C3): the owner's message number ``seq`` (from 1) for the live agent;
+    ``delivery`` (C9) ``steer``: write it into the running turn now (absent: ``queue``,
+    its own turn after the current one)."""
 
     operation_id: str
     message_id: str
     seq: int
     text: str
+    delivery: NotRequired[Literal["queue", "steer"]]
 
 
 class InterruptPayload(TypedDict):
@@ -284,10 +287,13 @@ class IntegratedFacts(TypedDict):
 class MessageFacts(TypedDict):
     """``message`` (C3): message ``message_id`` was ``delivered``, ``answered`` or
     ``undelivered``; ``claimed`` (C10): the worker claims its delivery before it writes it
-    (answered before it writes: applied, or not_applied ``stale``/``withdrawn``/``undelivered``)."""
+    (answered before it writes: applied, or not_applied ``stale``/``withdrawn``/``undelivered``);
+    ``consumed`` (C9): the agent showed it took the message into the turn of message
+    ``turn_seq`` (its own seq: it opened that turn)."""
 
     message_id: str
-    state: Literal["claimed", "delivered", "answered", "undelivered"]
+    state: Literal["claimed", "delivered", "consumed", "answered", "undelivered"]
+    turn_seq: NotRequired[int]
 
 
 RECEIPT_FACTS: dict[str, type] = {

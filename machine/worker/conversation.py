@@ -3,9 +3,10 @@
 The agent (Claude Code ``-p --input-format stream-json``, docs/claude-stream-input.md;
 Codex ``app-server``, docs/codex-app-server.md) reads its input from the launcher's inbox
 (``launcher.py``): numbered files the launcher writes to the agent's stdin in order, each
-once, noting each number in ``written.log``. What a line says and what ends a turn is the
-CLI's adapter's (``live_agents.py``: ``StreamJson``, ``AppServer``); what goes when is decided
-here, the same for every CLI.
+once, noting each number in ``written.log``. What a line says, and what the agent's output
+says about its input (a message taken, a turn ended), is the CLI's adapter's
+(``live_agents.py``: ``StreamJson``, ``AppServer``); what goes when is decided here, the
+same for every CLI.
 Here, per run, a ``ConversationPart`` of the run (``run.py``), stepped by the run's thread
 (the only writer, so no two threads ever place an item):
 
@@ -14,12 +15,13 @@ Here, per run, a ``ConversationPart`` of the run (``run.py``), stepped by the ru
   the ack the poller hands it to the run's part (``take``), which queues it and wakes the
   run; a run without its part yet reads its items from the database when it opens;
 - ``step``: the messages taken since the last step, then each new ``written.log`` number
-  moves its item to ``written``: for a message,
-  the ``message`` receipt ``delivered`` and the session's ``running`` marker of its turn
-  go in the same commit; the k-th ``result`` line of the agent's stream answers the k-th
-  written message (``answered`` receipt, ``ended`` marker: B5 and N fire at the turn's true
-  end, C6; the adapter's turn ends: a ``result`` line, Codex's ``turn/completed``); then
-  the next item is placed: its inbox number recorded, then its file
+  (or an echo of it, below) moves its item to ``written``: for a message,
+  the ``message`` receipt ``delivered`` and, when no other message's turn is open, the
+  session's ``running`` marker of its turn go in the same commit; the agent's stream says
+  which turn took each message and when a turn ended (``landings``, below: ``consumed``
+  and ``answered`` receipts; the ``ended`` marker with the last answer while no other
+  message is open: B5 and N fire at the turn's true end, C6); then the next item is
+  placed: its inbox number recorded, then its file
   written (record before write, C3). A recorded number whose file is missing (a crash
   between the two) is written again: the launcher takes each number once, so the agent
   reads each message at most once, and, as long as the agent runs, exactly once. A line
@@ -40,13 +42,30 @@ owner's withdraw are one compare-and-set on the message row
 (``tasks_app.services.conversation``), so exactly one wins, and the agent reads a message
 only after its claim won: a withdrawn message never reaches the agent.
 
-One message is one turn: the next message is placed only after the previous one's
-``result``, because Claude Code merges lines written during a turn into one turn (or
-into the running one). Messages go in the service's ``seq`` order with no gap; an
-interrupt goes at once while a turn is open (and is ``skipped`` otherwise); ``end``
-(``last_seq``: the messages to write first; for a CLI whose EOF abandons a running turn,
-Codex, also after the turn's end) closes the agent's stdin, and so does ``idle_s`` seconds
-with no turn open and nothing to write (C5).
+A queued message (``delivery`` ``queue``, C3) is one turn: it is placed only after the
+previous turn's ``result``, because Claude Code merges lines written during a turn into
+one turn (or into the running one). A steered message (``steer``, C9) is placed at once,
+while a turn runs (claimed first, as above): Claude Code takes it into the running turn
+at its next tool boundary, or, if that turn ends first, as the next turn's prompt
+(docs/claude-stream-input.md). Which one is read from the stream, not guessed: every
+user line carries its message id as ``uuid``, and ``--replay-user-messages`` echoes it
+when the agent takes the line (``live_agents.stream_event``); ``landings`` turns the echoes and the
+``result`` lines into where each message landed (the agent reads its stdin in order, so
+the earliest message not yet settled is the one whose turn runs): a message taken into
+another's turn is ``consumed`` with that message's seq as ``turn_seq`` (and settled
+here: ``answered`` locally, ``turn_seq`` set); one that opened its turn gets its
+``turn_seq`` (a steer reports ``consumed`` too) and is ``answered`` at that turn's
+``result``. So each ``result`` answers exactly one message and the ``answered``
+messages count the agent's turns; nothing is written twice (each message once, by its
+place) and nothing is lost (a steer the running turn did not take is the next turn).
+
+Order: queued messages go in the service's ``seq`` order with no gap; a steer goes once
+every message before it is known here and every steer before it is placed (it may pass
+queued messages waiting for their turn: they are "next", it is "now"). An interrupt goes
+at once while a turn is open (and is ``skipped`` otherwise); ``end`` (``last_seq``: the
+messages to write first; for a CLI whose EOF abandons a running turn, Codex, also after
+the turn's end) closes the agent's stdin, and so does ``idle_s`` seconds with no turn
+open and nothing to write (C5).
 """
 from __future__ import annotations
 
@@ -73,9 +92,16 @@ OPEN = ("placed", "written")  # a message in a turn that has not ended
 DONE = ("placed", "written", "answered")  # a message given its place
 
 
-def user_line(text: str) -> str:
-    """Claude Code's stream-json user message (one line, C1)."""
-    return json.dumps({"type": "user", "message": {"role": "user", "content": text}})
+def user_line(text: str, message_id: str | None = None) -> str:
+    """Claude Code's stream-json user message (one line, C1); ``message_id``, when it is a
+    UUID, as the line's ``uuid``, which ``--replay-user-messages`` echoes back when the
+    agent takes the line (C9, docs/claude-stream-input.md)."""
+    line = {"type": "user", "message": {"role": "user", "content": text}}
+    try:
+        line["uuid"] = str(uuid.UUID(message_id)) if message_id else None
+    except ValueError:
+        pass
+    return json.dumps({k: v for k, v in line.items() if v is not None})
 
 
 def interrupt_line(request_id: str) -> str:
@@ -103,22 +129,63 @@ def placed_prompts(items: list[dict]) -> list[tuple[int, str]]:
 
 def record(store, *, kind: str, operation_id: str, payload: dict, wall: float, message_id: str | None) -> bool:
     """Commit a pulled conversation message as an item (W2): a ``message``
-    ``{message_id, seq, text}``, an ``interrupt`` ``{interrupt_id}`` or an ``end``
+    ``{message_id, seq, text[, delivery]}``, an ``interrupt`` ``{interrupt_id}`` or an ``end``
     ``{last_seq}``. False when it was already known (W3)."""
     if kind == "message":
-        item_id, seq, line = str(payload["message_id"]), int(payload["seq"]), user_line(payload["text"])
+        item_id, seq = str(payload["message_id"]), int(payload["seq"])
+        line = user_line(payload["text"], item_id)
     elif kind == "interrupt":
         item_id, seq, line = str(payload["interrupt_id"]), None, interrupt_line(str(payload["interrupt_id"]))
     else:
         item_id, seq, line = f"end:{operation_id}", payload.get("last_seq"), None
     return store.record_item(item_id=item_id, operation_id=operation_id, kind=kind, seq=seq, line=line, wall=wall,
-                             message_id=message_id)
+                             message_id=message_id, delivery="steer" if payload.get("delivery") == "steer" else "queue")
+
+
+def landings(messages: list[dict], events: list[tuple[str, str | None]]) -> tuple[dict[str, int], set[str]]:
+    """C9: where each message landed, from the agent's stream since its start.
+    ``messages``: the messages given their place (``item_id``, ``seq``), in placement
+    order, which is the order the agent reads them; ``events``: the adapter's ``see`` events in
+    stream order. Returns ``(turn_of, answered)``: ``turn_of`` maps each message the
+    agent showed it took to the seq of the message whose turn took it, ``answered`` the
+    messages whose own turn ended.
+
+    The agent reads its input in order, so at any point the earliest message not yet
+    settled (answered, or taken into a turn that has ended) is the one whose turn runs:
+    a message taken then joins that turn (or opens it, if it is that message), and a
+    ``result`` answers it (a stream without echoes, an agent run without
+    ``--replay-user-messages``, still answers one message per ``result``, as C3 did).
+    Pure: the same stream gives the same answer after a restart re-reads it. Linear in
+    the events and messages (settled only grows, so the running one only moves on)."""
+    by_id = {m["item_id"]: m for m in messages}
+    settled: set[str] = set()
+    turn_of: dict[str, int] = {}
+    members: dict[int, list[str]] = {}  # turn seq -> the messages taken into it
+    answered: set[str] = set()
+    first = 0  # messages[:first] are settled
+
+    def running():
+        nonlocal first
+        while first < len(messages) and messages[first]["item_id"] in settled:
+            first += 1
+        return messages[first] if first < len(messages) else None
+
+    for kind, item_id in events:
+        if kind == "taken":
+            if item_id in by_id and item_id not in turn_of and item_id not in settled and (owner := running()):
+                turn_of[item_id] = int(owner["seq"])
+                members.setdefault(int(owner["seq"]), []).append(item_id)
+        elif (owner := running()) is not None:
+            answered.add(owner["item_id"])
+            turn_of.setdefault(owner["item_id"], int(owner["seq"]))
+            settled.add(owner["item_id"])
+            settled.update(members.pop(int(owner["seq"]), ()))
+    return turn_of, answered
 
 
 class ConversationPart:
     """One live conversation's input (module docstring), a part of ``run`` (``run.Run``).
-    ``idle_s``: seconds with no turn open and nothing to write before stdin closes (C5);
-    ``agent``: the CLI's adapter (``live_agents``; Claude Code's by default).
+    ``idle_s``: seconds with no turn open and nothing to write before stdin closes (C5).
     ``step(now)`` is True when it took a message or moved an item."""
 
     def __init__(self, run, *, idle_s: float, agent=None):
@@ -128,7 +195,7 @@ class ConversationPart:
         self.inbox = os.path.join(run.op_dir, "inbox")
         os.makedirs(self.inbox, mode=0o700, exist_ok=True)
         self.written_path = os.path.join(run.op_dir, "written.log")
-        self.results = 0  # ``result`` lines in the agent's stream so far
+        self.events: list[tuple[str, str | None]] = []  # C9: the adapter's ``see`` events so far, in order
         self.follower = OutputFollower(run.op_dir)
         self.last_activity = self.ctx.clock.monotonic()
         self.idle_due: float | None = None  # when C5 closes stdin, if nothing happens first
@@ -193,9 +260,9 @@ class ConversationPart:
     def _items(self) -> list[dict]:
         return self.ctx.store.items(self.run.operation_id)
 
-    def _receipt(self, item: dict, state: str) -> dict:
+    def _receipt(self, item: dict, state: str, **facts) -> dict:
         return receipt_item(self.ctx.identity, operation_id=self.run.operation_id, kind="message",
-                            facts={"message_id": item["item_id"], "state": state},
+                            facts={"message_id": item["item_id"], "state": state, **facts},
                             slept=slept_s(self.run.lease.granted, self.ctx.clock), event_id=f"message:{item['item_id']}:{state}")
 
     def _marker(self, turn_id: str, state: str) -> list[dict]:
@@ -212,13 +279,19 @@ class ConversationPart:
         except (OSError, ValueError):
             written = set()
         ctx, run = self.ctx, self.run
+        taken = {item_id for kind, item_id in self.events if kind == "taken"}
         moved = False
-        for item in self._items():
-            if item["state"] != "placed" or item["placement"] not in written:
+        items = self._items()
+        for item in items:
+            if item["state"] != "placed" or (item["placement"] not in written and item["item_id"] not in taken):
                 continue
             outbox, turn_id = [], None
             if item["kind"] == "message":
-                if run.payload.get("session_id") and (item["seq"] != 0 or run.turn_id is None):
+                # C9: a message written while another's turn is open (a steer) starts no turn
+                # of its own now: it joins that one or opens the next without a gap (no blip).
+                others_open = any(i["kind"] == "message" and i["state"] in OPEN and i["item_id"] != item["item_id"]
+                                  and (i["turn_seq"] is None or i["turn_seq"] == i["seq"]) for i in items)
+                if run.payload.get("session_id") and not others_open and (item["seq"] != 0 or run.turn_id is None):
                     # a new turn (the first one's marker went with the ``running`` receipt),
                     # sent before the receipt: a message seen delivered has its session busy
                     turn_id = str(uuid.uuid4())
@@ -233,19 +306,41 @@ class ConversationPart:
         return moved
 
     def _answered(self) -> bool:
+        """What the agent's stream shows (C3, C9: ``landings``): a message taken into a
+        turn is ``consumed`` (a steer, or one that joined another's turn; reported with
+        ``turn_seq``), one whose own turn ended ``answered``; the ``ended`` marker goes
+        with the last answer while no other message is open (B5, N: the turn's true end)."""
         for line in self.follower.read_lines():
-            self.agent.see(line)
-        self.results = self.agent.turns_ended
+            if (event := self.agent.see(line)) is not None:
+                self.events.append(event)
         ctx, run = self.ctx, self.run
-        messages = sorted((i for i in self._items() if i["kind"] == "message" and i["state"] in ("written", "answered")),
+        messages = sorted((i for i in self._items() if i["kind"] == "message" and i["placement"] is not None),
                           key=lambda i: i["placement"])
+        turn_of, answered = landings(messages, self.events)
         moved = False
-        for item in messages[:self.results]:
-            if item["state"] != "written":
+        for item in messages:
+            item_id, seq = item["item_id"], int(item["seq"])
+            turn_seq = turn_of.get(item_id)
+            if item["state"] != "written" or turn_seq is None or item["turn_seq"] is not None:
                 continue
-            outbox = [self._receipt(item, "answered")] + (self._marker(run.turn_id, "ended") if run.turn_id else [])
+            joined = turn_seq != seq  # it joined another's turn: that is all that happens to it
+            outbox = [self._receipt(item, "consumed", turn_seq=turn_seq)] \
+                if joined or item["delivery"] == "steer" else []
+            if ctx.store.item_moved(item_id, came_from="written", to="answered" if joined else "written",
+                                    turn_seq=turn_seq, outbox=outbox, wall=ctx.clock.wall()):
+                log.info("operation %s: message %s taken into the turn of message %s", run.operation_id, seq, turn_seq)
+                ctx.wake_sender()
+                moved = True
+        for item in messages:
+            if item["item_id"] not in answered or item["state"] != "written":
+                continue
+            still_open = any(i["state"] in OPEN and i["item_id"] not in answered and i["item_id"] != item["item_id"]
+                             and turn_of.get(i["item_id"], i["seq"]) == i["seq"] for i in messages)
+            outbox = [self._receipt(item, "answered")]
+            if run.turn_id and not still_open:
+                outbox += self._marker(run.turn_id, "ended")
             if ctx.store.item_moved(item["item_id"], came_from="written", to="answered", outbox=outbox,
-                                    wall=ctx.clock.wall()):
+                                    turn_seq=None, wall=ctx.clock.wall()):
                 self.last_activity = ctx.clock.monotonic()
                 ctx.wake_sender()
                 moved = True
@@ -292,18 +387,19 @@ class ConversationPart:
                     log.info("operation %s: interrupt with no turn running: nothing to stop", self.run.operation_id)
         waiting = sorted((i for i in items if i["kind"] == "message" and i["state"] == "received"),
                          key=lambda i: i["seq"])
-        done_seqs = [i["seq"] for i in items if i["kind"] == "message" and i["state"] in DONE + ("skipped",)]
-        if waiting and not turn_open and waiting[0]["seq"] == (max(done_seqs) + 1 if done_seqs else 0):
-            claim = self._claim(waiting[0])
-            if claim == "write":
-                self._give_place(waiting[0], placed)
-                return True
-            if claim == "never":
-                self.ctx.store.item_moved(waiting[0]["item_id"], came_from="received", to="skipped")
-                log.info("operation %s: message %s was withdrawn: not written", self.run.operation_id,
-                         waiting[0]["seq"])
-                return True
-            return found
+        known = {i["seq"] for i in items if i["kind"] == "message"}
+        done = {i["seq"] for i in items if i["kind"] == "message" and i["state"] in DONE + ("skipped",)}
+        first_not_done = next(n for n in range(len(done) + 1) if n not in done)
+        # C9: a steer goes now, while a turn runs, once every message before it is known here
+        # and every steer before it is written; a queued message waits for no open turn and
+        # every message before it written (a steer may thus pass queued messages: they wait
+        # for a turn of their own, it joins the running one).
+        steer = next((i for i in waiting if i["delivery"] == "steer"), None)  # the first steer waiting
+        if steer is not None and set(range(steer["seq"])) <= known:
+            return self._deliver(steer, placed) or found
+        queued = next((i for i in waiting if i["delivery"] != "steer"), None)
+        if queued is not None and not turn_open and queued["seq"] == first_not_done:
+            return self._deliver(queued, placed) or found
         end = next((i for i in items if i["kind"] == "end"), None)
         if end is not None:
             last_seq = end["seq"] if end["seq"] is not None else -1
@@ -321,6 +417,19 @@ class ConversationPart:
             self._give_place(self._items()[-1], placed)
             return True
         return found
+
+    def _deliver(self, item: dict, placed: list[dict]) -> bool:
+        """Claim ``item``'s delivery (C10) and, if the claim won, place and write it; True
+        when it was placed or skipped (withdrawn), False when the claim waits."""
+        claim = self._claim(item)
+        if claim == "write":
+            self._give_place(item, placed)
+            return True
+        if claim == "never":
+            self.ctx.store.item_moved(item["item_id"], came_from="received", to="skipped")
+            log.info("operation %s: message %s was withdrawn: not written", self.run.operation_id, item["seq"])
+            return True
+        return False
 
     def _claim(self, item: dict) -> str:
         """C10 (module docstring): ``write``, ``never`` or ``later``, as the service answers

@@ -9,8 +9,10 @@ An adapter only knows the protocol:
 - ``opening(folder)``: the text the launcher writes before the first inbox line ("" for
   none), written once, at the spawn (the launcher holds it across worker crashes);
 - ``see(line)``: each line of the agent's output, in order from the first (a restarted
-  worker reads them all again, so what an adapter knows is rebuilt); ``turns_ended``:
-  the turn ends seen so far (the k-th answers the k-th message written);
+  worker reads them all again, so what an adapter knows is rebuilt); returns what the
+  line says about the agent's input, for ``conversation.landings``: ``("taken", message
+  id)`` (the agent took that message into a turn, C9), ``("result", None)`` (a turn
+  ended), or None; ``turns_ended`` counts the turn ends seen so far;
 - ``line(item, items)``: the line for a placed conversation item (``store`` row; the
   ``line`` column holds the message as Claude Code's user line, ``conversation.user_line``),
   or None when it cannot be built yet (what it needs is not in the output yet: the
@@ -19,7 +21,9 @@ An adapter only knows the protocol:
   ``end`` waits for the turn's end.
 
 ``StreamJson``: Claude Code ``-p --input-format stream-json`` (docs/claude-stream-input.md):
-the stored lines as they are; a ``result`` line ends a turn; EOF lets the turn finish.
+the stored lines as they are (each with its message id as ``uuid``); with
+``--replay-user-messages`` the echo of a user line (``isReplay``) says it was taken; a
+``result`` line ends a turn; EOF lets the turn finish.
 
 ``AppServer``: Codex ``app-server`` (JSON-RPC on stdio, docs/codex-app-server.md): the
 opening is ``initialize``, ``initialized`` and ``thread/start`` (the folder,
@@ -27,13 +31,35 @@ opening is ``initialize``, ``initialized`` and ``thread/start`` (the folder,
 a message is ``turn/start`` in that thread (its id from ``thread/start``'s answer) with
 ``clientUserMessageId`` = the message id and request id ``msg:<message id>``; an interrupt
 is ``turn/interrupt`` of the turn of the message placed before it (its id from that
-``turn/start``'s answer); ``turn/completed`` ends a turn, and so does an error answer to a
-``turn/start`` (no turn will come). EOF during a turn abandons it (observed), hence
+``turn/start``'s answer); the ``item/started`` of a ``userMessage`` whose ``clientId`` is a
+message id says it was taken; ``turn/completed`` ends a turn, and so does an error answer
+to a ``turn/start`` (no turn will come). EOF during a turn abandons it (observed), hence
 ``end_waits_for_turn``.
 """
 from __future__ import annotations
 
 import json
+
+Event = tuple[str, str | None]
+
+
+def stream_event(line: str) -> Event | None:
+    """C9: what one line of Claude Code's stream says about its input: ``("taken", uuid)``
+    (its echo of a user line it took, ``isReplay``), ``("result", None)`` (a turn ended),
+    or None."""
+    if '"result"' not in line and '"isReplay"' not in line:
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict):
+        return None
+    if event.get("type") == "result":
+        return ("result", None)
+    if event.get("type") == "user" and event.get("isReplay") is True and isinstance(event.get("uuid"), str):
+        return ("taken", event["uuid"])
+    return None
 
 
 def _text(line: str | None) -> str:
@@ -57,15 +83,11 @@ class StreamJson:
     def opening(self, folder: str) -> str:
         return ""
 
-    def see(self, line: str) -> None:
-        if '"result"' not in line:
-            return
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return
-        if isinstance(event, dict) and event.get("type") == "result":
+    def see(self, line: str) -> Event | None:
+        event = stream_event(line)
+        if event == ("result", None):
             self.turns_ended += 1
+        return event
 
     def line(self, item: dict, items: list[dict]) -> str | None:
         return item["line"]
@@ -95,21 +117,27 @@ class AppServer:
         ]
         return "".join(json.dumps(line) + "\n" for line in lines)
 
-    def see(self, line: str) -> None:
+    def see(self, line: str) -> Event | None:
         if not line.startswith("{"):
-            return
+            return None
         try:
             event = json.loads(line)
         except ValueError:
-            return
+            return None
         if not isinstance(event, dict):
-            return
-        if event.get("method") == "turn/completed":
+            return None
+        method = event.get("method")
+        if method == "turn/completed":
             self.turns_ended += 1
-            return
+            return ("result", None)
+        if method == "item/started":
+            item = (event.get("params") or {}).get("item") if isinstance(event.get("params"), dict) else None
+            if isinstance(item, dict) and item.get("type") == "userMessage" and isinstance(item.get("clientId"), str):
+                return ("taken", item["clientId"])
+            return None
         request = event.get("id")
-        if "method" in event or not isinstance(request, str):
-            return
+        if method is not None or not isinstance(request, str):
+            return None
         result = event.get("result") if isinstance(event.get("result"), dict) else {}
         if request == THREAD_REQUEST:
             thread = result.get("thread") if isinstance(result.get("thread"), dict) else {}
@@ -119,6 +147,8 @@ class AppServer:
             self.turns[request[4:]] = turn.get("id") if isinstance(turn.get("id"), str) else None
             if "error" in event:
                 self.turns_ended += 1  # refused: no turn, so nothing else will end it
+                return ("result", None)
+        return None
 
     def line(self, item: dict, items: list[dict]) -> str | None:
         if self.thread_id is None:

@@ -77,8 +77,11 @@ PRESETS: dict[str, Preset] = {
         asks=True,  # `--settings '<json>'` adds a PermissionRequest hook for one run (Q5)
         # C1: `--input-format stream-json`: one {"type": "user", ...} line per message on
         # stdin, a `result` line per turn, a control_request interrupts the turn, EOF ends.
+        # C9: `--replay-user-messages` echoes each user line (with the `uuid` written on it)
+        # when the agent takes it: a line written mid-turn joins the running turn at its next
+        # tool boundary or opens the next turn, and the echo says which.
         live_argv=("{binary}", "-p", "--input-format", "stream-json", "--output-format", "stream-json", "--verbose",
-                   "{resume}", "{extra_args}"),
+                   "--replay-user-messages", "{resume}", "{extra_args}"),
     ),
     # Codex CLI: `codex exec --json PROMPT`; `codex exec resume ID PROMPT` continues a
     # thread (exec's own flags go before the subcommand). It reads stdin whenever stdin

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from machine.outbox import Immediate, Outbox, connect
 from machine.files import write_atomic
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DB_NAME = "worker.sqlite3"
 RECORD_RETENTION_S = 7 * 86400.0
 
@@ -132,6 +132,15 @@ CREATE TABLE conversation_items (
     created_wall  REAL NOT NULL,
     UNIQUE (operation_id, placement)
 )
+"""
+
+# v5 (C9): a message's ``delivery`` (``queue`` or ``steer``) and ``turn_seq``, the seq of the
+# message whose agent turn took it (set when the agent's stream shows it took it: its own
+# seq while its turn runs, then ``answered``; another's: it joined that turn, ``answered``
+# at once, as a message whose turn is over for it).
+SCHEMA_V5 = """
+ALTER TABLE conversation_items ADD COLUMN delivery TEXT NOT NULL DEFAULT 'queue';
+ALTER TABLE conversation_items ADD COLUMN turn_seq INTEGER
 """
 
 
@@ -251,7 +260,8 @@ class Store:
             version = list(c.execute("PRAGMA user_version").fetchone().values())[0]
             if version > SCHEMA_VERSION:
                 raise RuntimeError(f"worker database {self.path} has schema {version}, newer than {SCHEMA_VERSION}")
-            for number, schema in ((1, SCHEMA_V1), (2, SCHEMA_V2), (3, SCHEMA_V3), (4, SCHEMA_V4)):
+            for number, schema in ((1, SCHEMA_V1), (2, SCHEMA_V2), (3, SCHEMA_V3), (4, SCHEMA_V4),
+                                   (5, SCHEMA_V5)):
                 if version < number:
                     for statement in schema.split(";"):
                         if statement.strip():
@@ -395,15 +405,17 @@ class Store:
     # --- live conversations (C3) -------------------------------------------------------------
 
     def record_item(self, *, item_id: str, operation_id: str, kind: str, seq: int | None, line: str | None,
-                    wall: float, message_id: str | None = None) -> bool:
+                    wall: float, message_id: str | None = None, delivery: str = "queue") -> bool:
         """Commit a conversation item (and the pulled message that carried it) before its
-        ack (W2); False when it was already known (W3: never written twice)."""
+        ack (W2); False when it was already known (W3: never written twice). ``delivery``:
+        a message's ``queue`` or ``steer`` (C9)."""
         with self.transaction() as c:
             if message_id is not None:
                 c.execute("INSERT OR IGNORE INTO messages (message_id, kind, operation_id, received_wall)"
                           " VALUES (?, ?, ?, ?)", (message_id, kind, operation_id, wall))
             cur = c.execute("INSERT OR IGNORE INTO conversation_items (item_id, operation_id, kind, seq, line,"
-                            " created_wall) VALUES (?, ?, ?, ?, ?, ?)", (item_id, operation_id, kind, seq, line, wall))
+                            " created_wall, delivery) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (item_id, operation_id, kind, seq, line, wall, delivery))
             return cur.rowcount == 1
 
     def items(self, operation_id: str) -> list[dict]:
@@ -413,14 +425,18 @@ class Store:
                                      (operation_id,)).fetchall()
 
     def item_moved(self, item_id: str, *, to: str, came_from: str, placement: int | None = None,
-                   outbox: list[dict] = (), turn_id: str | None = None, wall: float = 0.0) -> bool:
+                   outbox: list[dict] = (), turn_id: str | None = None, wall: float = 0.0,
+                   turn_seq: int | None = None) -> bool:
         """Compare-and-set an item's state ``came_from`` -> ``to`` (``placement``: its
-        inbox number, set with ``placed``), with what reports it and, when a turn starts,
-        the operation's ``turn_id``, in one commit. False (nothing done) if it was not in
-        ``came_from``."""
+        inbox number, set with ``placed``; ``turn_seq``: set once, C9, only on an item that
+        has none yet), with what reports it and, when a turn starts, the operation's
+        ``turn_id``, in one commit. False (nothing done) if it was not in ``came_from``
+        (or, with ``turn_seq``, already had one)."""
         with self.transaction() as c:
-            cur = c.execute("UPDATE conversation_items SET state = ?, placement = COALESCE(?, placement)"
-                            " WHERE item_id = ? AND state = ?", (to, placement, item_id, came_from))
+            cur = c.execute("UPDATE conversation_items SET state = ?, placement = COALESCE(?, placement),"
+                            " turn_seq = COALESCE(?, turn_seq) WHERE item_id = ? AND state = ?"
+                            " AND (? IS NULL OR turn_seq IS NULL)",
+                            (to, placement, turn_seq, item_id, came_from, turn_seq))
             if cur.rowcount != 1:
                 return False
             if turn_id is not None:

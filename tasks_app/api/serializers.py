@@ -10,7 +10,7 @@ from core.pagination import PageQuery
 from core.strict import QueryFloatField, StrictQuerySerializer, StrictSerializer, valid_message_text
 from core.text import control_character
 from tasks_app.agent_facts import FactsError, clean_agent_facts
-from tasks_app.models import IntegrationAction, IntegrationOutcome, TaskState
+from tasks_app.models import IntegrationAction, IntegrationOutcome, MessageDelivery, TaskState
 from machine.protocol import DEFAULT_MAX_RUNTIME_S, LONG_POLL_MAX_S
 from machine.protocol.shapes import RECEIPT_KINDS, STOP_REASONS
 from tasks_app.services.folders import folder_problem
@@ -87,11 +87,15 @@ class IntegrateSerializer(StrictSerializer):
 
 
 class MessageCreateSerializer(StrictSerializer):
-    """``POST /api/tasks/{id}/messages/`` (C2, C7): ``{text}``, 1 to
+    """``POST /api/tasks/{id}/messages/`` (C2, C7, C9): ``{text, delivery?}``, text 1 to
     ``RUNSTEAD_MESSAGE_MAX_BYTES`` bytes of UTF-8, not only white space, no control
     character but newline and tab (``core.text``: C0, DEL, C1, the bidi controls; as T2)."""
 
     text = serializers.CharField(trim_whitespace=False, allow_blank=True)
+    delivery = serializers.ChoiceField(
+        MessageDelivery.choices, required=False, default=MessageDelivery.QUEUE,
+        help_text='C9: "queue" (default: its own turn after the current one) or "steer" (into the running turn '
+                  'as soon as the agent can take it; 409 steer_unsupported where the CLI cannot)')
 
     def validate_text(self, value):
         return valid_message_text(value)
@@ -219,8 +223,14 @@ def _validate_running_facts(facts: dict) -> None:
 
 def _validate_message_facts(facts: dict) -> None:
     """C3 ``message`` facts: ``{message_id, state}``, state delivered, answered or undelivered
-    (or ``claimed``, the worker's claim before it writes, C10)."""
-    if set(facts) != {"message_id", "state"}:
+    (or ``claimed``, the worker's claim before it writes, C10; or ``consumed`` with
+    ``turn_seq``, a seq from 0, C9)."""
+    if facts.get("state") == "consumed":
+        if set(facts) != {"message_id", "state", "turn_seq"}:
+            raise serializers.ValidationError({"facts": ["consumed message facts are message_id, state and turn_seq"]})
+        if type(facts["turn_seq"]) is not int or not 0 <= facts["turn_seq"] < 2 ** 31:
+            raise serializers.ValidationError({"facts": ["turn_seq must be a seq (an integer from 0)"]})
+    elif set(facts) != {"message_id", "state"}:
         raise serializers.ValidationError({"facts": ["message facts are message_id and state"]})
     try:
         if not isinstance(facts["message_id"], str):
@@ -228,8 +238,9 @@ def _validate_message_facts(facts: dict) -> None:
         facts["message_id"] = str(uuid.UUID(facts["message_id"]))
     except ValueError:
         raise serializers.ValidationError({"facts": ["message_id must be a UUID"]})
-    if facts["state"] not in ("claimed", "delivered", "answered", "undelivered"):
-        raise serializers.ValidationError({"facts": ["state must be claimed, delivered, answered or undelivered"]})
+    if facts["state"] not in ("claimed", "delivered", "consumed", "answered", "undelivered"):
+        raise serializers.ValidationError(
+            {"facts": ["state must be claimed, delivered, consumed, answered or undelivered"]})
 
 
 def _validate_integrated_facts(facts: dict) -> None:

@@ -157,7 +157,8 @@ class TaskIntegrate(APIView):
 
 
 class TaskMessages(APIView):
-    """C2: GET the conversation's messages in seq order; POST one (Idempotency-Key, A1-A4)."""
+    """C2: GET the conversation's messages in seq order; POST one (Idempotency-Key, A1-A4),
+    queued or steered (C9)."""
 
     @extend_schema(operation_id="task_messages_list", request=None,
                    responses={200: shape(ConversationMessagesShape), **errors()})
@@ -177,7 +178,8 @@ class TaskMessages(APIView):
         return respond_once(
             IdempotencyRecord, owner=request.user, scope=conversation.message_scope(task_id), key=key,
             digest=body_digest(request.data), now=now,
-            work=lambda: conversation.message_accept(owner=request.user, task_id=task_id, text=data["text"], now=now))
+            work=lambda: conversation.message_accept(owner=request.user, task_id=task_id, text=data["text"], now=now,
+                                                     delivery=data["delivery"]))
 
 
 class TaskMessageWithdraw(APIView):

@@ -10,8 +10,9 @@ follow-up of the conversation (``"resume"``, G6). Here:
   ``message`` outbox message goes to the worker (live) or a follow-up task is accepted for
   it (resume, as ``POST /api/tasks/`` with ``continue_task``);
 - ``task_interrupt`` and ``task_end``: the ``interrupt`` (C4) and ``end`` (C5) messages;
-- ``message_receipt_apply``: the worker's ``message`` receipts (C3): a message's state only
-  moves forward, ``sent`` -> ``delivered`` -> ``answered``, or ``sent`` -> ``undelivered``;
+- ``message_receipt_apply``: the worker's ``message`` receipts (C3, C9): a message's state
+  only moves forward, ``sent`` -> ``delivered`` -> ``consumed`` -> ``answered``, or
+  ``sent`` -> ``undelivered`` (``message_states``);
   a ``claimed`` receipt is the worker's claim of a delivery it is about to write (C10);
 - ``message_withdraw`` (C10): ``sent`` -> ``withdrawn`` while no worker has claimed it.
 
@@ -43,6 +44,8 @@ from tasks_app.models import (
     FINAL_STATES,
     ConversationMessage,
     ConversationMessageState as S,
+    Machine,
+    MessageDelivery,
     MessageKind,
     Task,
     TaskState,
@@ -64,18 +67,25 @@ def message_scope(task_id) -> str:
     return f"message:{task_id}"
 
 
-def message_accept(*, owner, task_id, text: str, now: datetime) -> Answer:
-    """C2: accept message ``text`` into conversation task ``task_id``; the view runs this
+def message_accept(*, owner, task_id, text: str, now: datetime, delivery: str = "queue") -> Answer:
+    """C2, C9: accept message ``text`` into conversation task ``task_id``, to be delivered as
+    ``delivery`` (``queue``: its own turn after the current one; ``steer``: into the
+    running turn as soon as the agent can take it); the view runs this
     once per Idempotency-Key through ``core.idempotency.respond_once`` (scope
     ``message_scope(task_id)``), inside its transaction. Returns ``(201, message shape,
     {"task": task})`` (``conversation_message_dict``). Refusals store nothing (A5):
     404 ``not_found`` (not the owner's), 409 ``not_conversation``, ``already_final``,
     ``task_unknown`` (the outcome is not known: decide it first, U3),
-    ``cancel_requested``, ``conversation_ended`` (C5), and in a resume conversation what
+    ``cancel_requested``, ``conversation_ended`` (C5), ``steer_unsupported`` (C9: a steer
+    where the task's agent cannot take one: ``steer_supported``), and in a resume conversation what
     acceptance refuses (``budget_exhausted``, ``folder_not_granted``, ...). Size and
     emptiness are checked by the view (C7)."""
     carrier = None
     task = _open_task(owner, task_id, lock=False)
+    if delivery == MessageDelivery.STEER and not steer_supported(task):
+        raise ApplicationError("steer_unsupported", "this task's agent cannot take a message into a running turn "
+                               '(only a live Claude Code conversation can, for now): send it with "delivery": '
+                               '"queue"', status_code=409)
     if task.conversation == "resume":
         if task.state in RESUME_DEAD_STATES:
             raise ApplicationError("already_final", f"the conversation's task is {task.state}: there is no agent "
@@ -86,13 +96,30 @@ def message_accept(*, owner, task_id, text: str, now: datetime) -> Answer:
         raise refusal
     seq = task.message_seq + 1
     Task.objects.filter(pk=task.pk).update(message_seq=seq)
-    message = ConversationMessage.objects.create(task=task, seq=seq, text=text, carrier=carrier, created_at=now)
+    message = ConversationMessage.objects.create(task=task, seq=seq, text=text, carrier=carrier, created_at=now,
+                                                 delivery=delivery)
     if task.conversation == "live":
-        message_send(task, kind=MessageKind.MESSAGE, now=now, message_id=str(message.id), seq=seq, text=text)
+        message_send(task, kind=MessageKind.MESSAGE, now=now, message_id=str(message.id), seq=seq, text=text,
+                     delivery=delivery)
     task_record(task, reason=f"message {seq} sent", actor=actor_owner(owner), now=now)
     task_publish(task, now=now)  # its ``messages_sent`` changed: board rows follow
     message_publish(message)
     return 201, conversation_message_dict(message), {"task": task}
+
+
+STEER_PRESETS = frozenset({"claude"})
+"""C9: the presets whose live conversation takes a message into the running turn (Claude
+Code: stdin written mid-turn is folded in at the next tool boundary and echoed with
+``--replay-user-messages``, docs/claude-stream-input.md)."""
+
+
+def steer_supported(task: Task) -> bool:
+    """C9: whether ``task``'s agent can be steered: a live conversation whose profile, as
+    its machine last reported it, runs a preset of ``STEER_PRESETS``."""
+    if task.conversation != "live" or task.machine_id is None:
+        return False
+    profiles = Machine.objects.filter(pk=task.machine_id).values_list("profiles", flat=True).first() or []
+    return any(p.get("name") == task.agent and p.get("preset") in STEER_PRESETS for p in profiles)
 
 
 def _open_task(owner, task_id, *, lock: bool) -> Task:
@@ -206,7 +233,8 @@ def message_withdraw(*, owner, task_id, seq: int, now: datetime) -> dict:
 
 def message_receipt_apply(task: Task, facts: dict, *, actor: str, now: datetime) -> dict:
     """C3: apply a ``message`` receipt's facts ``{message_id, state}`` (state
-    ``delivered``, ``answered`` or ``undelivered``): a compare-and-set that only moves
+    ``delivered``, ``answered`` or ``undelivered``; ``consumed`` with ``turn_seq``, C9):
+    a compare-and-set that only moves
     forward. Returns the R3 answer: applied, or not_applied ``unknown_message`` /
     ``stale`` (the message is already there or further). State ``claimed`` (C10) is the
     worker's claim before it writes: applied, or not_applied ``stale`` (claimed before:
@@ -221,7 +249,7 @@ def message_receipt_apply(task: Task, facts: dict, *, actor: str, now: datetime)
             return {"outcome": "not_applied", "reason": outcome}
         task_record(task, reason=f"message {message.seq} claimed for delivery", actor=actor, now=now)
         return {"outcome": "applied"}
-    if not message_advance(message, facts["state"], now=now):
+    if not message_advance(message, facts["state"], now=now, turn_seq=facts.get("turn_seq")):
         return {"outcome": "not_applied", "reason": "stale"}
     task_record(task, reason=f"message {message.seq} {facts['state']}", actor=actor, now=now)
     if task.conversation == "live":

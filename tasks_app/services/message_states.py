@@ -2,10 +2,17 @@
 ``messages_follow_task`` in every task transition (a plain call: the task core follows
 its own conversations; other apps hear the task through ``tasks_app/signals.py``).
 
-A message's state only moves forward, ``sent`` -> ``delivered`` -> ``answered``, or
-``sent`` -> ``undelivered``, or ``sent`` -> ``withdrawn`` (C10, only while no worker has
-claimed it: ``message_claim``, ``message_withdrawn``); every change bumps its ``version``
-and sends a ``message`` board event after commit (B2).
+A message's state only moves forward, ``sent`` -> ``delivered`` -> ``consumed`` ->
+``answered`` (any of them may be skipped), or ``sent`` -> ``undelivered``, or ``sent`` ->
+``withdrawn`` (C10, only while no worker has claimed it: ``message_claim``,
+``message_withdrawn``); every change bumps its ``version`` and sends a ``message`` board
+event after commit (B2).
+
+C9: ``consumed`` is the agent showing it took the message (Claude Code's replayed user
+line), with ``turn_seq``, the ``seq`` of the message whose turn took it: the message's own
+(it opened a turn, and goes on to ``answered`` when that turn ends: one ``answered``
+message per agent turn) or an earlier one's (it joined that running turn: ``consumed`` is
+then where it stays).
 """
 from datetime import datetime
 
@@ -17,20 +24,27 @@ from tasks_app.shapes import message_event
 
 S = ConversationMessageState
 # C3: the order of a message's states; ``undelivered`` only from ``sent``.
-STATE_RANK = {S.SENT: 0, S.DELIVERED: 1, S.ANSWERED: 2}
+STATE_RANK = {S.SENT: 0, S.DELIVERED: 1, S.CONSUMED: 2, S.ANSWERED: 3}
 # A resume conversation whose first task ended thus is over: nothing to resume.
 RESUME_DEAD_STATES = frozenset({TaskState.CANCELLED, TaskState.NOT_STARTED, TaskState.ABANDONED})
 
 
-def message_advance(message: ConversationMessage, to: str, *, now: datetime) -> bool:
-    """Move ``message`` to state ``to`` when that is forward of where it stands (C3)."""
+def message_advance(message: ConversationMessage, to: str, *, now: datetime, turn_seq: int | None = None) -> bool:
+    """Move ``message`` to state ``to`` when that is forward of where it stands (C3, C9);
+    ``turn_seq`` (with ``consumed``; default the message's own ``seq``): whose turn took it.
+    A message ``answered`` without a ``consumed`` before took its own turn. True when it
+    moved."""
     if to == S.UNDELIVERED:
         earlier = [S.SENT]
     else:
         earlier = [state for state, rank in STATE_RANK.items() if rank < STATE_RANK[to]]
     stamps = {"delivered_at": now} if to == S.DELIVERED else {"answered_at": now} if to == S.ANSWERED else {}
-    if to == S.ANSWERED:
+    if to in (S.CONSUMED, S.ANSWERED):
         stamps["delivered_at"] = message.delivered_at or now
+    if to == S.CONSUMED:
+        stamps.update(consumed_at=now, turn_seq=message.seq if turn_seq is None else turn_seq)
+    if to == S.ANSWERED and message.turn_seq is None:
+        stamps["turn_seq"] = message.seq
     if not ConversationMessage.objects.filter(pk=message.pk, state__in=earlier).update(
             state=to, version=F("version") + 1, **stamps):
         return False

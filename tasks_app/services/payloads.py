@@ -59,9 +59,11 @@ def integrate_payload(task: Task, *, integration_id: str, action: str, branch: s
             "branch": branch, "base": base, "base_branch": base_branch, "head": head}
 
 
-def message_payload(task: Task, *, message_id: str, seq: int, text: str) -> MessagePayload:
-    """``message`` (C2): the owner's message ``seq`` for the live agent."""
-    return {"operation_id": str(task.operation.id), "message_id": message_id, "seq": seq, "text": text}
+def message_payload(task: Task, *, message_id: str, seq: int, text: str, delivery: str = "queue") -> MessagePayload:
+    """``message`` (C2, C9): the owner's message ``seq`` for the live agent; ``delivery``
+    only when it is ``steer`` (an older worker then reads it as queued, its own turn)."""
+    payload = {"operation_id": str(task.operation.id), "message_id": message_id, "seq": seq, "text": text}
+    return {**payload, "delivery": "steer"} if delivery == "steer" else payload
 
 
 def interrupt_payload(task: Task, *, interrupt_id: str) -> InterruptPayload:
