@@ -40,6 +40,27 @@ class Machine(models.Model):
         return f"{self.name} (gen {self.generation})"
 
 
+class Pool(models.Model):
+    """An owner-named set of machines (C8): a task may name the pool instead of a machine,
+    and acceptance picks among its members by the rules of ``"machine": "any"``
+    (``services.machine_choice``). Names are the owner's own: unique per owner, never
+    ``any`` nor shaped like a machine id (``services.pools.POOL_NAME``)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="pools")
+    name = models.CharField(max_length=64)
+    machines = models.ManyToManyField(Machine, related_name="pools", blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="pool_owner_name")]
+
+    def __str__(self):
+        return self.name
+
+
 class PairingCode(models.Model):
     """A one-time pairing code (K1): stored hashed, expires, single use, attempts counted."""
 
@@ -142,9 +163,10 @@ class Task(models.Model):
         "sessions_app.Session", null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks"
     )
     folder = models.CharField(max_length=4096)
-    # C8: "any" when acceptance picked ``machine`` (and ``folder``, that machine's path of
-    # the same repository); "" when the owner named the machine. Never changes.
-    machine_choice = models.CharField(max_length=20, blank=True, default="")
+    # C8: "any", or the name of the owner's pool the task named, when acceptance picked
+    # ``machine`` (and ``folder``, that machine's path of the same repository); "" when
+    # the owner named the machine. Never changes (the pool may be renamed or deleted since).
+    machine_choice = models.CharField(max_length=64, blank=True, default="")
     agent = models.CharField(max_length=100)
     prompt = models.TextField()
     deep_research = models.BooleanField(default=False)

@@ -167,6 +167,27 @@ def grant_dict(grant) -> GrantShape:
     }
 
 
+class PoolShape(TypedDict):
+    """An owner-named machine pool (C8) of ``/api/pools/`` and of the board snapshot."""
+
+    id: Uuid
+    name: Annotated[str, Doc('what a task names as its "machine" to run on one of these machines')]
+    machines: Annotated[list[Uuid], Doc("the pool's machine ids, sorted")]
+    created_at: Time
+    updated_at: Time
+
+
+def pool_dict(pool) -> PoolShape:
+    """Pool of ``/api/pools/`` and of the board snapshot (C8)."""
+    return {
+        "id": str(pool.id),
+        "name": pool.name,
+        "machines": sorted(str(m.pk) for m in pool.machines.all()),
+        "created_at": iso(pool.created_at),
+        "updated_at": iso(pool.updated_at),
+    }
+
+
 class BudgetShape(TypedDict):
     """``GET /api/budget/``, in seconds."""
 
@@ -351,8 +372,8 @@ class TaskShape(TaskAgentPart, TaskApprovalsPart):
     state: TaskState
     state_reason: str
     machine: Uuid
-    machine_choice: Annotated[Literal["any"] | None, Doc('"any": acceptance picked the machine and its folder (C8); '
-                                                         'null: the owner named the machine')]
+    machine_choice: Annotated[str | None, Doc('"any", or the name of the owner\'s pool the task named: acceptance '
+                                              'picked the machine and its folder (C8); null: the owner named the machine')]
     folder: str
     agent: str
     prompt: str

@@ -409,6 +409,17 @@ def walk_every_operation(call, owner, machine, grant, grant_root, make_machine):
     nowhere = call(api, "post", "/api/tasks/", {**anywhere, "agent": "absent"}, expect=409,
                    HTTP_IDEMPOTENCY_KEY="walk-any-2")
     assert [m["reason"] for m in nowhere["machines"]] == ["profile_not_reported"]
+    # C8: an owner-named pool, a task naming it, an unknown pool name
+    pool = call(api, "post", "/api/pools/", {"name": "desk", "machines": [str(machine.id)]}, expect=201)
+    call(api, "get", "/api/pools/", expect=200)
+    call(api, "get", f"/api/pools/{pool['id']}/", expect=200)
+    call(api, "patch", f"/api/pools/{pool['id']}/", {"name": "desks"}, expect=200)
+    assert call(api, "post", "/api/tasks/", {**anywhere, "machine": "desks", "folder": grant.path + "/pool"}, expect=201,
+                HTTP_IDEMPOTENCY_KEY="walk-pool")["machine_choice"] == "desks"
+    call(api, "post", "/api/tasks/", {**anywhere, "machine": "nope"}, expect=400, HTTP_IDEMPOTENCY_KEY="walk-pool-2")
+    call(api, "post", "/api/pools/", {"name": "desks"}, expect=409)
+    call(api, "get", "/api/board/", expect=200)  # with the pool
+    call(api, "delete", f"/api/pools/{pool['id']}/", expect=204)
     walk_worktree_task(call, api, worker, owner, machine, grant)
     walk_conversation(call, api, worker, machine, grant)
 

@@ -19,6 +19,8 @@ urlpatterns = [
     path("machines/", v.MachineList.as_view()),
     path("machines/pairing-codes/", v.PairingCodeCreate.as_view()),
     path("machines/<uuid:machine_id>/unpair/", v.MachineUnpair.as_view()),
+    path("pools/", v.PoolListCreate.as_view()),
+    path("pools/<uuid:pool_id>/", v.PoolDetail.as_view()),
     path("grants/", v.GrantListCreate.as_view()),
     path("grants/<uuid:grant_id>/revoke/", v.GrantRevoke.as_view()),
     path("worker/pair/", v.WorkerPair.as_view()),
