@@ -538,10 +538,14 @@
                   text: queue.length + " queued" }),
         el("span", { className: "queued-prompt muted wrap", text: "next: " + (next.length > 120 ? next.slice(0, 120) + "…" : next) })));
     }
-    if (t.state === "unknown") {
+    if (t.state === "unknown" && t.needs_decision) {
       li.appendChild(el("div", { className: "line" },
         el("a", { className: "decide", href: "/tasks/" + encodeURIComponent(t.id) + "/", text: "needs your decision" }),
         el("span", { className: "muted", text: "outcome unknown: the service will not guess" })));
+    } else if (t.state === "unknown") {
+      // N1, U2: the worker's record may still settle it; the owner is asked only if it cannot.
+      li.appendChild(el("div", { className: "line" },
+        el("span", { className: "muted awaiting-report", text: "outcome unknown: asking the worker for its record" })));
     }
     var g = t.evidence && t.evidence.git;
     if (g && g.branch) {
@@ -633,8 +637,10 @@
     replaceList("session-list", sessions.map(function (s) { return renderSession(s, nowMs); }), "session-empty");
 
     var tasks = Array.from(board.tasks.values());
-    var unknown = tasks.filter(function (t) { return t.state === "unknown"; }).sort(byTime("created_at"));
-    var open = tasks.filter(function (t) { return UNFINISHED[t.state] && t.state !== "unknown"; }).sort(byTime("created_at"));
+    // B1, N1: only the tasks whose owner was asked (U2 left them unsettled) come first.
+    var needsDecision = function (t) { return t.state === "unknown" && !!t.needs_decision; };
+    var unknown = tasks.filter(needsDecision).sort(byTime("created_at"));
+    var open = tasks.filter(function (t) { return UNFINISHED[t.state] && !needsDecision(t); }).sort(byTime("created_at"));
     var done = tasks.filter(function (t) { return !UNFINISHED[t.state]; }).sort(function (a, b) {
       return (ms(b.final_at || b.updated_at) || 0) - (ms(a.final_at || a.updated_at) || 0);
     });

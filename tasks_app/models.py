@@ -199,6 +199,12 @@ class Task(models.Model):
     accepted_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField()
     final_at = models.DateTimeField(null=True, blank=True)
+    # N1, U2: an ``unknown`` task waits for the worker's record first; its owner is asked
+    # (notified, and it is listed first) only when U2 leaves it unsettled: the report had
+    # no final facts, or none came by ``decision_due_at`` (the query plus
+    # RUNSTEAD_UNKNOWN_ASK_S). ``decision_asked_at``: when that happened (set once).
+    decision_due_at = models.DateTimeField(null=True, blank=True)
+    decision_asked_at = models.DateTimeField(null=True, blank=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -252,6 +258,9 @@ class Task(models.Model):
             models.Index(fields=["state", "accepted_at"], name="task_state_accepted"),
             # sweeps.cleanup_idempotency_records (A7): final tasks by age.
             models.Index(fields=["final_at"], condition=Q(final_at__isnull=False), name="task_final_at"),
+            # sweeps.ask_owners_of_unsettled_tasks (N1, U2): unknown tasks not yet asked, by when they are due.
+            models.Index(fields=["decision_due_at"], condition=Q(state="unknown", decision_asked_at__isnull=True),
+                         name="task_decision_due"),
             # acceptance A8: the lock holders of one machine.
             models.Index(fields=["machine"], condition=Q(holds_lock=True), name="task_lock_holders"),
         ]

@@ -371,6 +371,9 @@ class TaskShape(TaskAgentPart, TaskApprovalsPart):
     id: Uuid
     state: TaskState
     state_reason: str
+    needs_decision: Annotated[bool, Doc("N1, U2: unknown, and the worker's record could not settle it (its report had "
+                                        "no final facts, or none came in time): its owner decides (U3)")]
+    decision_asked_at: Annotated[Time | None, Doc("when its owner was asked to decide (N1)")]
     machine: Uuid
     machine_choice: Annotated[str | None, Doc('"any", or the name of the owner\'s pool the task named: acceptance '
                                               'picked the machine and its folder (C8); null: the owner named the machine')]
@@ -417,6 +420,8 @@ def task_dict(task, *, full: bool = False) -> TaskShape:
         "id": str(task.id),
         "state": task.state,
         "state_reason": task.state_reason,
+        "needs_decision": task.state == TaskState.UNKNOWN and task.decision_asked_at is not None,
+        "decision_asked_at": iso(task.decision_asked_at),
         "machine": str(task.machine_id),
         "machine_choice": task.machine_choice or None,
         "folder": task.folder,
