@@ -293,6 +293,24 @@ def test_c8_racing_any_submits_never_overfill_a_machine(owner, make_machine, tmp
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
+def test_c8_racing_pool_submits_never_overfill_its_machines_nor_leave_the_pool(owner, make_machine, tmp_path):
+    """Ten racing submits naming a pool of two machines (room 2 and 1) beside a third
+    machine with room: three accepted, all on the pool's machines, seven 409."""
+    laptop = ready(make_machine(owner, "laptop"), max_concurrent=2)
+    desktop = ready(make_machine(owner, "desktop"), max_concurrent=1)
+    outside = ready(make_machine(owner, "outside"), max_concurrent=10)
+    for m in (laptop, desktop, outside):
+        grant(m, tmp_path)
+    make_pool(owner, "pair", [laptop, desktop])
+    results = race(10, lambda i: submit_any(owner, tmp_path / f"f{i}", machine="pair").status_code)
+    assert sorted(results) == [201] * 3 + [409] * 7
+    assert {m: Task.objects.filter(machine=m).count() for m in (laptop, desktop, outside)} == {
+        laptop: 2, desktop: 1, outside: 0}
+    assert Budget.objects.get(owner=owner).reserved_s == 3 * 1800
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
 def test_c8_p1_unpair_racing_any_submits_leaves_nothing_on_the_unpaired_machine(owner, make_machine, tmp_path):
     """P1 for a pick: an unpairing and racing ``"any"`` submits serialize; a task on the
     unpaired machine was accepted before it (and ends ``not_started``, P3), never after."""

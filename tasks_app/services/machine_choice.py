@@ -123,11 +123,14 @@ def machine_pick(*, owner, folder: str, agent: str, isolation_of, exclusive: boo
     ``folder``, ``full`` with ``load`` and ``max_concurrent``, ``folder_locked`` with
     ``task_id``)."""
     candidates = Machine.objects.filter(owner=owner)
+    covering = Grant.objects.filter(machine__owner=owner, revoked_at__isnull=True)
     if among is not None:
-        candidates = candidates.filter(pk__in=among)
-    machines = for_key_share(candidates.order_by("pk"))
-    grants = for_key_share(Grant.objects.filter(machine__in=[m.pk for m in machines], revoked_at__isnull=True)
-                           .order_by("pk"))
+        candidates, covering = candidates.filter(pk__in=among), covering.filter(machine__in=among)
+    if among == []:  # an empty pool: nothing to lock (an empty IN is no SQL to lock with)
+        machines, grants = [], []
+    else:
+        machines = for_key_share(candidates.order_by("pk"))
+        grants = for_key_share(covering.order_by("pk"))
     budget = Budget.objects.select_for_update().filter(owner=owner).first()
     # After the budget row: every racing acceptance of this owner has committed or waits.
     load = dict(Task.objects.filter(machine__in=[m.pk for m in machines], state__in=LOAD_STATES)
