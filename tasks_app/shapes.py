@@ -765,6 +765,35 @@ class ReceiptAnswerShape(TypedDict):
     reason: NotRequired[str]
 
 
+class SyncLeaseAnswerShape(TypedDict):
+    """One renewal's answer in a sync, in the order sent, as
+    ``POST /api/worker/leases/{id}/renew/`` would answer it: ``status`` 200 with ``lease``,
+    or 404/409 with ``error`` (L5's reason, or ``not_found``) and ``detail``. It does not
+    repeat the lease id asked for (a refused id is the caller's input, K2)."""
+
+    status: int
+    lease: NotRequired[LeaseShape]
+    error: NotRequired[str]
+    detail: NotRequired[str]
+
+
+class SyncReceiptAnswerShape(TypedDict):
+    """One receipt's answer in a sync, as ``POST /api/worker/receipts/`` would answer it
+    (R1: a second delivery, alone or in a sync, gets the first one's answer): ``status``
+    and ``answer`` (``ReceiptAnswerShape``, or the error shape of a 404)."""
+
+    event_id: str
+    status: int
+    answer: Annotated[dict, Doc('{"outcome", "reason"?} (R3), or {"error", "detail"} with a 404 status')]
+
+
+class SyncAnswerShape(TypedDict):
+    """``POST /api/worker/sync/``: one item per renewal and per receipt, in the order sent."""
+
+    leases: list[SyncLeaseAnswerShape]
+    receipts: list[SyncReceiptAnswerShape]
+
+
 class ProgressAnswerShape(TypedDict):
     """Answer of ``POST /api/worker/progress/`` (G4): ``{"outcome": "applied"}``, or
     ``not_applied`` with ``reason`` ``stale_seq`` or ``final``."""

@@ -390,6 +390,13 @@ def walk_every_operation(call, owner, machine, grant, grant_root, make_machine):
                                                   "repositories": [{"path": grant.path, "remote": None,
                                                                     "root_commit": "a" * 40}]},
          expect=200)
+    # One sync (issue 44): the lease renewed, a receipt carried, another machine's lease refused.
+    starting = {"event_id": "walk-sync", "generation": machine.generation, "operation_id": operation_id(task["id"]),
+                "kind": "starting", "slept_s": 0.0, "facts": {"lease_id": lease["lease_id"]}}
+    synced = call(worker, "post", "/api/worker/sync/", {"renew": [{"lease_id": lease["lease_id"], "output_tail": "x\n"},
+                                                                  {"lease_id": str(uuid.uuid4())}],
+                                                        "receipts": [starting]}, expect=200)
+    assert [a["status"] for a in synced["leases"]] == [200, 404]
     survivor = {"pid": 9191, "process_start_time": 3.5, "name": "sleep", "cmdline": "sleep 60"}
     facts = final_facts(survivors=[survivor], **agent_facts())
     body = {"event_id": "walk-final", "generation": machine.generation, "operation_id": operation_id(task["id"]),

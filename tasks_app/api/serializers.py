@@ -12,7 +12,7 @@ from core.text import control_character
 from tasks_app.agent_facts import FactsError, clean_agent_facts
 from tasks_app.models import IntegrationAction, IntegrationOutcome, TaskState
 from machine.protocol import DEFAULT_MAX_RUNTIME_S, LONG_POLL_MAX_S
-from machine.protocol.shapes import RECEIPT_KINDS, STOP_REASONS
+from machine.protocol.shapes import RECEIPT_KINDS, STOP_REASONS, SYNC_ITEMS_MAX
 from tasks_app.services.folders import folder_problem
 from tasks_app.services.machine_choice import PoolName
 from tasks_app.services.pools import POOL_MACHINES_MAX, POOL_NAME, pool_name_problem
@@ -328,3 +328,24 @@ def _validate_final_facts(facts: dict) -> None:
         clean_agent_facts(facts)  # G1-G5 keys
     except FactsError as exc:
         raise serializers.ValidationError({"facts": [str(exc)]})
+
+
+class SyncRenewalSerializer(StrictSerializer):
+    """One renewal of a sync: ``machine.protocol.shapes.SyncRenewal``."""
+
+    lease_id = serializers.UUIDField()
+    output_tail = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, max_length=64 * 1024)
+
+
+class SyncSerializer(StrictSerializer):
+    """``POST /api/worker/sync/``: a ``machine.protocol.shapes.SyncBody``. Every item is
+    validated before anything is applied: one malformed renewal or receipt refuses the
+    whole request (400, K3), nothing applied."""
+
+    renew = SyncRenewalSerializer(many=True, required=False, max_length=SYNC_ITEMS_MAX)
+    receipts = ReceiptSerializer(many=True, required=False, max_length=SYNC_ITEMS_MAX)
+
+    def validate(self, attrs):
+        if not attrs.get("renew") and not attrs.get("receipts"):
+            raise serializers.ValidationError({"non_field_errors": ["give leases to renew or receipts"]})
+        return attrs

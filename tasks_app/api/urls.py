@@ -29,6 +29,7 @@ urlpatterns = [
     path("worker/leases/", v.WorkerLeaseGrant.as_view()),
     path("worker/leases/<uuid:lease_id>/renew/", v.WorkerLeaseRenew.as_view()),
     path("worker/receipts/", v.WorkerReceipts.as_view()),
+    path("worker/sync/", v.WorkerSync.as_view()),
     path("worker/profiles/", p.WorkerProfiles.as_view()),
     path("worker/progress/", g.WorkerProgress.as_view()),
 ]

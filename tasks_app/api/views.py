@@ -31,6 +31,7 @@ from tasks_app.services import (
     pools,
     receipts,
     revocation,
+    sync,
 )
 from tasks_app.shapes import (
     AckShape,
@@ -44,6 +45,7 @@ from tasks_app.shapes import (
     PairingCodeShape,
     PoolShape,
     ReceiptAnswerShape,
+    SyncAnswerShape,
     TaskDetailShape,
     TaskShape,
     TokenShape,
@@ -434,3 +436,15 @@ class WorkerReceipts(MachineView):
         data = valid_body(s.ReceiptSerializer, request)
         code, body = receipts.receipt_apply(machine=request_machine(request), receipt=data, now=clock.now())
         return _json(code, body)
+
+
+class WorkerSync(MachineView):
+    """One request renews the machine's leases and carries a batch of its receipts
+    (``services.sync``; L2, L5, L10, R1-R3): 200 with one answer per item."""
+
+    @extend_schema(request=s.SyncSerializer, responses={200: shape(SyncAnswerShape), **errors()})
+    def post(self, request):
+        valid_query(NoQuery, request)
+        data = valid_body(s.SyncSerializer, request)
+        return Response(sync.machine_sync(machine=request_machine(request), renew=data.get("renew", []),
+                                          receipts=data.get("receipts", []), now=clock.now()))
