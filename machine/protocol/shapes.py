@@ -207,7 +207,12 @@ class ReceiptBody(TypedDict):
     facts: NotRequired[dict[str, Any]]
 
 
+SYNC_PATH = "/api/worker/sync/"
 SYNC_ITEMS_MAX = 100  # leases to renew, and receipts, in one ``POST /api/worker/sync/`` (each list)
+# The receipts' bodies a sync carries, in bytes: under the service's default body limit
+# (256 KiB) with room for the envelope; a larger receipt (a worktree task's diff, G7) goes
+# alone to RECEIPTS_PATH, which takes more.
+SYNC_RECEIPT_BYTES_MAX = 192 * 1024
 
 
 class SyncRenewal(TypedDict):
