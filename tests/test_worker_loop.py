@@ -292,6 +292,34 @@ def test_r1_a_service_without_the_sync_route_gets_one_receipt_per_request(rig):
     wait_for(lambda: result, what="worker exit")
 
 
+def test_l3_a_machines_leases_due_together_are_renewed_in_one_sync(rig):
+    """Issue 44: two runs' leases fall due at once: each round is one sync carrying both
+    renewals (no renewal of its own), each lease keeps renewing (L3), and a cancel still
+    refuses its own lease (L5) while the other's renewal goes on."""
+    rig.service.sync_route = True
+    worker = rig.worker()
+    result = rig.start(worker)
+    first, second = rig.submit("long"), rig.submit("long")
+    for start in (first, second):
+        rig.receipt(start.operation_id, "running")
+    leases = {rig.service.lease_of(s.operation_id).id for s in (first, second)}
+    for n in (1, 2):
+        rig.clock.advance(TERMS["renew_every_s"])
+        wait_for(lambda: len(rig.service.calls_to("renew")) == 2 * n, timeout_s=5, what=f"round {n}")
+        renewals = [c for c in rig.service.calls_to("sync") if c.args["lease_ids"]]  # (receipts go by sync too)
+        assert [set(c.args["lease_ids"]) for c in renewals] == [leases] * n
+    assert [len(rig.service.lease_of(s.operation_id).renewals) for s in (first, second)] == [2, 2]
+    rig.service.cancel(first.operation_id)
+    rig.clock.advance(TERMS["renew_every_s"])
+    assert rig.receipt(first.operation_id, "final")["facts"]["stop_reason"] == "cancel"
+    assert rig.service.lease_of(second.operation_id).refused is None
+    rig.service.cancel(second.operation_id)
+    rig.clock.advance(TERMS["renew_every_s"])
+    assert rig.receipt(second.operation_id, "final")["facts"]["stop_reason"] == "cancel"
+    worker.on_signal()
+    wait_for(lambda: result, what="worker exit")
+
+
 def test_r3_token_revoked_stops_loop(rig, caplog):
     caplog.set_level(logging.ERROR, logger="runstead.worker")
     worker = rig.worker()

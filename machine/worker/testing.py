@@ -380,10 +380,13 @@ class InMemoryService:
         return error(404, "not_found", f"no route {method} {path}")
 
     def _sync(self, body: dict) -> Answer:
-        """A sync of receipts, as the service answers it: a malformed receipt refuses the
-        whole request (400, nothing applied); else each is applied as alone (R1)."""
+        """A sync, as the service answers it: a malformed receipt refuses the whole request
+        (400, nothing applied); else each lease is renewed and each receipt applied as
+        alone (R1), leases first."""
         receipts = body.get("receipts") or []
-        canned = self._canned("sync", event_ids=[r.get("event_id") for r in receipts])
+        renew = body.get("renew") or []
+        canned = self._canned("sync", event_ids=[r.get("event_id") for r in receipts],
+                              lease_ids=[r.get("lease_id") for r in renew])
         if canned is not None:
             return canned
         with self._lock:
@@ -393,12 +396,18 @@ class InMemoryService:
             except ProtocolError as exc:
                 self._record("sync", 400, event_ids=[r.get("event_id") for r in receipts])
                 return error(400, "invalid", f"malformed receipt: {exc}")
-            self._record("sync", 200, event_ids=[r.get("event_id") for r in receipts])
+            self._record("sync", 200, event_ids=[r.get("event_id") for r in receipts],
+                         lease_ids=[r.get("lease_id") for r in renew])
+            leases = []
+            for item in renew:
+                one = self.lease_renew(item["lease_id"], output_tail=item.get("output_tail", ""), timeout_s=0)
+                leases.append({"status": one.status, "lease": one.body} if one.status == 200 else
+                              {"status": one.status, "error": one.error, "detail": ""})
             answers = []
             for item in receipts:
                 one = self._receipt(item)
                 answers.append({"event_id": item["event_id"], "status": one.status, "answer": one.body})
-            return answer(200, {"leases": [], "receipts": answers})
+            return answer(200, {"leases": leases, "receipts": answers})
 
     def _receipt(self, body: dict) -> Answer:
         event_id = body.get("event_id") if isinstance(body, dict) else None
