@@ -10,8 +10,17 @@ from core.wire import Doc, Time
 from core.wire import iso
 from sessions_app.models import Approval, ApprovalState, Marker, Session, SessionStatus
 from sessions_app.shapes import ApprovalShape, SessionShape, approval_dict, session_dict
-from tasks_app.models import FINAL_STATES, Grant, Machine, Task
-from tasks_app.shapes import BoardTaskShape, GrantShape, MachineShape, board_task_dict, grant_dict, machine_dict
+from tasks_app.models import FINAL_STATES, Grant, Machine, Pool, Task
+from tasks_app.shapes import (
+    BoardTaskShape,
+    GrantShape,
+    MachineShape,
+    PoolShape,
+    board_task_dict,
+    grant_dict,
+    machine_dict,
+    pool_dict,
+)
 
 # Bounds of one snapshot: every unfinished task is a live concern (capped defensively);
 # finished tasks and idle sessions are history, so only the most recent ones are shown.
@@ -20,6 +29,7 @@ SNAPSHOT_FINISHED_TASKS = 50
 SNAPSHOT_IDLE_SESSIONS = 50
 SNAPSHOT_BUSY_SESSIONS = 200
 SNAPSHOT_PENDING_APPROVALS = 200
+SNAPSHOT_POOLS = 100
 
 
 def _markers_by_session(session_ids) -> dict:
@@ -60,6 +70,7 @@ class BoardSnapshotShape(TypedDict):
     tasks: Annotated[list[BoardTaskShape], Doc("tasks as in task events, plus started_at")]
     machines: Annotated[list[MachineShape], Doc("machines as GET /api/machines/")]
     grants: Annotated[list[GrantShape], Doc("active grants as GET /api/grants/")]
+    pools: Annotated[list[PoolShape], Doc("machine pools as GET /api/pools/, by name (C8)")]
     server_time: Time
     marker_grace_s: Annotated[float, Doc("seconds (B3)")]
 
@@ -69,7 +80,8 @@ def board_snapshot(*, owner, now: datetime) -> BoardSnapshotShape:
     ``{"approvals": [pending approval (sessions_app.shapes), oldest first], "sessions":
     [session (sessions_app.shapes)], "tasks": [task as in ``task`` events, plus
     ``started_at``], "machines": [machine, with ``offline`` and ``offline_at`` (B7)],
-    "grants": [active grant], "server_time", "marker_grace_s"}``. Times ISO-8601 UTC,
+    "grants": [active grant], "pools": [machine pool, by name (C8)], "server_time",
+    "marker_grace_s"}``. Times ISO-8601 UTC,
     the threshold in seconds. Only ``owner``'s rows (K2). A pending approval past its
     expiry is listed until the sweep (or a read of it) expires it, which sends its
     ``approval`` event."""
@@ -85,6 +97,8 @@ def board_snapshot(*, owner, now: datetime) -> BoardSnapshotShape:
         "grants": [
             grant_dict(g) for g in Grant.objects.filter(owner=owner, revoked_at__isnull=True).order_by("path", "pk")
         ],
+        "pools": [pool_dict(p) for p in Pool.objects.filter(owner=owner).order_by("name", "pk")
+                  .prefetch_related("machines")[:SNAPSHOT_POOLS]],
         "server_time": iso(now),
         "marker_grace_s": settings.RUNSTEAD_MARKER_GRACE_S,
     }

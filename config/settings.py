@@ -228,6 +228,9 @@ RUNSTEAD_LEASE_RENEW_S = env_seconds("RUNSTEAD_LEASE_RENEW_S", 15)
 RUNSTEAD_LEASE_MARGIN_S = env_seconds("RUNSTEAD_LEASE_MARGIN_S", 5)
 RUNSTEAD_KILL_GRACE_S = env_seconds("RUNSTEAD_KILL_GRACE_S", 5)
 RUNSTEAD_START_WINDOW_S = env_seconds("RUNSTEAD_START_WINDOW_S", 600)
+# N1, U2: how long an ``unknown`` task waits for the worker's report to its query before
+# its owner is asked to decide.
+RUNSTEAD_UNKNOWN_ASK_S = env_seconds("RUNSTEAD_UNKNOWN_ASK_S", 120)
 RUNSTEAD_MARKER_DEFAULT_S = env_seconds("RUNSTEAD_MARKER_DEFAULT_S", 1200)
 RUNSTEAD_MARKER_LONG_S = env_seconds("RUNSTEAD_MARKER_LONG_S", 3600)
 RUNSTEAD_MARKER_GRACE_S = env_seconds("RUNSTEAD_MARKER_GRACE_S", 60)

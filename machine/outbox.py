@@ -140,6 +140,13 @@ class Outbox:
                 f"SELECT {self.columns} FROM outbox WHERE {self.waiting} ORDER BY seq LIMIT 1").fetchone()
         return found if found is None or self.row is None else self.row(found)
 
+    def heads(self, limit: int) -> list:
+        """The ``limit`` oldest rows still to send, oldest first."""
+        with self.lock:
+            found = self.db.execute(
+                f"SELECT {self.columns} FROM outbox WHERE {self.waiting} ORDER BY seq LIMIT ?", (limit,)).fetchall()
+        return found if self.row is None else [self.row(r) for r in found]
+
     def rows(self) -> list:
         """Every row, in order (those answered too when kept)."""
         with self.lock:

@@ -263,12 +263,16 @@ def notify_session_attention(session, *, now: datetime) -> Notification | None:
 
 def notify_task_state(task, *, now: datetime) -> Notification | None:
     """N1: a task is now in ``task.state``; announces ``unknown`` ("needs your decision")
-    and the ends ``succeeded``, ``failed``, ``failed_lease_lost``, once per task and state
-    (the event key); other states write nothing. Call from the transaction of the
+    once its owner is asked (``decision_asked_at``: U2 left it unsettled; an ``unknown``
+    task the worker's late receipts may still settle asks nobody) and the ends
+    ``succeeded``, ``failed``, ``failed_lease_lost``, once per task and state (the event
+    key); other states write nothing. Call from the transaction of the
     transition (``sessions_app.receivers.notify_task_changed``)."""
     kind = TASK_STATE_KINDS.get(task.state)
     if kind is None:
         return None
+    if task.state == "unknown" and task.decision_asked_at is None:
+        return None  # N1, U2: the worker's record may still settle it; nobody is asked yet
     what = {"unknown": "needs your decision", "succeeded": "succeeded", "failed": "failed",
             "failed_lease_lost": "failed: lease lost"}[task.state]
     prompt = (task.prompt or "").strip().splitlines()[0] if (task.prompt or "").strip() else ""

@@ -12,13 +12,14 @@ the acceptance or the transition back, A5):
   one (C6), before the task row): ``on_task_session_claimed``: the owner's session,
   created idle (with the given title) when the id is new; 404 ``not_found`` for another
   owner's id (K2).
-- ``task_changed`` (acceptance and every transition, after the row, its TaskEvent and
-  the task's own conversation messages, C3):
+- ``task_changed`` (acceptance, every transition, after the row, its TaskEvent and
+  the task's own conversation messages, C3; and ``task_ask_owner``, N1/U2, when an
+  ``unknown`` task's owner is asked):
   1. ``on_task_changed``: Q5, a final task withdraws its pending approvals (each an
      approval board event and notification); S1, its session's busy/idle is re-evaluated
      (the session row locked, a change stored by compare-and-set, S2);
   2. ``notify_task_changed``: N1, a notification row and its deliveries for ``unknown``
-     and the ends ``succeeded``, ``failed``, ``failed_lease_lost``.
+     (once its owner is asked) and the ends ``succeeded``, ``failed``, ``failed_lease_lost``.
 
 After commit, and only then, leave what they publish: board events (``core.broadcast``,
 B2), the wake of the notification sender, the approvals' long-poll wakes (Q3).

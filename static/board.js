@@ -32,6 +32,7 @@
     machines: new Map(), // id -> machine + version, touched
     approvals: new Map(), // id -> approval (Q6, any state: the inbox shows an answer briefly) + version, touched
     grants: [],
+    pools: [], // C8: the owner's machine pools, by name
     deleted: new Map(), // session id -> {version, seq} of its session.deleted event
     offsetMs: 0, // server clock - browser clock, from the last server_time (M3)
     graceS: 60,
@@ -244,6 +245,7 @@
     // answered while this page was not listening (the inbox says so, then drops it).
     board.approvals = mergeRows(board.approvals, snap.approvals || [], startSeq, function (item) { return Object.assign({}, item); });
     board.grants = snap.grants || [];
+    board.pools = snap.pools || [];
   }
 
   // ---------------------------------------------------------------- B4 hydration
@@ -542,10 +544,14 @@
                   text: queue.length + " queued" }),
         el("span", { className: "queued-prompt muted wrap", text: "next: " + (next.length > 120 ? next.slice(0, 120) + "…" : next) })));
     }
-    if (t.state === "unknown") {
+    if (t.state === "unknown" && t.needs_decision) {
       li.appendChild(el("div", { className: "line" },
         el("a", { className: "decide", href: "/tasks/" + encodeURIComponent(t.id) + "/", text: "needs your decision" }),
         el("span", { className: "muted", text: "outcome unknown: the service will not guess" })));
+    } else if (t.state === "unknown") {
+      // N1, U2: the worker's record may still settle it; the owner is asked only if it cannot.
+      li.appendChild(el("div", { className: "line" },
+        el("span", { className: "muted awaiting-report", text: "outcome unknown: asking the worker for its record" })));
     }
     var g = t.evidence && t.evidence.git;
     if (g && g.branch) {
@@ -637,8 +643,10 @@
     replaceList("session-list", sessions.map(function (s) { return renderSession(s, nowMs); }), "session-empty");
 
     var tasks = Array.from(board.tasks.values());
-    var unknown = tasks.filter(function (t) { return t.state === "unknown"; }).sort(byTime("created_at"));
-    var open = tasks.filter(function (t) { return UNFINISHED[t.state] && t.state !== "unknown"; }).sort(byTime("created_at"));
+    // B1, N1: only the tasks whose owner was asked (U2 left them unsettled) come first.
+    var needsDecision = function (t) { return t.state === "unknown" && !!t.needs_decision; };
+    var unknown = tasks.filter(needsDecision).sort(byTime("created_at"));
+    var open = tasks.filter(function (t) { return UNFINISHED[t.state] && !needsDecision(t); }).sort(byTime("created_at"));
     var done = tasks.filter(function (t) { return !UNFINISHED[t.state]; }).sort(function (a, b) {
       return (ms(b.final_at || b.updated_at) || 0) - (ms(a.final_at || a.updated_at) || 0);
     });
@@ -660,21 +668,29 @@
     if (!form) return;
     var select = form.elements.machine;
     var paired = machines.filter(function (m) { return m.paired !== false; });
-    var signature = paired.map(function (m) { return m.id + ":" + m.name; }).join("|");
+    var pools = board.pools || [];
+    var signature = paired.map(function (m) { return m.id + ":" + m.name; }).join("|") + "#" +
+      pools.map(function (p) { return p.name + ":" + p.machines.join(","); }).join("|");
     if (select.dataset.signature !== signature) {
       var chosen = select.value;
       select.textContent = "";
       paired.forEach(function (m) { select.appendChild(el("option", { value: m.id, text: m.name })); });
       // C8: acceptance picks a paired, recently heard machine with the folder's repository and room.
       if (paired.length) select.appendChild(el("option", { value: ANY_MACHINE, text: "any machine" }));
-      if (chosen && (chosen === ANY_MACHINE || paired.some(function (m) { return m.id === chosen; }))) select.value = chosen;
+      // C8: or one of the machines of a pool the owner named (its name is the task's "machine").
+      pools.forEach(function (p) { select.appendChild(el("option", { value: p.name, text: "pool " + p.name })); });
+      var known = chosen === ANY_MACHINE || paired.some(function (m) { return m.id === chosen; }) ||
+        pools.some(function (p) { return p.name === chosen; });
+      if (chosen && known) select.value = chosen;
       select.dataset.signature = signature;
     }
     // B10: the chosen machine's reported profiles and its granted folders; for "any
-    // machine" (C8), those of every paired machine.
-    var any = select.value === ANY_MACHINE;
+    // machine" (C8), those of every paired machine; for a pool, those of its paired machines.
+    var pool = pools.filter(function (p) { return p.name === select.value; })[0];
+    var any = select.value === ANY_MACHINE || !!pool;
+    var candidates = pool ? paired.filter(function (m) { return pool.machines.indexOf(m.id) >= 0; }) : paired;
     var machine = board.machines.get(select.value);
-    var profiles = any ? anyProfiles(paired) : (machine && machine.profiles) || [];
+    var profiles = any ? anyProfiles(candidates) : (machine && machine.profiles) || [];
     var agent = form.elements.agent;
     var profileSig = select.value + "|" + profiles.map(function (p) { return p.name + ":" + (p.preset || ""); }).join("|");
     if (agent.dataset.signature !== profileSig) {
@@ -693,7 +709,7 @@
     form.elements.conversation.disabled = !converses;
     if (!converses) form.elements.conversation.checked = false;
     var folder = form.elements.folder;
-    var pairedIds = paired.map(function (m) { return m.id; });
+    var pairedIds = candidates.map(function (m) { return m.id; });
     var paths = board.grants.filter(function (g) { return any ? pairedIds.indexOf(g.machine) >= 0 : g.machine === select.value; })
       .map(function (g) { return g.path; })
       .filter(function (p, i, all) { return all.indexOf(p) === i; });

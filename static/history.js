@@ -157,7 +157,7 @@
       body.appendChild(el("div", { className: "prompt wrap",
         text: t.prompt.length > PROMPT_SHOWN ? t.prompt.slice(0, PROMPT_SHOWN) + "…" : t.prompt }));
     }
-    if (t.state === "unknown") {
+    if (t.state === "unknown" && t.needs_decision) { // N1, U2: only once the facts could not settle it
       body.appendChild(el("div", { className: "line" },
         el("a", { className: "decide", href: "/admin/tasks_app/task/" + encodeURIComponent(t.id) + "/change/", text: "needs your decision" })));
     }

@@ -40,6 +40,27 @@ class Machine(models.Model):
         return f"{self.name} (gen {self.generation})"
 
 
+class Pool(models.Model):
+    """An owner-named set of machines (C8): a task may name the pool instead of a machine,
+    and acceptance picks among its members by the rules of ``"machine": "any"``
+    (``services.machine_choice``). Names are the owner's own: unique per owner, never
+    ``any`` nor shaped like a machine id (``services.pools.POOL_NAME``)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="pools")
+    name = models.CharField(max_length=64)
+    machines = models.ManyToManyField(Machine, related_name="pools", blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="pool_owner_name")]
+
+    def __str__(self):
+        return self.name
+
+
 class PairingCode(models.Model):
     """A one-time pairing code (K1): stored hashed, expires, single use, attempts counted."""
 
@@ -142,9 +163,10 @@ class Task(models.Model):
         "sessions_app.Session", null=True, blank=True, on_delete=models.SET_NULL, related_name="tasks"
     )
     folder = models.CharField(max_length=4096)
-    # C8: "any" when acceptance picked ``machine`` (and ``folder``, that machine's path of
-    # the same repository); "" when the owner named the machine. Never changes.
-    machine_choice = models.CharField(max_length=20, blank=True, default="")
+    # C8: "any", or the name of the owner's pool the task named, when acceptance picked
+    # ``machine`` (and ``folder``, that machine's path of the same repository); "" when
+    # the owner named the machine. Never changes (the pool may be renamed or deleted since).
+    machine_choice = models.CharField(max_length=64, blank=True, default="")
     agent = models.CharField(max_length=100)
     prompt = models.TextField()
     deep_research = models.BooleanField(default=False)
@@ -177,6 +199,12 @@ class Task(models.Model):
     accepted_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField()
     final_at = models.DateTimeField(null=True, blank=True)
+    # N1, U2: an ``unknown`` task waits for the worker's record first; its owner is asked
+    # (notified, and it is listed first) only when U2 leaves it unsettled: the report had
+    # no final facts, or none came by ``decision_due_at`` (the query plus
+    # RUNSTEAD_UNKNOWN_ASK_S). ``decision_asked_at``: when that happened (set once).
+    decision_due_at = models.DateTimeField(null=True, blank=True)
+    decision_asked_at = models.DateTimeField(null=True, blank=True)
     decided_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -230,6 +258,9 @@ class Task(models.Model):
             models.Index(fields=["state", "accepted_at"], name="task_state_accepted"),
             # sweeps.cleanup_idempotency_records (A7): final tasks by age.
             models.Index(fields=["final_at"], condition=Q(final_at__isnull=False), name="task_final_at"),
+            # sweeps.ask_owners_of_unsettled_tasks (N1, U2): unknown tasks not yet asked, by when they are due.
+            models.Index(fields=["decision_due_at"], condition=Q(state="unknown", decision_asked_at__isnull=True),
+                         name="task_decision_due"),
             # acceptance A8: the lock holders of one machine.
             models.Index(fields=["machine"], condition=Q(holds_lock=True), name="task_lock_holders"),
         ]

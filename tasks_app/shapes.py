@@ -168,6 +168,27 @@ def grant_dict(grant) -> GrantShape:
     }
 
 
+class PoolShape(TypedDict):
+    """An owner-named machine pool (C8) of ``/api/pools/`` and of the board snapshot."""
+
+    id: Uuid
+    name: Annotated[str, Doc('what a task names as its "machine" to run on one of these machines')]
+    machines: Annotated[list[Uuid], Doc("the pool's machine ids, sorted")]
+    created_at: Time
+    updated_at: Time
+
+
+def pool_dict(pool) -> PoolShape:
+    """Pool of ``/api/pools/`` and of the board snapshot (C8)."""
+    return {
+        "id": str(pool.id),
+        "name": pool.name,
+        "machines": sorted(str(m.pk) for m in pool.machines.all()),
+        "created_at": iso(pool.created_at),
+        "updated_at": iso(pool.updated_at),
+    }
+
+
 class BudgetShape(TypedDict):
     """``GET /api/budget/``, in seconds."""
 
@@ -351,9 +372,12 @@ class TaskShape(TaskAgentPart, TaskApprovalsPart):
     id: Uuid
     state: TaskState
     state_reason: str
+    needs_decision: Annotated[bool, Doc("N1, U2: unknown, and the worker's record could not settle it (its report had "
+                                        "no final facts, or none came in time): its owner decides (U3)")]
+    decision_asked_at: Annotated[Time | None, Doc("when its owner was asked to decide (N1)")]
     machine: Uuid
-    machine_choice: Annotated[Literal["any"] | None, Doc('"any": acceptance picked the machine and its folder (C8); '
-                                                         'null: the owner named the machine')]
+    machine_choice: Annotated[str | None, Doc('"any", or the name of the owner\'s pool the task named: acceptance '
+                                              'picked the machine and its folder (C8); null: the owner named the machine')]
     folder: str
     agent: str
     prompt: str
@@ -397,6 +421,8 @@ def task_dict(task, *, full: bool = False) -> TaskShape:
         "id": str(task.id),
         "state": task.state,
         "state_reason": task.state_reason,
+        "needs_decision": task.state == TaskState.UNKNOWN and task.decision_asked_at is not None,
+        "decision_asked_at": iso(task.decision_asked_at),
         "machine": str(task.machine_id),
         "machine_choice": task.machine_choice or None,
         "folder": task.folder,
@@ -750,6 +776,35 @@ class ReceiptAnswerShape(TypedDict):
 
     outcome: Literal["applied", "not_applied"]
     reason: NotRequired[str]
+
+
+class SyncLeaseAnswerShape(TypedDict):
+    """One renewal's answer in a sync, in the order sent, as
+    ``POST /api/worker/leases/{id}/renew/`` would answer it: ``status`` 200 with ``lease``,
+    or 404/409 with ``error`` (L5's reason, or ``not_found``) and ``detail``. It does not
+    repeat the lease id asked for (a refused id is the caller's input, K2)."""
+
+    status: int
+    lease: NotRequired[LeaseShape]
+    error: NotRequired[str]
+    detail: NotRequired[str]
+
+
+class SyncReceiptAnswerShape(TypedDict):
+    """One receipt's answer in a sync, as ``POST /api/worker/receipts/`` would answer it
+    (R1: a second delivery, alone or in a sync, gets the first one's answer): ``status``
+    and ``answer`` (``ReceiptAnswerShape``, or the error shape of a 404)."""
+
+    event_id: str
+    status: int
+    answer: Annotated[dict, Doc('{"outcome", "reason"?} (R3), or {"error", "detail"} with a 404 status')]
+
+
+class SyncAnswerShape(TypedDict):
+    """``POST /api/worker/sync/``: one item per renewal and per receipt, in the order sent."""
+
+    leases: list[SyncLeaseAnswerShape]
+    receipts: list[SyncReceiptAnswerShape]
 
 
 class ProgressAnswerShape(TypedDict):

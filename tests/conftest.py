@@ -248,7 +248,7 @@ def one_of_each(owner, machine, grant, pinned):
     """One of everything an endpoint can name (K3 strict input, the schemathesis run): a
     task with its operation, lease and start message; a live conversation task with a
     message (C2); a session with a job; a pending
-    pairing code; a push subscription; a pending approval of the session. The machine has been heard from, so its
+    pairing code; a push subscription; a pending approval of the session; a machine pool (C8). The machine has been heard from, so its
     ``last_heard_at`` does not move during the test (P2 writes it at most every few
     seconds and the clock is pinned). Returns their ids (strings) by name."""
     import uuid
@@ -275,7 +275,8 @@ def one_of_each(owner, machine, grant, pinned):
     conversation = submit(owner, machine, grant.path, agent="claude", mode="conversation", exclusive=False).json()["id"]
     assert api.post(f"/api/tasks/{conversation}/messages/", {"text": "hi"}, format="json",
                     HTTP_IDEMPOTENCY_KEY="one-of-each").status_code == 201
-    return {"subscription": subscription, "job": "j1", "device": "laptop", "approval": approval.json()["id"],
+    pool = api.post("/api/pools/", {"name": "desk", "machines": [str(machine.id)]}, format="json").json()["id"]  # C8
+    return {"pool": pool, "subscription": subscription, "job": "j1", "device": "laptop", "approval": approval.json()["id"],
             "task": task_id, "conversation": conversation, "op": operation_id(task_id), "lease": lease_id, "message": message["id"],
             "session": session_id, "machine": str(machine.id), "grant": str(grant.id), "folder": grant.path,
             "generation": machine.generation, "seq": 1}

@@ -249,7 +249,7 @@ def test_a5_one_acceptance_writes_task_operation_record_budget_lock_and_outbox(o
         {"max_runtime_s": "soon"},
         {"max_runtime_s": 0},
         {"exclusive": "perhaps"},
-        {"machine": "not-a-uuid"},
+        {"machine": "not a uuid"},  # nor "any", nor a pool name ("not-a-uuid" is one: 400 pool_unknown, C8)
         {"surprise": 1},
     ],
 )

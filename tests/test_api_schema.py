@@ -390,6 +390,13 @@ def walk_every_operation(call, owner, machine, grant, grant_root, make_machine):
                                                   "repositories": [{"path": grant.path, "remote": None,
                                                                     "root_commit": "a" * 40}]},
          expect=200)
+    # One sync (issue 44): the lease renewed, a receipt carried, another machine's lease refused.
+    starting = {"event_id": "walk-sync", "generation": machine.generation, "operation_id": operation_id(task["id"]),
+                "kind": "starting", "slept_s": 0.0, "facts": {"lease_id": lease["lease_id"]}}
+    synced = call(worker, "post", "/api/worker/sync/", {"renew": [{"lease_id": lease["lease_id"], "output_tail": "x\n"},
+                                                                  {"lease_id": str(uuid.uuid4())}],
+                                                        "receipts": [starting]}, expect=200)
+    assert [a["status"] for a in synced["leases"]] == [200, 404]
     survivor = {"pid": 9191, "process_start_time": 3.5, "name": "sleep", "cmdline": "sleep 60"}
     facts = final_facts(survivors=[survivor], **agent_facts())
     body = {"event_id": "walk-final", "generation": machine.generation, "operation_id": operation_id(task["id"]),
@@ -409,6 +416,17 @@ def walk_every_operation(call, owner, machine, grant, grant_root, make_machine):
     nowhere = call(api, "post", "/api/tasks/", {**anywhere, "agent": "absent"}, expect=409,
                    HTTP_IDEMPOTENCY_KEY="walk-any-2")
     assert [m["reason"] for m in nowhere["machines"]] == ["profile_not_reported"]
+    # C8: an owner-named pool, a task naming it, an unknown pool name
+    pool = call(api, "post", "/api/pools/", {"name": "desk", "machines": [str(machine.id)]}, expect=201)
+    call(api, "get", "/api/pools/", expect=200)
+    call(api, "get", f"/api/pools/{pool['id']}/", expect=200)
+    call(api, "patch", f"/api/pools/{pool['id']}/", {"name": "desks"}, expect=200)
+    assert call(api, "post", "/api/tasks/", {**anywhere, "machine": "desks", "folder": grant.path + "/pool"}, expect=201,
+                HTTP_IDEMPOTENCY_KEY="walk-pool")["machine_choice"] == "desks"
+    call(api, "post", "/api/tasks/", {**anywhere, "machine": "nope"}, expect=400, HTTP_IDEMPOTENCY_KEY="walk-pool-2")
+    call(api, "post", "/api/pools/", {"name": "desks"}, expect=409)
+    call(api, "get", "/api/board/", expect=200)  # with the pool
+    call(api, "delete", f"/api/pools/{pool['id']}/", expect=204)
     walk_worktree_task(call, api, worker, owner, machine, grant)
     walk_conversation(call, api, worker, machine, grant)
 

@@ -149,7 +149,10 @@ def test_b6_phone_viewport_has_no_horizontal_scroll_in_dark_scheme(live_daphne, 
     long_word = "x" * 400
     Task.objects.create(owner=owner, machine=machine, grant=grant, folder=grant.path + "/" + long_word, agent="claude",
                         prompt=long_word, output_tail=("y" * 300 + "\n") * 10, state="unknown",
-                        created_at=now, updated_at=now)
+                        created_at=now, updated_at=now, decision_asked_at=now)
+    # N1, U2: an unknown task whose worker's record may still settle it is not listed first.
+    Task.objects.create(owner=owner, machine=machine, grant=grant, folder=grant.path, agent="claude", prompt="p",
+                        state="unknown", created_at=now, updated_at=now, decision_due_at=now + timedelta(seconds=120))
     url = live_daphne()
     page = new_page(url, owner, viewport={"width": 390, "height": 844}, color_scheme="dark", is_mobile=True)
     page.goto(url + "/")
@@ -158,7 +161,10 @@ def test_b6_phone_viewport_has_no_horizontal_scroll_in_dark_scheme(live_daphne, 
     widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
     assert widths[0] <= widths[1], widths
     href = page.get_attribute("#decisions a.decide", "href")
-    assert href.endswith(f"/tasks/{Task.objects.get().id}/")  # B9: decisions on the task page
+    assert href.endswith(f"/tasks/{Task.objects.get(decision_asked_at__isnull=False).id}/")  # B9: on the task page
+    assert page.locator("#decisions li").count() == 1
+    page.wait_for_selector("#task-list li[data-state=unknown] .awaiting-report")
+    assert page.locator("#task-list li[data-state=unknown] a.decide").count() == 0
     background = page.evaluate("getComputedStyle(document.body).backgroundColor")
     assert background == "rgb(17, 20, 24)"  # the dark scheme's --bg
 

@@ -127,3 +127,32 @@ def test_b10_submit_a_task_by_choosing_a_reported_profile(live_daphne, new_page,
     task = Task.objects.get(owner=owner)
     assert (task.agent, task.folder, task.machine_id) == ("fast", grant.path, machine.id)
     shot(page, "task-form-profiles-desktop.png")
+
+
+def test_c8_the_task_form_offers_the_owners_pools_and_submits_one(live_daphne, new_page, owner, machine, grant):
+    """B8, C8: the form lists "any machine" and the owner's pools (from the snapshot); a
+    task submitted for a pool is placed on one of its machines and keeps the pool's name."""
+    from django.utils import timezone
+    from playwright.sync_api import expect
+
+    from tasks_app.models import Machine, Pool, Task
+
+    Machine.objects.filter(pk=machine.pk).update(
+        max_concurrent=2, last_heard_at=timezone.now(),
+        profiles=[{"name": "fast", "preset": "codex", "isolation": "none", "conversation": "none"}])
+    pool = Pool.objects.create(owner=owner, name="desks", created_at=timezone.now(), updated_at=timezone.now())
+    pool.machines.set([machine])
+    url = live_daphne()
+    page = new_page(url, owner)
+    page.goto(url + "/")
+    wait_live(page)
+    select = page.locator("#task-form select[name=machine]")
+    expect(select.locator("option")).to_have_text([machine.name, "any machine", "pool desks"])
+    select.select_option("desks")
+    expect(page.locator("#task-form select[name=agent] option")).to_have_text(["fast (codex)"])
+    page.locator("#task-form select[name=folder]").select_option(grant.path)
+    page.fill("#task-form [name=prompt]", "on a pool")
+    page.click("#task-form button[type=submit]")
+    page.wait_for_function("document.getElementById('form-status').textContent === 'Task accepted.'")
+    task = Task.objects.get(owner=owner)
+    assert (task.machine_id, task.machine_choice, task.folder) == (machine.id, "desks", grant.path)

@@ -130,7 +130,8 @@ def test_c8_exclusive_folder_locked_on_one_machine_goes_to_the_other(owner, make
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("body, status, code", [
-    ({"machine": "gpu-pool"}, 400, "invalid"),  # no owner-defined pools: an unknown name
+    ({"machine": "gpu-pool"}, 400, "pool_unknown"),  # a pool name the owner never defined
+    ({"machine": "gpu pool"}, 400, "invalid"),  # not even a pool name
     ({"machine": "ANY"}, 400, "invalid"),
     ({"machine": 7}, 400, "invalid"),
     ({"machine": None}, 400, "invalid"),
@@ -143,6 +144,100 @@ def test_c8_bad_any_requests_are_refused_and_change_nothing(owner, body, status,
     if code == "no_machine_available":
         assert resp.json()["machines"] == []
     assert nothing_written(owner)
+
+
+# --- owner-named pools -------------------------------------------------------------------
+
+
+def make_pool(owner, name, machines, status=201):
+    resp = owner_api(owner).post("/api/pools/", {"name": name, "machines": [str(m.id) for m in machines]},
+                                 format="json")
+    assert resp.status_code == status, resp.content
+    return resp.json()
+
+
+@pytest.mark.django_db
+def test_c8_a_task_naming_a_pool_runs_on_one_of_its_machines_by_the_any_rules(owner, make_machine, tmp_path):
+    """The pick among the pool's machines only (least loaded, room, grant), recorded as the
+    pool's name and replayed; when the pool's machines are full, 409 names only them,
+    though a machine outside the pool has room."""
+    laptop, desktop, build = (ready(make_machine(owner, n), max_concurrent=1) for n in ("laptop", "desktop", "build"))
+    for m in (laptop, desktop, build):
+        grant(m, tmp_path)
+    make_pool(owner, "big-boxes", [desktop, build])
+    first = submit_any(owner, tmp_path, key="p1", machine="big-boxes")
+    assert first.status_code == 201, first.content
+    assert (first.json()["machine"], first.json()["machine_choice"]) == (str(build.id), "big-boxes")  # a tie: by name
+    second = submit_any(owner, tmp_path, machine="big-boxes")
+    assert second.json()["machine"] == str(desktop.id)
+    full = submit_any(owner, tmp_path, machine="big-boxes")
+    assert (full.status_code, full.json()["error"]) == (409, "no_machine_available")
+    assert [(m["name"], m["reason"]) for m in full.json()["machines"]] == [("build", "full"), ("desktop", "full")]
+    replay = submit_any(owner, tmp_path, key="p1", machine="big-boxes")
+    assert (replay.content, replay.headers["Idempotent-Replayed"]) == (first.content, "true")
+    assert Task.objects.filter(machine=laptop).count() == 0
+    assert set(Task.objects.values_list("machine_choice", flat=True)) == {"big-boxes"}
+
+
+@pytest.mark.django_db
+def test_c8_unknown_or_another_owners_pool_is_400_pool_unknown_and_writes_nothing(owner, other_owner, make_machine,
+                                                                                   tmp_path):
+    """K2: another owner's pool of that name is unknown here too (names leak nothing); an
+    empty pool of the owner's is 409 with no machine to name."""
+    mallory = ready(make_machine(other_owner, "mallory-box"))
+    grant(mallory, tmp_path)
+    make_pool(other_owner, "shared", [mallory])
+    alice = ready(make_machine(owner, "laptop"))
+    grant(alice, tmp_path)
+    for name in ("shared", "nope"):
+        resp = submit_any(owner, tmp_path, machine=name)
+        assert (resp.status_code, resp.json()["error"]) == (400, "pool_unknown"), resp.content
+        assert resp.json()["fields"] == {"machine": [f"no machine id, \"any\" or pool of yours: {name!r}"]}
+    make_pool(owner, "empty", [])
+    empty = submit_any(owner, tmp_path, machine="empty")
+    assert (empty.status_code, empty.json()["error"], empty.json()["machines"]) == (409, "no_machine_available", [])
+    assert nothing_written(owner)
+    # the same key works once the cause is gone (A5: nothing stored)
+    Task.objects.all().delete()
+    assert submit_any(owner, tmp_path, machine="laptops", key="again").json()["error"] == "pool_unknown"
+    make_pool(owner, "laptops", [alice])
+    assert submit_any(owner, tmp_path, machine="laptops", key="again").status_code == 201
+
+
+@pytest.mark.django_db
+def test_c8_pools_api_create_list_rename_set_machines_delete(owner, other_owner, make_machine, tmp_path):
+    api = owner_api(owner)
+    laptop, desktop = ready(make_machine(owner, "laptop")), ready(make_machine(owner, "desktop"))
+    grant(desktop, tmp_path)
+    theirs = make_machine(other_owner, "theirs")
+    pool = make_pool(owner, "gpu", [laptop])
+    assert (pool["name"], pool["machines"]) == ("gpu", [str(laptop.id)])
+    make_pool(owner, "gpu", [], status=409)  # pool_exists
+    make_pool(other_owner, "gpu", [theirs])  # names are per owner
+    resp = api.post("/api/pools/", {"name": "x", "machines": [str(theirs.id)]}, format="json")
+    assert (resp.status_code, resp.json()["error"]) == (403, "machine_forbidden")
+    for bad in ("any", "ANY", "Any", str(uuid.uuid4()), "1gpu", "a" * 65, "", "gpu pool", "gpu/1",
+                "abcdef0123456789abcdef0123456789"):
+        resp = api.post("/api/pools/", {"name": bad}, format="json")
+        assert (resp.status_code, resp.json()["error"], list(resp.json()["fields"])) == (400, "invalid", ["name"]), bad
+    listed = api.get("/api/pools/").json()
+    assert [(p["name"], p["machines"]) for p in listed["results"]] == [("gpu", [str(laptop.id)])]
+    assert listed["next"] is None
+    changed = api.patch(f"/api/pools/{pool['id']}/", {"name": "desks", "machines": [str(desktop.id)]}, format="json")
+    assert (changed.status_code, changed.json()["name"], changed.json()["machines"]) == (200, "desks", [str(desktop.id)])
+    task = submit_any(owner, tmp_path, machine="desks").json()
+    assert (task["machine"], task["machine_choice"]) == (str(desktop.id), "desks")
+    assert submit_any(owner, tmp_path, machine="gpu").json()["error"] == "pool_unknown"  # renamed
+    make_pool(owner, "other", [])
+    clash = api.patch(f"/api/pools/{pool['id']}/", {"name": "other"}, format="json")
+    assert (clash.status_code, clash.json()["error"]) == (409, "pool_exists")
+    assert api.get(f"/api/pools/{pool['id']}/").json()["name"] == "desks"  # nothing changed
+    assert api.delete(f"/api/pools/{pool['id']}/").status_code == 204
+    assert api.get(f"/api/pools/{pool['id']}/").status_code == 404
+    assert Task.objects.get(pk=task["id"]).machine_choice == "desks"  # history keeps the name
+    assert Machine.objects.filter(pk=desktop.pk).exists()
+    board = api.get("/api/board/").json()
+    assert [p["name"] for p in board["pools"]] == ["other"]  # the owner's pools only
 
 
 def test_c8_remote_urls_normalised():
@@ -194,6 +289,24 @@ def test_c8_racing_any_submits_never_overfill_a_machine(owner, make_machine, tmp
     assert IdempotencyRecord.objects.filter(owner=owner).count() == 5
     assert OutboxMessage.objects.filter(kind="start").count() == 5
     assert Budget.objects.get(owner=owner).reserved_s == 5 * 1800
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_c8_racing_pool_submits_never_overfill_its_machines_nor_leave_the_pool(owner, make_machine, tmp_path):
+    """Ten racing submits naming a pool of two machines (room 2 and 1) beside a third
+    machine with room: three accepted, all on the pool's machines, seven 409."""
+    laptop = ready(make_machine(owner, "laptop"), max_concurrent=2)
+    desktop = ready(make_machine(owner, "desktop"), max_concurrent=1)
+    outside = ready(make_machine(owner, "outside"), max_concurrent=10)
+    for m in (laptop, desktop, outside):
+        grant(m, tmp_path)
+    make_pool(owner, "pair", [laptop, desktop])
+    results = race(10, lambda i: submit_any(owner, tmp_path / f"f{i}", machine="pair").status_code)
+    assert sorted(results) == [201] * 3 + [409] * 7
+    assert {m: Task.objects.filter(machine=m).count() for m in (laptop, desktop, outside)} == {
+        laptop: 2, desktop: 1, outside: 0}
+    assert Budget.objects.get(owner=owner).reserved_s == 3 * 1800
 
 
 @pytest.mark.postgres

@@ -129,7 +129,10 @@ def test_j6_row2_from_unknown_stays_unknown_and_keeps_budget(owner, machine, gra
     assert task.state == "unknown"
     assert budget_of(owner) == (RESERVED, 0.0)
     assert task.holds_lock
-    assert TaskEvent.objects.filter(task_id=task_id).count() == events + 1  # recorded, no transition
+    # Recorded, no transition; the facts cannot settle it, so its owner is asked (N1, U2).
+    reasons = list(TaskEvent.objects.filter(task_id=task_id).values_list("reason", flat=True)[events:])
+    assert len(reasons) == 2 and reasons[1].startswith("needs the owner's decision: final receipt: ")
+    assert task.decision_asked_at is not None
     assert OutboxMessage.objects.filter(operation__task=task, kind="query").count() == 1  # no second query
 
 

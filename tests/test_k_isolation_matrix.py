@@ -157,6 +157,13 @@ ROWS = {
                        self_status={"GET": 200, "HEAD": 200, "OPTIONS": 200}),
     "api/grants/<uuid:grant_id>/revoke/": Row(OWNER, kwargs=lambda w: {"grant_id": w["grant"]},
                                               bodies={"POST": lambda w: {}}),
+    # C8: machine pools (another owner's pool is 404; a pool of the victim's machine made
+    # by another owner is refused as machine_forbidden)
+    "api/pools/": Row(OWNER, bodies={"POST": lambda w: {"name": "stolen", "machines": [w["machine"]]}},
+                      other={"GET": "self", "HEAD": "self", "OPTIONS": "self", "POST": ("403", "machine_forbidden")},
+                      self_status={"GET": 200, "HEAD": 200, "OPTIONS": 200}),
+    "api/pools/<uuid:pool_id>/": Row(OWNER, kwargs=lambda w: {"pool_id": w["pool"]},
+                                     bodies={"PATCH": lambda w: {"name": "stolen"}, "DELETE": lambda w: {}}),
     "api/board/": Row(OWNER, other="self", self_status={"GET": 200, "HEAD": 200, "OPTIONS": 200}),
     "api/sessions/": Row(OWNER, bodies={"POST": lambda w: {"id": w["session"], "title": "mine now"}},
                          other={"GET": "self", "HEAD": "self", "OPTIONS": "self", "POST": 404},
@@ -220,6 +227,9 @@ ROWS = {
     "api/worker/receipts/": Row(MACHINE, bodies={"POST": _receipt},
                                 machine_other={"POST": 404, "OPTIONS": "self"}, sibling={"POST": 404, "OPTIONS": "self"},
                                 self_status={"OPTIONS": 200}),
+    "api/worker/sync/": Row(MACHINE, bodies={"POST": lambda w: {"renew": [{"lease_id": w["lease"]}],
+                                                                "receipts": [_receipt(w)]}},
+                            machine_other="self", sibling="self", self_status={"POST": 200, "OPTIONS": 200}),
     "api/worker/progress/": Row(MACHINE, bodies={"POST": lambda w: {"operation_id": w["op"], "seq": 1, "output_tail": "x",
                                                                   "last_message": None, "usage": None}},
                                 machine_other={"POST": 404, "OPTIONS": "self"}, sibling={"POST": 404, "OPTIONS": "self"},
@@ -383,7 +393,8 @@ def victim_view(w) -> dict:
 
     api = owner_api(w["victim"])
     view = {p: api.get(p).json() for p in ("/api/board/", "/api/budget/", "/api/notifications/settings/",
-                                           "/api/tasks/", "/api/machines/", "/api/grants/", "/api/sessions/")}
+                                           "/api/tasks/", "/api/machines/", "/api/grants/", "/api/sessions/",
+                                           "/api/pools/")}
     view["token"] = Token.objects.get(user=w["victim"]).key
     view["login_session"] = LoginSession.objects.filter(session_key=w["victim_cookie"]).exists()
     return view
@@ -424,6 +435,7 @@ def world(owner, other_owner, machine, grant, make_machine, pinned):
     assert machine_api(machine).put(f"/api/sessions/{session_id}/marker/", marker, format="json").status_code == 200
     subscription = api.post("/api/push/subscriptions/", push_subscription(), format="json").json()["id"]
     approval = api.post("/api/approvals/", {**_ask({"session": session_id}), "key": "victim"}, format="json").json()["id"]
+    pool = api.post("/api/pools/", {"name": "desk", "machines": [str(machine.id)]}, format="json").json()["id"]  # C8
     notify.vapid_key()
     # re-pair alice's machine: the current token is new, the old one is the old generation
     old_machine_token = machine.test_token
@@ -450,7 +462,7 @@ def world(owner, other_owner, machine, grant, make_machine, pinned):
         "attacker_cookie": attacker_browser.cookies["sessionid"].value, "task": task_id, "op": operation_id(task_id), "lease": lease_id,
         "conversation": conversation["id"],
         "message": message["id"], "session": session_id, "machine": str(machine.id), "grant": str(grant.id),
-        "folder": grant.path, "generation": 2, "subscription": subscription, "approval": approval,
+        "folder": grant.path, "generation": 2, "subscription": subscription, "approval": approval, "pool": pool,
         "devices": {"machine_on_owner_path": str(machine.id), "other_machine": str(attacker_machine.id),
                     "sibling_machine": str(sibling.id), "old_generation": str(machine.id)},
         "credentials": {

@@ -82,7 +82,7 @@ def real_ids(operation, world) -> dict | None:
     examples reach past the 404 of a random id; None when it has none."""
     names = {"task_id": "task", "machine_id": "machine", "grant_id": "grant", "lease_id": "lease",
              "message_id": "message", "session_id": "session", "subscription_id": "subscription",
-             "approval_id": "approval"}
+             "approval_id": "approval", "pool_id": "pool"}
     params = [p.name for p in operation.path_parameters]
     if not params:
         return None

@@ -180,13 +180,20 @@ def test_n1_kind_turned_off_writes_nothing(board, owner_client, at):
     assert Notification.objects.count() == 0
 
 
-def test_n1_task_end_and_unknown_are_announced(owner, machine, grant, at, django_capture_on_commit_callbacks):
-    from tasks_app.services.transitions import task_transition
+def test_n1_unknown_is_announced_when_its_owner_is_asked_and_ends_are_announced(
+        owner, machine, grant, at, django_capture_on_commit_callbacks):
+    """N1 as amended: becoming ``unknown`` announces nothing; the owner is asked (once)
+    when U2 leaves it unsettled (``task_ask_owner``); its end is announced as usual."""
+    from tasks_app.services.transitions import task_ask_owner, task_transition
     from tests.sessions_events import make_task
 
     task = make_task(owner, machine, grant, None, state="running")
     with transaction.atomic():
         task = task_transition(task, from_states={"running"}, to="unknown", reason="lease expired", actor="sweep", now=T0)
+    assert Notification.objects.count() == 0
+    with transaction.atomic():
+        assert task_ask_owner(task, reason="no report", actor="sweep", now=T0) is True
+        assert task_ask_owner(task, reason="no report", actor="sweep", now=T0) is False  # once
     with transaction.atomic():
         task_transition(task, from_states={"unknown"}, to="succeeded", reason="report", actor="worker", now=T0)
     kinds = sorted(Notification.objects.values_list("kind", "payload__state"))
@@ -226,26 +233,102 @@ def test_n1_final_receipts_announce_succeeded_and_failed(owner, machine, grant, 
     assert Notification.objects.count() == 2
 
 
-def test_n1_lease_lost_is_announced_unknown_by_the_sweep_then_failed_lease_lost(owner, machine, grant, at):
-    """L6 then J6 row 4: the real sweep turns a lapsed lease into ``unknown`` ("needs your
-    decision"); the late final receipt (ended outside the lease) into ``failed_lease_lost``."""
+def board_task(owner, task_id):
+    return next(t for t in owner_api(owner).get("/api/board/").json()["tasks"] if t["id"] == task_id)
+
+
+def test_n1_u2_lease_lost_then_settled_by_its_late_receipt_asks_nobody(owner, machine, grant, at):
+    """L6 then J6 row 4: the real sweep turns a lapsed lease into ``unknown``, which asks
+    nobody yet (N1: the worker's record comes first, U2); the late final receipt (ended
+    outside the lease), within the bound, settles it ``failed_lease_lost``: the owner hears
+    of that end, never of an unknown outcome, and was never listed first."""
     from core import clock
-    from tasks_app.services.sweeps import expire_leases
+    from tasks_app.services.sweeps import ask_owners_of_unsettled_tasks, expire_leases
     from tests.factories import final_facts, receipt
 
     task_id = running_task(owner, machine, grant)
     at(59.9)
     assert expire_leases(now=clock.now()) == 0
-    assert Notification.objects.count() == 0
     at(60)
     assert expire_leases(now=clock.now()) == 1
-    assert task_notifications() == [("unknown", "unknown", task_id)]
-    assert Notification.objects.get().payload["title"] == "Task needs your decision"
+    assert Notification.objects.count() == 0
+    shown = board_task(owner, task_id)
+    assert (shown["state"], shown["needs_decision"], shown["decision_asked_at"]) == ("unknown", False, None)
     at(75)
+    assert ask_owners_of_unsettled_tasks(now=clock.now()) == 0
     late = receipt(machine, task_id, "final", final_facts(ended_within_lease=False, runtime_s=70.0))
     assert late.json() == {"outcome": "applied"}
-    assert task_notifications() == [("task_failed", "failed_lease_lost", task_id), ("unknown", "unknown", task_id)]
+    at(60 + 120)
+    assert ask_owners_of_unsettled_tasks(now=clock.now()) == 0  # settled: nothing left to ask
+    assert task_notifications() == [("task_failed", "failed_lease_lost", task_id)]
     assert Notification.objects.get(kind="task_failed").payload["title"] == "Task failed: lease lost"
+
+
+def test_n1_u2_no_report_within_the_bound_asks_the_owner_once(owner, machine, grant, at, settings):
+    """No report within ``RUNSTEAD_UNKNOWN_ASK_S`` of the query (sent when the lease
+    expired): the sweep asks the owner then, once (notified, listed first); a report that
+    arrives later still settles the task."""
+    from core import clock
+    from tasks_app.models import TaskEvent
+    from tasks_app.services.sweeps import ask_owners_of_unsettled_tasks, expire_leases
+    from tests.factories import final_facts, receipt
+
+    settings.RUNSTEAD_UNKNOWN_ASK_S = 120
+    task_id = running_task(owner, machine, grant)
+    at(60)
+    assert expire_leases(now=clock.now()) == 1
+    at(60 + 119.9)
+    assert ask_owners_of_unsettled_tasks(now=clock.now()) == 0
+    assert Notification.objects.count() == 0
+    at(60 + 120)
+    assert ask_owners_of_unsettled_tasks(now=clock.now()) == 1
+    assert task_notifications() == [("unknown", "unknown", task_id)]
+    assert Notification.objects.get().payload["title"] == "Task needs your decision"
+    shown = board_task(owner, task_id)
+    assert (shown["needs_decision"], shown["decision_asked_at"]) == (True, (T0 + timedelta(seconds=180)).isoformat())
+    assert TaskEvent.objects.filter(task_id=task_id).last().reason == (
+        "needs the owner's decision: no report from the worker within 120 s of the query")
+    at(60 + 300)
+    assert ask_owners_of_unsettled_tasks(now=clock.now()) == 0  # once
+    record = {"local_state": "ended", "pid": 7, "lease_id": None, "final": final_facts(exit_code=0)}
+    assert receipt(machine, task_id, "report", {"query_id": "q", "record": record}).json() == {"outcome": "applied"}
+    assert task_notifications() == [("task_succeeded", "succeeded", task_id), ("unknown", "unknown", task_id)]
+    assert board_task(owner, task_id)["needs_decision"] is False
+
+
+@pytest.mark.parametrize("report, asked", [
+    ({"record": None}, True),  # "no record"
+    ({"record": {"local_state": "running", "pid": 7, "lease_id": None, "final": None}}, True),
+    ({"record": {"local_state": "ended", "pid": 7, "lease_id": None,
+                 "final": {"process_started": "unknown", "exit_code": None, "signal": None, "lease_id": None,
+                           "ended_within_lease": False, "runtime_s": None, "stop_reason": "worker_restart",
+                           "survivors": [], "output_tail": ""}}}, True),  # J6 row 2: the facts leave it unknown
+    ({"record": {"local_state": "ended", "pid": 7, "lease_id": None,
+                 "final": {"process_started": True, "exit_code": 0, "signal": None, "lease_id": None,
+                           "ended_within_lease": True, "runtime_s": 3.0, "stop_reason": "exit", "survivors": [],
+                           "output_tail": ""}}}, False),  # settled: succeeded
+])
+def test_n1_u2_a_report_that_cannot_settle_asks_the_owner_at_once(owner, machine, grant, at, report, asked):
+    """The worker's answer to the query decides at once: without final facts (or with
+    facts that leave the outcome unknown) the owner is asked then, before the bound; with
+    final facts the task settles and nobody is asked."""
+    from core import clock
+    from tasks_app.models import Task
+    from tasks_app.services.sweeps import ask_owners_of_unsettled_tasks, expire_leases
+    from tests.factories import receipt
+
+    task_id = running_task(owner, machine, grant)
+    at(60)
+    assert expire_leases(now=clock.now()) == 1
+    at(65)
+    receipt(machine, task_id, "report", {"query_id": "q", **report})
+    task = Task.objects.get(pk=task_id)
+    assert (task.state == "unknown", task.decision_asked_at is not None) == (asked, asked)
+    want = [("unknown", "unknown", task_id)] if asked else [("task_succeeded", "succeeded", task_id)]
+    assert task_notifications() == want
+    at(60 + 120)
+    assert ask_owners_of_unsettled_tasks(now=clock.now()) == 0
+    assert task_notifications() == want
 
 
 def test_n1_task_kinds_turned_off_write_nothing(owner, owner_client, machine, grant, at):

@@ -201,3 +201,15 @@ def test_h_receipt_serializer_names_the_fields_of_the_receipt_shape():
     assert set(fields) == set(ReceiptBody.__annotations__)
     assert {name for name, field in fields.items() if field.required} == set(ReceiptBody.__required_keys__)
     assert tuple(fields["kind"].choices) == RECEIPT_KINDS == tuple(RECEIPT_FACTS)
+
+
+def test_sync_body_and_its_serializer_name_the_same_fields():
+    """``POST /api/worker/sync/``: ``SyncBody`` and ``SyncRenewal`` of the protocol and the
+    service's input serializers, field for field (required ones too)."""
+    from machine.protocol.shapes import SyncBody, SyncRenewal
+    from tasks_app.api.serializers import SyncRenewalSerializer, SyncSerializer
+
+    for shape, serializer in ((SyncBody, SyncSerializer), (SyncRenewal, SyncRenewalSerializer)):
+        fields = serializer().fields
+        assert set(fields) == set(shape.__annotations__)
+        assert {name for name, field in fields.items() if field.required} == set(shape.__required_keys__)

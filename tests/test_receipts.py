@@ -258,8 +258,10 @@ def test_u2_report_without_record_leaves_task_waiting(owner, machine, grant, gra
     assert resp.status_code == 200
     assert resp.json() == {"outcome": "not_applied", "reason": "no_final_facts"}
     task = Task.objects.get(pk=task_id)
-    assert task.state == "unknown"  # waits for its owner
-    assert TaskEvent.objects.filter(task=task).last().reason == "report: no record"
+    assert task.state == "unknown"  # waits for its owner, who is asked now (N1)
+    assert list(TaskEvent.objects.filter(task=task).values_list("reason", flat=True))[-2:] == [
+        "report: no record", "needs the owner's decision: the worker's report: no record"]
+    assert task.decision_asked_at is not None
     budget = Budget.objects.get(owner=owner)
     assert (budget.reserved_s, budget.spent_s) == (1800, 0)
 

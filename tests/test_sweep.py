@@ -16,6 +16,7 @@ import httpx
 import pytest
 from channels.layers import InMemoryChannelLayer, channel_layers
 from django.core.management import call_command
+from django.conf import settings
 from django.db import connection
 from websockets.asyncio.client import connect as ws_connect
 
@@ -88,10 +89,12 @@ def test_l6_u1_sweep_moves_lapsed_running_task_to_unknown_and_queries(
     # U1: one query, with a query id.
     [query] = queries(task_id)
     assert query.payload["query_id"]
-    # The task event went to this owner's group (beside it, the N1 "unknown" notification).
+    # The task event went to this owner's group; no notification yet (N1: the query's
+    # report, or its bound, comes first, U2).
     events = [m["event"] for g, m in board if g == owner_group(owner.pk)]
     assert [e["task"]["state"] for e in events if e["type"] == "task"] == ["unknown"]
-    assert sorted(e["type"] for e in events) == ["notification", "task"]
+    assert sorted(e["type"] for e in events) == ["task"]
+    assert task.decision_due_at == clock.now() + timedelta(seconds=settings.RUNSTEAD_UNKNOWN_ASK_S)
     # A second pass finds nothing.
     assert expire_leases(now=clock.now()) == 0
     assert queries(task_id).count() == 1

@@ -12,6 +12,7 @@ import random
 import signal
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -236,6 +237,85 @@ def test_r3_final_answers_never_retried(rig):
     out = {r["event_id"]: r for r in worker.ctx.store.outbox.rows()}
     assert out["ev-1"]["status"] == out["ev-2"]["status"] == "given_up"
     assert out["ev-1"]["attempts"] == out["ev-2"]["attempts"] == 1
+    worker.on_signal()
+    wait_for(lambda: result, what="worker exit")
+
+
+def _report(event_id: str, **extra) -> dict:
+    body = {"event_id": event_id, "generation": 1, "operation_id": "op-1", "kind": "report", "slept_s": 0,
+            "facts": {"query_id": "q-1", "record": None}, **extra}
+    return {"event_id": event_id, "kind": "report", "operation_id": "op-1", "method": "POST",
+            "path": "/api/worker/receipts/", "body": body}
+
+
+def test_r1_queued_receipts_go_together_in_one_sync_each_settled_by_its_own_answer(rig):
+    """Issue 44: the receipts queued at the head of the outbox are one sync (a failed sync
+    is retried whole, same event ids, R4); a row that is not a receipt is not overtaken;
+    a sync the service refuses whole (a malformed receipt in it) sends its head alone, so
+    each receipt gets its own verdict (R3); a service without the route gets one receipt
+    per request."""
+    rig.service.sync_route = True
+    rig.service.script("sync", 503)
+    worker = rig.worker(backoff=Backoff(base_s=1.0, cap_s=60.0, rng=random.Random(4).random))
+    session = str(uuid.uuid4())
+    marker = {"event_id": "m-1", "kind": "marker", "operation_id": None, "method": "PUT",
+              "path": f"/api/sessions/{session}/marker/", "body": {"turn_id": "t", "device_id": "d", "state": "running"}}
+    bad = _report("ev-5")
+    bad["body"]["kind"] = "nonsense"
+    worker.ctx.store.enqueue([_report("ev-1"), _report("ev-2"), _report("ev-3"), marker, _report("ev-4"), bad,
+                              _report("ev-6")], wall=rig.clock.wall())
+    result = rig.start(worker)
+    wait_for(lambda: len(rig.service.calls_to("sync")) == 1, what="the first sync")
+    rig.clock.advance_to("sender")  # R4's pause after the 503
+    wait_for(lambda: all(r["status"] != "pending" for r in worker.ctx.store.outbox.rows()), what="all settled")
+    assert [(c.status, c.args["event_ids"]) for c in rig.service.calls_to("sync")] == [
+        (503, ["ev-1", "ev-2", "ev-3"]), (200, ["ev-1", "ev-2", "ev-3"]),
+        (400, ["ev-4", "ev-5", "ev-6"]), (400, ["ev-5", "ev-6"])]
+    # after the refused syncs: ev-4 alone (applied), ev-5 alone (refused), ev-6 alone
+    assert [(c.args["event_id"], c.status) for c in rig.service.calls_to("receipt") if not c.args.get("repeat")] == [
+        ("ev-1", 200), ("ev-2", 200), ("ev-3", 200), ("ev-4", 200), ("ev-5", 400), ("ev-6", 200)]
+    assert [c.status for c in rig.service.calls_to("marker")] == [200]
+    out = {r["event_id"]: r["status"] for r in worker.ctx.store.outbox.rows() if r["event_id"][:3] in ("ev-", "m-1")}
+    assert out == {**{f"ev-{n}": "done" for n in (1, 2, 3, 4, 6)}, "ev-5": "given_up", "m-1": "done"}
+    worker.on_signal()
+    wait_for(lambda: result, what="worker exit")
+
+
+def test_r1_a_service_without_the_sync_route_gets_one_receipt_per_request(rig):
+    worker = rig.worker()
+    worker.ctx.store.enqueue([_report("ev-1"), _report("ev-2")], wall=rig.clock.wall())
+    result = rig.start(worker)
+    wait_for(lambda: all(r["status"] != "pending" for r in worker.ctx.store.outbox.rows()), what="all settled")
+    assert [c.args["event_id"] for c in rig.service.calls_to("receipt")] == ["ev-1", "ev-2"]
+    assert worker.sender.batching is False
+    worker.on_signal()
+    wait_for(lambda: result, what="worker exit")
+
+
+def test_l3_a_machines_leases_due_together_are_renewed_in_one_sync(rig):
+    """Issue 44: two runs' leases fall due at once: each round is one sync carrying both
+    renewals (no renewal of its own), each lease keeps renewing (L3), and a cancel still
+    refuses its own lease (L5) while the other's renewal goes on."""
+    rig.service.sync_route = True
+    worker = rig.worker()
+    result = rig.start(worker)
+    first, second = rig.submit("long"), rig.submit("long")
+    for start in (first, second):
+        rig.receipt(start.operation_id, "running")
+    leases = {rig.service.lease_of(s.operation_id).id for s in (first, second)}
+    for n in (1, 2):
+        rig.clock.advance(TERMS["renew_every_s"])
+        wait_for(lambda: len(rig.service.calls_to("renew")) == 2 * n, timeout_s=5, what=f"round {n}")
+        renewals = [c for c in rig.service.calls_to("sync") if c.args["lease_ids"]]  # (receipts go by sync too)
+        assert [set(c.args["lease_ids"]) for c in renewals] == [leases] * n
+    assert [len(rig.service.lease_of(s.operation_id).renewals) for s in (first, second)] == [2, 2]
+    rig.service.cancel(first.operation_id)
+    rig.clock.advance(TERMS["renew_every_s"])
+    assert rig.receipt(first.operation_id, "final")["facts"]["stop_reason"] == "cancel"
+    assert rig.service.lease_of(second.operation_id).refused is None
+    rig.service.cancel(second.operation_id)
+    rig.clock.advance(TERMS["renew_every_s"])
+    assert rig.receipt(second.operation_id, "final")["facts"]["stop_reason"] == "cancel"
     worker.on_signal()
     wait_for(lambda: result, what="worker exit")
 

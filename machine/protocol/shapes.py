@@ -210,6 +210,33 @@ class ReceiptBody(TypedDict):
     facts: NotRequired[dict[str, Any]]
 
 
+SYNC_PATH = "/api/worker/sync/"
+SYNC_ITEMS_MAX = 100  # leases to renew, and receipts, in one ``POST /api/worker/sync/`` (each list)
+# The receipts' bodies a sync carries, in bytes: under the service's default body limit
+# (256 KiB) with room for the envelope; a larger receipt (a worktree task's diff, G7) goes
+# alone to RECEIPTS_PATH, which takes more.
+SYNC_RECEIPT_BYTES_MAX = 192 * 1024
+
+
+class SyncRenewal(TypedDict):
+    """One lease to renew in a sync (L2, L10): the lease and, optionally, the agent's last
+    output lines."""
+
+    lease_id: str
+    output_tail: NotRequired[str]
+
+
+class SyncBody(TypedDict):
+    """``POST /api/worker/sync/``: one request per machine that renews every lease listed
+    in ``renew`` and carries a batch of its ``receipts`` (each a ``ReceiptBody``, applied
+    once per ``event_id``, R1), at most ``SYNC_ITEMS_MAX`` of each, in the order queued.
+    The answer has one item per renewal and per receipt, in the same order, each as its
+    single request would have answered (``tasks_app.shapes.SyncAnswerShape``)."""
+
+    renew: NotRequired[list[SyncRenewal]]
+    receipts: NotRequired[list[ReceiptBody]]
+
+
 class StartingFacts(TypedDict):
     """``starting`` (X1): the lease under which the agent is about to be spawned."""
 

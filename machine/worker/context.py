@@ -39,6 +39,10 @@ class WorkerContext:
     runs: dict = field(default_factory=dict)  # operation id -> run.Run
     integrations: set = field(default_factory=set)  # integration ids in flight (G7), under runs_lock
     runs_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Issue 44: leases due together are renewed in one sync (``renewer.LeasePart``); the
+    # lock guards each lease's ``renewing`` flag; False once the service has no sync route.
+    renew_lock: threading.Lock = field(default_factory=threading.Lock)
+    sync_renewals: bool = True
 
     def enqueue(self, items: list[dict]) -> None:
         """Commit outbox rows (``wire.py`` shapes) and wake the sender."""

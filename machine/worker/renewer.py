@@ -15,6 +15,14 @@ the run loop enforces on its own. Renewals carry the agent's last output lines (
 The thread looks every ``check_s`` (a wall-clock jump counts, L3), so it needs no event:
 it ends at its next look once the agent ended or the run let its lease go (``release``).
 
+A machine's leases are renewed together (issue 44: its traffic scales with machines, not
+with tasks): the renewal that falls due takes along every other lease of the worker due
+within half a renewal interval (``COMPANION_FRACTION``), as one ``POST /api/worker/sync/``
+anchored at that request's send time (L3: renewing early never extends a deadline past
+its terms), and hands each lease its own answer; once renewed together, leases stay in
+step. A lease being renewed is not taken along twice (``renewing``, under
+``ctx.renew_lock``). A service without the route (404) gets one renewal per lease.
+
 Each grant and renewal is also written where the launcher reads it (``record_deadline``:
 ``op_dir/lease.json``, atomic): the launcher ends the agent itself once that deadline has
 passed, so an agent whose worker died and did not come back in time never outlives its
@@ -28,9 +36,11 @@ import os
 import threading
 
 from machine.files import write_atomic
+from machine.protocol.shapes import SYNC_PATH
 
 from . import process
 from .lease import KILL, OK, TERM, Deadline, LeaseTerms, SentAt
+from .client import Answer
 from .wire import refusal_stop_reason
 
 log = logging.getLogger("runstead.worker")
@@ -42,6 +52,7 @@ RENEW_TIMEOUT_MAX_S = 10.0  # ... bounded to this window
 RENEW_RETRY_FRACTION = 0.25  # a failed renewal is retried after renew_every_s * this,
 RENEW_RETRY_MAX_S = 1.0  # ... at most this
 LOG_EVERY_FAILURES = 20  # a long outage logs its first failure, then every 20th
+COMPANION_FRACTION = 0.5  # a lease due within renew_every_s * this goes along with one due now
 
 
 class LeasePart:
@@ -61,6 +72,8 @@ class LeasePart:
         self.seen = OK
         self.term_sent = False
         self.released = False
+        self.renewing = False  # a renewal of this lease is in flight (its own, or another's sync)
+        self.finished = False  # refused (L5) or the token revoked: nothing more to renew
 
     # --- the run loop's check (L4) ----------------------------------------------------------------
 
@@ -114,7 +127,101 @@ class LeasePart:
         self.released = True
 
     def _running(self) -> bool:
-        return not self.released and self.run.process.proc.poll() is None
+        return not self.released and not self.finished and self.run.process.proc.poll() is None
+
+    def _renewable(self, clock) -> bool:
+        """Whether this lease may be renewed now (by its thread or along with another)."""
+        process = getattr(self.run, "process", None)
+        if self.deadline is None or process is None or getattr(process, "proc", None) is None:
+            return False  # not leased or not spawned yet: its own thread renews it once it is
+        return self._running() and self.run.stop_reason != "worker_shutdown" and self.deadline.phase(clock) != KILL
+
+    def _companions(self) -> list[LeasePart]:
+        """Mark this lease ``renewing`` and pick the worker's other leases due within
+        ``COMPANION_FRACTION`` of a renewal interval (marked too); [] for none, or when
+        this lease is already being renewed along with another (then None)."""
+        ctx, clock = self.run.ctx, self.run.ctx.clock
+        with ctx.runs_lock:
+            runs = list(ctx.runs.values())
+        with ctx.renew_lock:
+            if self.renewing:
+                return None
+            self.renewing = True
+            if not ctx.sync_renewals:
+                return []
+            picked = []
+            for run in runs:
+                part = getattr(run, "lease", None)
+                try:
+                    if part is None or part is self or part.renewing or not part._renewable(clock):
+                        continue
+                    terms = part.deadline.terms
+                    due_in = terms.renew_every_s - part.deadline.sent.elapsed(clock)
+                except Exception:  # a run in transition: never let batching cost this lease its renewal
+                    log.exception("operation %s: not renewed along with another lease", run.operation_id)
+                    continue
+                if due_in <= terms.renew_every_s * COMPANION_FRACTION:
+                    part.renewing = True
+                    picked.append(part)
+            return picked
+
+    def _renewal_item(self) -> dict:
+        return {"lease_id": self.deadline.terms.lease_id, "output_tail": process.output_tail(self.run.op_dir)}
+
+    def _send_renewal(self, service, sent: SentAt, timeout: float) -> Answer | None:
+        """Renew this lease, with its companions as one sync; returns this lease's answer,
+        having applied each companion's (``apply_renewal``). None: already renewed along
+        with another lease meanwhile."""
+        ctx = self.run.ctx
+        others = self._companions()
+        if others is None:
+            return None
+        try:
+            if others:
+                answer = service.send("POST", SYNC_PATH, {"renew": [self._renewal_item()] +
+                                                          [o._renewal_item() for o in others]}, timeout_s=timeout)
+                if answer.kind == "final" and answer.status == 404:
+                    log.info("the service has no %s: renewing each lease on its own", SYNC_PATH)
+                    ctx.sync_renewals = False
+                elif answer.kind != "ok":
+                    return answer  # each companion retries on its own thread
+                else:
+                    items = (answer.body or {}).get("leases") or []
+                    for other, item in zip(others, items[1:]):
+                        other.apply_renewal(_item_answer(item), sent)
+                    return _item_answer(items[0]) if items else Answer(status=0, body=None, text="empty sync")
+            return service.lease_renew(self.deadline.terms.lease_id, output_tail=process.output_tail(self.run.op_dir),
+                                       timeout_s=timeout)
+        finally:
+            with ctx.renew_lock:
+                self.renewing = False
+                for other in others:
+                    other.renewing = False
+
+    def apply_renewal(self, answer: Answer, sent: SentAt) -> bool:
+        """Apply a renewal's answer sent at ``sent``: a new deadline (``ok``), or stop the
+        agent (a refusal, final for the lease, L5), or the worker (401). True when the
+        renewal took (``ok``); a retry answer changes nothing."""
+        run, ctx = self.run, self.run.ctx
+        if run.process.proc.poll() is not None:
+            return False
+        if answer.kind == "ok":
+            self.deadline = Deadline(LeaseTerms.from_reply(answer.body), sent)
+            ctx.store.save_lease(run.operation_id, terms=answer.body, sent_mono=sent.monotonic,
+                                 sent_wall=sent.wall, boot=ctx.boot, granted=False)
+            self.record_deadline()
+            return True
+        if answer.kind == "final":
+            reason = answer.error
+            log.warning("operation %s: renewal refused (%s): stopping", run.operation_id, reason)
+            self.finished = True
+            # A refusal takes the lease (L5), but ``max_runtime`` only ends the task's
+            # time: the agent stopped inside its lease is J6 row 8 (``failed``).
+            run.request_stop(refusal_stop_reason(reason), at=None if reason == "max_runtime" else sent)
+        elif answer.kind == "revoked":
+            self.finished = True
+            ctx.on_revoked()
+        return False
 
     def renew(self) -> None:
         """Renew until the agent ends, the lease is refused, or the token is revoked."""
@@ -135,26 +242,17 @@ class LeasePart:
                     continue
                 sent = SentAt.now(clock)
                 timeout = max(RENEW_TIMEOUT_MIN_S, min(RENEW_TIMEOUT_MAX_S, self.deadline.remaining(clock)))
-                answer = service.lease_renew(self.deadline.terms.lease_id, output_tail=process.output_tail(run.op_dir),
-                                             timeout_s=timeout)
+                answer = self._send_renewal(service, sent, timeout)
+                if answer is None:  # being renewed along with another lease: its answer comes
+                    clock.wait(None, self.check_s)
+                    continue
                 if run.process.proc.poll() is not None:
                     return
-                if answer.kind == "ok":
-                    self.deadline = Deadline(LeaseTerms.from_reply(answer.body), sent)
-                    ctx.store.save_lease(run.operation_id, terms=answer.body, sent_mono=sent.monotonic,
-                                         sent_wall=sent.wall, boot=ctx.boot, granted=False)
-                    self.record_deadline()
+                if answer.kind in ("ok", "final", "revoked"):
+                    self.apply_renewal(answer, sent)
+                    if answer.kind != "ok":
+                        return
                     failures = 0
-                elif answer.kind == "final":
-                    reason = answer.error
-                    log.warning("operation %s: renewal refused (%s): stopping", run.operation_id, reason)
-                    # A refusal takes the lease (L5), but ``max_runtime`` only ends the task's
-                    # time: the agent stopped inside its lease is J6 row 8 (``failed``).
-                    run.request_stop(refusal_stop_reason(reason), at=None if reason == "max_runtime" else sent)
-                    return
-                elif answer.kind == "revoked":
-                    ctx.on_revoked()
-                    return
                 else:
                     failures += 1
                     if failures == 1 or failures % LOG_EVERY_FAILURES == 0:
@@ -166,3 +264,10 @@ class LeasePart:
                         clock.wait(None, min(self.check_s, end - clock.monotonic()))
         finally:
             service.close()
+
+
+def _item_answer(item: dict) -> Answer:
+    """One lease's item of a sync answer as the ``Answer`` its own renewal would have got."""
+    status = item.get("status", 0)
+    body = item.get("lease") if status == 200 else {"error": item.get("error"), "detail": item.get("detail")}
+    return Answer(status=status, body=body, text="")

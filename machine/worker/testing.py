@@ -28,11 +28,11 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from machine.protocol.shapes import RECEIPTS_PATH, ProtocolError, check_message, check_receipt
+from machine.protocol.shapes import RECEIPTS_PATH, SYNC_PATH, ProtocolError, check_message, check_receipt
 
 from .client import MAX_POLL_WAIT_S, Answer
 
-ROUTES = ("pull", "ack", "grant", "renew", "receipt", "marker", "sweep", "profiles", "progress")
+ROUTES = ("pull", "ack", "grant", "renew", "receipt", "marker", "sweep", "profiles", "progress", "sync")
 MARKER_PATH = re.compile(r"^/api/sessions/(?P<session>[^/]+)/marker/$")
 SWEEP_PATH = re.compile(r"^/api/devices/(?P<device>[^/]+)/sweep/$")
 
@@ -103,6 +103,9 @@ class InMemoryService:
         self.calls: list[Call] = []
         self.scripted: dict[str, deque] = defaultdict(deque)
         self.revoked = False
+        # Issue 44: whether it serves POST /api/worker/sync/ (receipts only); off, it
+        # answers 404 there as a service from before that route does.
+        self.sync_route = False
         self.on_ack = None  # called with the Message before an ack is recorded (W2 tests)
         self.pull_gate = threading.Event()  # cleared by hold_pulls(): pulls block (real time)
         self.pull_gate.set()
@@ -342,6 +345,8 @@ class InMemoryService:
     def send(self, method: str, path: str, body: dict, timeout_s: float | None = None) -> Answer:
         if method == "POST" and path == RECEIPTS_PATH:
             return self._receipt(body)
+        if method == "POST" and path == SYNC_PATH and self.sync_route:
+            return self._sync(body)
         marker = MARKER_PATH.match(path)
         if method == "PUT" and marker:
             canned = self._canned("marker", session_id=marker["session"], body=body)
@@ -373,6 +378,36 @@ class InMemoryService:
                 self._record("profiles", 200, body=body)
             return answer(200, {"profiles": self.profiles})
         return error(404, "not_found", f"no route {method} {path}")
+
+    def _sync(self, body: dict) -> Answer:
+        """A sync, as the service answers it: a malformed receipt refuses the whole request
+        (400, nothing applied); else each lease is renewed and each receipt applied as
+        alone (R1), leases first."""
+        receipts = body.get("receipts") or []
+        renew = body.get("renew") or []
+        canned = self._canned("sync", event_ids=[r.get("event_id") for r in receipts],
+                              lease_ids=[r.get("lease_id") for r in renew])
+        if canned is not None:
+            return canned
+        with self._lock:
+            try:
+                for item in receipts:
+                    check_receipt(item)
+            except ProtocolError as exc:
+                self._record("sync", 400, event_ids=[r.get("event_id") for r in receipts])
+                return error(400, "invalid", f"malformed receipt: {exc}")
+            self._record("sync", 200, event_ids=[r.get("event_id") for r in receipts],
+                         lease_ids=[r.get("lease_id") for r in renew])
+            leases = []
+            for item in renew:
+                one = self.lease_renew(item["lease_id"], output_tail=item.get("output_tail", ""), timeout_s=0)
+                leases.append({"status": one.status, "lease": one.body} if one.status == 200 else
+                              {"status": one.status, "error": one.error, "detail": ""})
+            answers = []
+            for item in receipts:
+                one = self._receipt(item)
+                answers.append({"event_id": item["event_id"], "status": one.status, "answer": one.body})
+            return answer(200, {"leases": leases, "receipts": answers})
 
     def _receipt(self, body: dict) -> Answer:
         event_id = body.get("event_id") if isinstance(body, dict) else None

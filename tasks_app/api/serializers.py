@@ -12,8 +12,10 @@ from core.text import control_character
 from tasks_app.agent_facts import FactsError, clean_agent_facts
 from tasks_app.models import IntegrationAction, IntegrationOutcome, MessageDelivery, TaskState
 from machine.protocol import DEFAULT_MAX_RUNTIME_S, LONG_POLL_MAX_S
-from machine.protocol.shapes import RECEIPT_KINDS, STOP_REASONS
+from machine.protocol.shapes import RECEIPT_KINDS, STOP_REASONS, SYNC_ITEMS_MAX
 from tasks_app.services.folders import folder_problem
+from tasks_app.services.machine_choice import PoolName
+from tasks_app.services.pools import POOL_MACHINES_MAX, POOL_NAME, pool_name_problem
 
 PROMPT_MAX_BYTES = 64 * 1024
 SEARCH_MAX_CHARS = 200  # B11: the longest prompt search (?q=)
@@ -27,13 +29,17 @@ def _valid_folder(value: str) -> str:
     return value
 
 
-@extend_schema_field({"oneOf": [{"type": "string", "format": "uuid"}, {"type": "string", "enum": ["any"]}],
-                      "description": 'a machine id, or "any": acceptance picks one (C8)'})
+@extend_schema_field({"oneOf": [{"type": "string", "format": "uuid"}, {"type": "string", "enum": ["any"]},
+                                 {"type": "string", "pattern": POOL_NAME.pattern}],
+                      "description": 'a machine id; "any": acceptance picks one of your machines; or the name of '
+                                     'one of your pools (/api/pools/): acceptance picks one of its machines (C8)'})
 class MachineChoiceField(serializers.Field):
-    """C8: a machine id (a ``uuid.UUID``), or ``"any"``: acceptance picks the machine.
-    Owner-defined pools are not offered: any other name is a bad body (400)."""
+    """C8: a machine id (a ``uuid.UUID``), ``"any"`` (acceptance picks the machine), or a
+    pool name (a ``PoolName``; acceptance picks among the pool's machines, 400
+    ``pool_unknown`` when the owner has no such pool). Any other value (``"ANY"``, a
+    number, null) is a bad body (400 ``invalid``)."""
 
-    default_error_messages = {"invalid": 'must be a machine id or "any"'}
+    default_error_messages = {"invalid": 'must be a machine id, "any" or the name of one of your pools'}
 
     def to_internal_value(self, data):
         if data == "any":
@@ -43,6 +49,8 @@ class MachineChoiceField(serializers.Field):
                 return uuid.UUID(data)
             except ValueError:
                 pass
+            if pool_name_problem(data) is None:
+                return PoolName(data)
         self.fail("invalid")
 
     def to_representation(self, value):
@@ -50,7 +58,7 @@ class MachineChoiceField(serializers.Field):
 
 
 class TaskCreateSerializer(StrictSerializer):
-    machine = MachineChoiceField()  # C8: or "any"
+    machine = MachineChoiceField()  # C8: or "any", or a pool name
     folder = serializers.CharField(max_length=4096, trim_whitespace=False)
     agent = serializers.RegexField(r"^[A-Za-z0-9_.-]{1,100}$")
     prompt = serializers.CharField(trim_whitespace=False, allow_blank=False)
@@ -99,6 +107,46 @@ class MessageCreateSerializer(StrictSerializer):
 
     def validate_text(self, value):
         return valid_message_text(value)
+
+
+class PoolNameField(serializers.CharField):
+    """C8: a pool name (``services.pools.pool_name_problem``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_length=64, trim_whitespace=False, **kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        problem = pool_name_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
+
+class PoolCreateSerializer(StrictSerializer):
+    """``POST /api/pools/`` (C8): ``{"name", "machines"?: [machine id]}`` (distinct ids,
+    at most ``POOL_MACHINES_MAX``; default none)."""
+
+    name = PoolNameField()
+    machines = serializers.ListField(child=serializers.UUIDField(), max_length=POOL_MACHINES_MAX, default=list)
+
+    def validate_machines(self, value):
+        if len(set(value)) != len(value):
+            raise serializers.ValidationError("a machine is listed twice")
+        return value
+
+
+class PoolUpdateSerializer(PoolCreateSerializer):
+    """``PATCH /api/pools/{id}/`` (C8): ``name`` and/or ``machines`` (the new set); the
+    fields left out stay; an empty body changes nothing but is refused as bad input."""
+
+    name = PoolNameField(required=False)
+    machines = serializers.ListField(child=serializers.UUIDField(), max_length=POOL_MACHINES_MAX, required=False)
+
+    def validate(self, attrs):
+        if not attrs:
+            raise serializers.ValidationError({"non_field_errors": ["give name or machines"]})
+        return attrs
 
 
 class GrantCreateSerializer(StrictSerializer):
@@ -291,3 +339,24 @@ def _validate_final_facts(facts: dict) -> None:
         clean_agent_facts(facts)  # G1-G5 keys
     except FactsError as exc:
         raise serializers.ValidationError({"facts": [str(exc)]})
+
+
+class SyncRenewalSerializer(StrictSerializer):
+    """One renewal of a sync: ``machine.protocol.shapes.SyncRenewal``."""
+
+    lease_id = serializers.UUIDField()
+    output_tail = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False, max_length=64 * 1024)
+
+
+class SyncSerializer(StrictSerializer):
+    """``POST /api/worker/sync/``: a ``machine.protocol.shapes.SyncBody``. Every item is
+    validated before anything is applied: one malformed renewal or receipt refuses the
+    whole request (400, K3), nothing applied."""
+
+    renew = SyncRenewalSerializer(many=True, required=False, max_length=SYNC_ITEMS_MAX)
+    receipts = ReceiptSerializer(many=True, required=False, max_length=SYNC_ITEMS_MAX)
+
+    def validate(self, attrs):
+        if not attrs.get("renew") and not attrs.get("receipts"):
+            raise serializers.ValidationError({"non_field_errors": ["give leases to renew or receipts"]})
+        return attrs

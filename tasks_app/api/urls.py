@@ -19,6 +19,8 @@ urlpatterns = [
     path("machines/", v.MachineList.as_view()),
     path("machines/pairing-codes/", v.PairingCodeCreate.as_view()),
     path("machines/<uuid:machine_id>/unpair/", v.MachineUnpair.as_view()),
+    path("pools/", v.PoolListCreate.as_view()),
+    path("pools/<uuid:pool_id>/", v.PoolDetail.as_view()),
     path("grants/", v.GrantListCreate.as_view()),
     path("grants/<uuid:grant_id>/revoke/", v.GrantRevoke.as_view()),
     path("worker/pair/", v.WorkerPair.as_view()),
@@ -27,6 +29,7 @@ urlpatterns = [
     path("worker/leases/", v.WorkerLeaseGrant.as_view()),
     path("worker/leases/<uuid:lease_id>/renew/", v.WorkerLeaseRenew.as_view()),
     path("worker/receipts/", v.WorkerReceipts.as_view()),
+    path("worker/sync/", v.WorkerSync.as_view()),
     path("worker/profiles/", p.WorkerProfiles.as_view()),
     path("worker/progress/", g.WorkerProgress.as_view()),
 ]

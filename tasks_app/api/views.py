@@ -19,7 +19,7 @@ from core.strict import EmptyBody, NoQuery, valid_body, valid_query
 from tasks_app.api import serializers as s
 from tasks_app.api.throttling import OwnerAcceptRate
 from tasks_app.auth import IsMachine, machine_tokens, request_machine
-from tasks_app.models import Budget, Grant, IdempotencyRecord, Machine, Task
+from tasks_app.models import Budget, Grant, IdempotencyRecord, Machine, Pool, Task
 from tasks_app.services import (
     acceptance,
     cancel,
@@ -28,8 +28,10 @@ from tasks_app.services import (
     leases,
     messages,
     pairing,
+    pools,
     receipts,
     revocation,
+    sync,
 )
 from tasks_app.shapes import (
     AckShape,
@@ -41,7 +43,9 @@ from tasks_app.shapes import (
     MachineShape,
     MessagesShape,
     PairingCodeShape,
+    PoolShape,
     ReceiptAnswerShape,
+    SyncAnswerShape,
     TaskDetailShape,
     TaskShape,
     TokenShape,
@@ -54,6 +58,7 @@ from tasks_app.shapes import (
     messages_dict,
     paired_dict,
     pairing_code_dict,
+    pool_dict,
     task_detail_dict,
     task_dict,
 )
@@ -290,6 +295,49 @@ class GrantRevoke(APIView):
         return Response(grant_dict(grant))
 
 
+class PoolListCreate(generics.GenericAPIView):
+    """C8: the owner's machine pools. GET lists them (paginated); POST creates one
+    ``{"name", "machines"?}`` -> 201; 403 ``machine_forbidden``, 409 ``pool_exists``."""
+
+    serializer_class = s.PoolCreateSerializer
+
+    @extend_schema(request=None, parameters=[PageQuery], responses={200: shape(PoolShape, many=True), **errors()})
+    def get(self, request):
+        page = self.paginate_queryset(Pool.objects.filter(owner=request.user).prefetch_related("machines"))
+        return self.get_paginated_response([pool_dict(p) for p in page])
+
+    @extend_schema(request=s.PoolCreateSerializer, responses={201: shape(PoolShape), **errors(409)})
+    def post(self, request):
+        valid_query(NoQuery, request)
+        data = valid_body(s.PoolCreateSerializer, request)
+        pool = pools.pool_create(owner=request.user, name=data["name"], machine_ids=data["machines"], now=clock.now())
+        return Response(pool_dict(pool), status=status.HTTP_201_CREATED)
+
+
+class PoolDetail(APIView):
+    """C8: one of the owner's pools (another owner's id: 404, K2). PATCH renames it and/or
+    replaces its machines; DELETE removes it (its machines and tasks stay)."""
+
+    @extend_schema(request=None, responses={200: shape(PoolShape), **errors()})
+    def get(self, request, pool_id):
+        valid_query(NoQuery, request)
+        return Response(pool_dict(get_object_or_404(Pool, pk=pool_id, owner=request.user)))
+
+    @extend_schema(request=s.PoolUpdateSerializer, responses={200: shape(PoolShape), **errors(409)})
+    def patch(self, request, pool_id):
+        valid_query(NoQuery, request)
+        pool = get_object_or_404(Pool, pk=pool_id, owner=request.user)
+        data = valid_body(s.PoolUpdateSerializer, request)
+        pool = pools.pool_update(pool=pool, name=data.get("name"), machine_ids=data.get("machines"), now=clock.now())
+        return Response(pool_dict(pool))
+
+    @extend_schema(request=EmptyBody, responses={204: None, **errors()})
+    def delete(self, request, pool_id):
+        _no_input(request)
+        pools.pool_delete(pool=get_object_or_404(Pool, pk=pool_id, owner=request.user))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
 # --- worker endpoints ------------------------------------------------------------------
 
 
@@ -390,3 +438,15 @@ class WorkerReceipts(MachineView):
         data = valid_body(s.ReceiptSerializer, request)
         code, body = receipts.receipt_apply(machine=request_machine(request), receipt=data, now=clock.now())
         return _json(code, body)
+
+
+class WorkerSync(MachineView):
+    """One request renews the machine's leases and carries a batch of its receipts
+    (``services.sync``; L2, L5, L10, R1-R3): 200 with one answer per item."""
+
+    @extend_schema(request=s.SyncSerializer, responses={200: shape(SyncAnswerShape), **errors()})
+    def post(self, request):
+        valid_query(NoQuery, request)
+        data = valid_body(s.SyncSerializer, request)
+        return Response(sync.machine_sync(machine=request_machine(request), renew=data.get("renew", []),
+                                          receipts=data.get("receipts", []), now=clock.now()))

@@ -21,7 +21,8 @@ from tasks_app.models import (
 )
 from tasks_app.services.folders import folder_lock_holder, folder_locked_error, normalize_folder, path_within
 from tasks_app.services.locking import for_key_share
-from tasks_app.services.machine_choice import ANY, machine_pick
+from tasks_app.services.machine_choice import ANY, PoolName, machine_pick
+from tasks_app.services.pools import pool_machine_ids
 from tasks_app.services.transitions import budget_reserve, task_created
 from tasks_app.shapes import message_event, task_dict
 from tasks_app.signals import task_session_claimed
@@ -40,7 +41,8 @@ def task_accept(*, owner, data: dict, now: datetime) -> Answer:
 
     ``data``: the validated fields (machine, folder, agent, prompt, session,
     deep_research, max_runtime_s, exclusive, continue_task?, isolation?; machine is a
-    machine id or ``"any"``, C8: ``services.machine_choice``). Writes the task,
+    machine id, ``"any"`` or a pool name, C8: ``services.machine_choice``; an unknown
+    pool is 400 ``pool_unknown``). Writes the task,
     operation, budget reservation, folder lock and outbox ``start`` message (with the
     idempotency record: all or nothing, A5). Refusals (A6) raise ApplicationError.
     Returns ``(201, task shape, {"task": task})`` (``task_dict``; the task ties the record).
@@ -132,12 +134,18 @@ def create_task(*, owner, data, now) -> Task:
     # the folder lock's per-machine lock. The budget row comes before the folder lock:
     # a queued follow-up's promotion (G8) runs inside a final transition, which holds
     # the budget row, and takes the folder lock there.
-    if machine_id == ANY:  # C8: the pick takes the same locks, in the same order
+    picked = machine_id == ANY or isinstance(machine_id, PoolName)
+    if picked:  # C8: the pick takes the same locks, in the same order
         if data.get("continue_task") is not None:
             raise ApplicationError("invalid", "a follow-up runs on its task's machine: name it",
                                    fields={"machine": ["a follow-up runs on its task's machine: name it"]})
+        # A pool's members are read before any lock: a pool is configuration, and an
+        # edit racing this acceptance is ordered before or after it (either is a
+        # membership the owner set); the pick's own locks keep P1.
+        among = pool_machine_ids(owner=owner, name=machine_id) if isinstance(machine_id, PoolName) else None
         pick = machine_pick(owner=owner, folder=folder, agent=data["agent"], exclusive=data["exclusive"], now=now,
-                            isolation_of=lambda m: data.get("isolation") or profile_isolation(m, data["agent"]))
+                            isolation_of=lambda m: data.get("isolation") or profile_isolation(m, data["agent"]),
+                            among=among)
         machine, grants, budget, folder = pick.machine, pick.grants, pick.budget, pick.folder
     else:
         machines = for_key_share(Machine.objects.filter(pk=machine_id, owner=owner))
@@ -200,7 +208,7 @@ def create_task(*, owner, data, now) -> Task:
         grant=grant,
         session_id=session_id or None,
         folder=folder,
-        machine_choice=ANY if machine_id == ANY else "",
+        machine_choice=str(machine_id) if picked else "",
         agent=data["agent"],
         prompt=data["prompt"],
         deep_research=data["deep_research"],

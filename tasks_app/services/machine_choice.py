@@ -36,7 +36,7 @@ from tasks_app.services.folders import folder_lock_holder, path_within
 from tasks_app.services.locking import for_key_share
 from tasks_app.shapes import iso, machine_is_offline
 
-ANY = "any"
+ANY = "any"  # a pool name (``PoolName``) narrows the same pick to the pool's machines
 
 # C8: the states in which a task holds one of its machine's ``max_concurrent`` slots (or
 # soon will). ``unknown`` is left out: the service cannot tell whether it still runs, and
@@ -105,9 +105,16 @@ def _has_profile(machine: Machine, agent: str) -> bool:
     return any(isinstance(p, dict) and p.get("name") == agent for p in machine.profiles or [])
 
 
-def machine_pick(*, owner, folder: str, agent: str, isolation_of, exclusive: bool, now: datetime) -> Pick:
+class PoolName(str):
+    """C8: a ``"machine"`` value naming one of the owner's pools (validated as a pool name
+    by the API; whether the owner has that pool is acceptance's question)."""
+
+
+def machine_pick(*, owner, folder: str, agent: str, isolation_of, exclusive: bool, now: datetime,
+                 among: list | None = None) -> Pick:
     """C8: choose the machine of a ``"machine": "any"`` task (see the module docstring),
-    inside the caller's acceptance transaction. ``isolation_of(machine)`` says the task's
+    inside the caller's acceptance transaction; for a task naming a pool, ``among`` is
+    the pool's machine ids and only those are candidates (and listed in a refusal). ``isolation_of(machine)`` says the task's
     isolation on that machine (its own, or the profile's, G7): a worktree task takes no
     folder lock. Raises 409 ``no_machine_available`` with ``machines``:
     ``[{"id", "name", "reason", ...}]``, why each of the owner's machines cannot take it
@@ -115,8 +122,15 @@ def machine_pick(*, owner, folder: str, agent: str, isolation_of, exclusive: boo
     ``limits_not_reported``, ``repository_not_found``, ``folder_not_granted`` with
     ``folder``, ``full`` with ``load`` and ``max_concurrent``, ``folder_locked`` with
     ``task_id``)."""
-    machines = for_key_share(Machine.objects.filter(owner=owner).order_by("pk"))
-    grants = for_key_share(Grant.objects.filter(machine__owner=owner, revoked_at__isnull=True).order_by("pk"))
+    candidates = Machine.objects.filter(owner=owner)
+    covering = Grant.objects.filter(machine__owner=owner, revoked_at__isnull=True)
+    if among is not None:
+        candidates, covering = candidates.filter(pk__in=among), covering.filter(machine__in=among)
+    if among == []:  # an empty pool: nothing to lock (an empty IN is no SQL to lock with)
+        machines, grants = [], []
+    else:
+        machines = for_key_share(candidates.order_by("pk"))
+        grants = for_key_share(covering.order_by("pk"))
     budget = Budget.objects.select_for_update().filter(owner=owner).first()
     # After the budget row: every racing acceptance of this owner has committed or waits.
     load = dict(Task.objects.filter(machine__in=[m.pk for m in machines], state__in=LOAD_STATES)

@@ -1,5 +1,9 @@
 """Receipts from the worker (SPEC R1-R3, J, X3, U1, U2).
 
+An ``unknown`` task that a receipt cannot settle (a ``report`` without final facts, or
+final facts that leave the outcome unknown, J6 row 2) is put to its owner there and then
+(``transitions.task_ask_owner``, N1); one that a late receipt settles asks nobody.
+
 A receipt is stored once per (machine, event_id) together with its answer; a second
 delivery gets the first answer byte-equal and changes nothing (R1).
 """
@@ -18,7 +22,7 @@ from tasks_app.services.integration import integration_apply
 from tasks_app.services.judging import RELEASE, judge
 from tasks_app.services.locking import lock_budget
 from tasks_app.services.progress import transcript_append
-from tasks_app.services.transitions import task_finalize, task_publish, task_record, task_transition
+from tasks_app.services.transitions import task_ask_owner, task_finalize, task_publish, task_record, task_transition
 from machine.protocol import OUTPUT_TAIL_MAX_CHARS
 from tasks_app.shapes import ReceiptAnswerShape
 
@@ -108,6 +112,8 @@ def _apply(task: Task, *, machine: Machine, receipt: dict, now: datetime) -> dic
         if record is None or not record.get("final"):
             what = "no record" if record is None else f"local state {record.get('local_state')}, no final facts"
             task_record(task, reason=f"report: {what}", actor=actor, now=now)
+            if task.state == TaskState.UNKNOWN:  # N1, U2: the worker's record cannot settle it
+                task_ask_owner(task, reason=f"the worker's report: {what}", actor=actor, now=now)
             return not_applied("no_final_facts")
         return _apply_final(task, record["final"], actor=actor, now=now, via="report")
     return _apply_final(task, facts, actor=actor, now=now, via="final receipt")
@@ -153,10 +159,12 @@ def _apply_final(task: Task, facts: dict, *, actor: str, now: datetime, via: str
     if verdict.state is None:  # J6 row 2: stays (or becomes) unknown, budget kept
         Task.objects.filter(pk=task.pk).update(**fields)
         if task.state in LEASED_STATES:
-            task_transition(task, from_states=LEASED_STATES, to=TaskState.UNKNOWN, reason=f"{via}: {verdict.reason}", actor=actor, now=now)
+            task = task_transition(task, from_states=LEASED_STATES, to=TaskState.UNKNOWN, reason=f"{via}: {verdict.reason}", actor=actor, now=now)
         else:
             task_record(task, reason=f"{via}: {verdict.reason}", actor=actor, now=now)
             task_publish(task, now=now)
+        if task.state == TaskState.UNKNOWN:  # N1, U2: the facts themselves leave the outcome unknown
+            task_ask_owner(task, reason=f"{via}: {verdict.reason}", actor=actor, now=now)
         return APPLIED
     runtime = facts.get("runtime_s")
     charge = 0 if verdict.budget == RELEASE else (task.reserved_s if runtime is None else runtime)

@@ -1,4 +1,4 @@
-"""The task steps of the periodic sweep (SPEC L6, J5, A7), safe with several processes (O2).
+"""The task steps of the periodic sweep (SPEC L6, J5, N1/U2, A7), safe with several processes (O2).
 
 Each step claims rows with ``select_for_update(skip_locked=True)`` (PostgreSQL) and
 changes them by compare-and-set, so two sweepers never process a row twice. Correctness
@@ -17,7 +17,7 @@ from core.actors import ACTOR_SWEEP
 from tasks_app.models import NEVER_LEASED_STATES, IdempotencyRecord, Lease, Task, TaskState
 from tasks_app.services.leases import lease_expire
 from tasks_app.services.locking import lock_budget
-from tasks_app.services.transitions import TransitionConflict, start_window_deadline, task_finalize
+from tasks_app.services.transitions import TransitionConflict, start_window_deadline, task_ask_owner, task_finalize
 
 BATCH = 100
 
@@ -66,6 +66,25 @@ def expire_start_windows(*, now: datetime) -> int:
     return done
 
 
+def ask_owners_of_unsettled_tasks(*, now: datetime) -> int:
+    """N1, U2: an ``unknown`` task whose query had no report by its ``decision_due_at``
+    (``RUNSTEAD_UNKNOWN_ASK_S`` after the query) is put to its owner
+    (``transitions.task_ask_owner``: notified, listed first). Returns how many owners
+    this call asked."""
+    done = 0
+    # Uses the partial index task_decision_due.
+    due = Task.objects.filter(state=TaskState.UNKNOWN, decision_asked_at__isnull=True,
+                              decision_due_at__lte=now).values_list("id", flat=True)[:BATCH]
+    for task_id in due:
+        with transaction.atomic():
+            task = Task.objects.select_for_update(skip_locked=True).filter(pk=task_id).first()
+            if task is not None and task_ask_owner(
+                    task, reason=f"no report from the worker within {settings.RUNSTEAD_UNKNOWN_ASK_S:g} s of the query",
+                    actor=ACTOR_SWEEP, now=now):
+                done += 1
+    return done
+
+
 def cleanup_idempotency_records(*, now: datetime) -> int:
     """A7: delete idempotency records whose operation has been final for longer than
     RUNSTEAD_IDEMPOTENCY_RETENTION_S, and records tied to no task (a session approval's
@@ -84,5 +103,6 @@ def tasks_sweep(*, now: datetime) -> dict:
     return {
         "leases_expired": expire_leases(now=now),
         "start_windows": expire_start_windows(now=now),
+        "owners_asked": ask_owners_of_unsettled_tasks(now=now),
         "idempotency_deleted": cleanup_idempotency_records(now=now),
     }

@@ -95,10 +95,39 @@ def task_transition(
     TaskEvent.objects.create(task=task, old_state=old_state, new_state=to, reason=reason[:300], actor=actor, at=now)
     if to == TaskState.UNKNOWN:
         message_send(task, kind=MessageKind.QUERY, now=now, query_id=str(uuid.uuid4()))  # U1
+        # N1, U2: the worker's record gets the first word; the owner only after the bound.
+        Task.objects.filter(pk=task.pk).update(decision_due_at=unknown_ask_deadline(now))
+        task.decision_due_at = unknown_ask_deadline(now)
     messages_follow_task(task, now=now)  # C3
     task_changed.send(sender=Task, task=task, now=now)  # the other apps (sessions_app/receivers.py)
     _announce(task)
     return task
+
+
+def unknown_ask_deadline(now: datetime) -> datetime:
+    """N1, U2: an ``unknown`` task whose query (sent at ``now``) has no report by this
+    instant is put to its owner (``RUNSTEAD_UNKNOWN_ASK_S`` later)."""
+    return now + timedelta(seconds=settings.RUNSTEAD_UNKNOWN_ASK_S)
+
+
+def task_ask_owner(task: Task, *, reason: str, actor: str, now: datetime) -> bool:
+    """N1, U2: the facts could not settle this ``unknown`` task (the worker's report had
+    no final facts, or the final facts leave the outcome unknown, J6 row 2, or no report
+    came within ``RUNSTEAD_UNKNOWN_ASK_S`` of the query): its owner decides now. A
+    compare-and-set on (``unknown``, not yet asked) sets ``decision_asked_at``, records
+    ``reason``, bumps ``version``, sends ``task_changed`` (the owner's ``unknown``
+    notification, ``sessions_app/receivers.py``) and broadcasts the task (listed first on
+    the board, B1). Returns False, changing nothing, when the task is no longer
+    ``unknown`` or its owner was already asked. Call inside the caller's transaction."""
+    changed = Task.objects.filter(pk=task.pk, state=TaskState.UNKNOWN, decision_asked_at__isnull=True).update(
+        decision_asked_at=now, updated_at=now, version=F("version") + 1)
+    if changed != 1:
+        return False
+    task.refresh_from_db()
+    task_record(task, reason=f"needs the owner's decision: {reason}", actor=actor, now=now)
+    task_changed.send(sender=Task, task=task, now=now)  # N1 (sessions_app/receivers.py)
+    _announce(task)
+    return True
 
 
 def task_finalize(
