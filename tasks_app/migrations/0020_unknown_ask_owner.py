@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('sessions_app', '0006_session_message_reply'),
-        ('tasks_app', '0018_machine_pool_names'),
+        ('tasks_app', '0019_machine_pool_names'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('tasks_app', '0017_conversation_withdraw'),
+        ('tasks_app', '0018_conversation_steer'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
