@@ -7,6 +7,7 @@ from enum import Enum
 from types import UnionType
 from typing import Annotated, Any, Literal, NotRequired, Required, Union, get_args, get_origin, get_type_hints
 
+from django.http import HttpResponse
 from drf_spectacular.plumbing import ResolvedComponent, build_mocked_view
 from drf_spectacular.settings import spectacular_settings
 from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema, extend_schema_view
@@ -166,6 +167,25 @@ class SchemaView(SpectacularAPIView):
     no credential is read: a stale token gets the document, not a 401 (K2 matrix)."""
 
     authentication_classes = []
+    # The rendered document by (media type, version, lang): code and settings decide it,
+    # not the caller, so each process generates and renders it once (about a second each
+    # time: the isolation matrix asks for it 20 times per pass).
+    _rendered: dict[tuple, tuple[bytes, str, str]] = {}
+
+    def get(self, request, *args, **kwargs):
+        """The document in the negotiated media type (YAML by default, JSON with
+        ``?format=json``), with its ``Content-Disposition``; from this process's cache
+        after its first request."""
+        key = (request.accepted_media_type, request.version, request.GET.get("version"), request.GET.get("lang"))
+        if key not in self._rendered:
+            response = super().get(request, *args, **kwargs)
+            response.accepted_renderer = request.accepted_renderer
+            response.accepted_media_type = request.accepted_media_type
+            response.renderer_context = self.get_renderer_context()
+            response.render()
+            self._rendered[key] = (response.content, response["Content-Type"], response["Content-Disposition"])
+        content, content_type, disposition = self._rendered[key]
+        return HttpResponse(content, content_type=content_type, headers={"Content-Disposition": disposition})
 
     def handle_exception(self, exc):
         """Refusals under ``/api/`` are JSON ``{"error", "detail"}`` (H), not a YAML body in

@@ -56,6 +56,33 @@ if _xdist_worker := os.environ.get("PYTEST_XDIST_WORKER"):
         settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"] = os.environ["RUNSTEAD_CHANNEL_PREFIX"]
 
 
+# SPEC O3, CI time: ``backend_independent`` marks a test whose subject depends on neither the
+# service's database nor its channel layer, so the PostgreSQL + Redis pass would repeat
+# the SQLite pass's run of it identically; ./test deselects it in that pass (see pytest.ini).
+# What this checks at collection (the rest is the author's word, see pytest.ini): such a
+# test requests no database or layer fixture, directly or through another fixture, and is
+# not also marked ``postgres`` or ``django_db``.
+BACKEND_FIXTURES = frozenset({
+    "db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback", "django_db_setup",
+    "live_server", "live_daphne", "module_daphne", "fresh_layer",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Refuses the run (a usage error naming the tests) when a ``backend_independent``
+    test uses the database or the channel layer by a fixture or a marker."""
+    wrong = []
+    for item in items:
+        if not item.get_closest_marker("backend_independent"):
+            continue
+        used = sorted(BACKEND_FIXTURES & set(getattr(item, "fixturenames", ())))
+        used += [f"@{name}" for name in ("postgres", "django_db") if item.get_closest_marker(name)]
+        if used:
+            wrong.append(f"{item.nodeid}: {', '.join(used)}")
+    if wrong:
+        raise pytest.UsageError("marked backend_independent but uses the database or the layer:\n" + "\n".join(wrong))
+
+
 @pytest.fixture(autouse=True)
 def _services_for_marked_tests(request):
     if request.node.get_closest_marker("postgres") and not (settings.DATABASE_URL and settings.REDIS_URL):

@@ -78,11 +78,25 @@ def push_subscription() -> dict:
 
 
 def table_digest() -> dict:
-    """Row count and a SHA-256 of every row of every table (sorted), per table: equal
-    before and after means a request changed nothing."""
+    """Row count and a digest of every row of every table (sorted), per table: equal
+    before and after means a request changed nothing. ``{table: (rows, hex digest)}``;
+    digests compare only with digests of the same backend.
+
+    On PostgreSQL the server computes every table's in one statement (its rows as text,
+    sorted, MD5): one round trip instead of one per table, which was 84 % of the
+    isolation matrix's time there (1,800 digests of ~40 tables). On SQLite (in this
+    process) each table is read and hashed here (SHA-256 of the rows' ``repr``)."""
     out = {}
+    tables = sorted(connection.introspection.table_names())
     with connection.cursor() as cursor:
-        for table in sorted(connection.introspection.table_names()):
+        if connection.vendor == "postgresql":
+            quote = connection.ops.quote_name
+            cursor.execute(" UNION ALL ".join(
+                f"SELECT %s, count(*), md5(coalesce(string_agg(digest_row::text, E'\\n' ORDER BY digest_row::text), '')) "
+                f"FROM {quote(t)} digest_row"
+                for t in tables), tables)
+            return {table: (count, digest) for table, count, digest in cursor.fetchall()}
+        for table in tables:
             cursor.execute(f'SELECT * FROM "{table}"')
             rows = sorted(repr(r) for r in cursor.fetchall())
             out[table] = (len(rows), hashlib.sha256("\n".join(rows).encode()).hexdigest())

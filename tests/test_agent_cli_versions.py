@@ -15,6 +15,8 @@ from machine.worker.check import cli_version
 from machine.worker.presets import PRESETS
 from tests.agent_clis import cli_bin
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 INSTALL_SCRIPT = BASE_DIR / "scripts" / "install_agent_clis.sh"
 NPM_NAMES = {"@anthropic-ai/claude-code": "claude", "@openai/codex": "codex", "@google/gemini-cli": "gemini",

@@ -19,6 +19,8 @@ import pytest
 from machine.protocol import ENTRY_CUT_MARK, ENTRY_TEXT_MAX_BYTES
 from machine.worker.parsers import MAX_LINE_BYTES, MESSAGE_BYTES, PARSERS, cap, make_parser
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "agents"
 
 

@@ -14,6 +14,8 @@ from machine.worker import process
 from machine.worker.config import ConfigError, parse_config, parse_profile
 from machine.worker.presets import PRESETS, ResumeUnsupported
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 RECORDER = BASE_DIR / "tests" / "agents" / "record_argv.py"
 NASTY = "$(touch {marker}); --help `id` \"quoted\" 'single' \\ {folder} {prompt} -- \n second line ünïcødé"

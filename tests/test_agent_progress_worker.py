@@ -18,7 +18,7 @@ from machine.worker.store import StateDir, Store
 from machine.worker.testing import InMemoryService
 from tests.wait import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.backend_independent]  # neither database nor layer (pytest.ini)
 
 FAKE_CLAUDE = Path(__file__).resolve().parent.parent / "scripts" / "fake_claude.py"
 TERMS = {"duration_s": 3.0, "renew_every_s": 0.5, "margin_s": 0.5, "kill_grace_s": 0.5}

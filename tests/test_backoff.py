@@ -11,6 +11,8 @@ from machine.protocol import BACKOFF_CAP_S, Backoff
 from machine.worker.clock import SYSTEM_CLOCK
 from tests.worker_harness import make_worker
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 
 def window(base_s: float, cap_s: float, n: int) -> tuple[float, float]:
     d = min(cap_s, base_s * 2.0**n)

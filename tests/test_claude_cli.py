@@ -2,7 +2,11 @@
 import json
 import subprocess
 
+import pytest
+
 from tests.claude_cli import claude_bin, claude_env, fake_model_api  # noqa: F401
+
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
 
 
 def _run(args, env, cwd):

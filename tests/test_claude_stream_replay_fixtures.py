@@ -3,6 +3,9 @@
 (tests/record_claude_stream_input.py, scenarios ``replay_*``): the facts a steer is built on."""
 import json
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "claude_stream_input"
 

@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 import yaml
+import pytest
+
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 PRODUCTION_ENV = {"RUNSTEAD_ENV": "production", "ALLOWED_HOSTS": "runstead.example.com", "DATABASE_URL": "",

@@ -6,10 +6,14 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from machine.worker import process
 from machine.worker.config import parse_profile
 from machine.worker.git_evidence import git_end, git_start
 from machine.worker.parsers import make_parser
+
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 FAKE = BASE_DIR / "scripts" / "fake_claude.py"

@@ -19,6 +19,8 @@ from tests.git_support import git
 from tests.wait import wait_for
 from tests.worker_harness import make_worker
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 PROFILES = {"instant": {"AGENT_SLEEP_S": "0"}}
 
 

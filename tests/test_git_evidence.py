@@ -12,6 +12,8 @@ import pytest
 from tasks_app.agent_facts import describe_git as describe
 from machine.worker.git_evidence import MAX_DIRTY, MAX_SUBJECTS, git_end, git_start
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@example.com"}
 

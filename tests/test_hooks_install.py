@@ -20,6 +20,8 @@ from machine.hooks.install import (
 from machine.protocol import HOOK_SCRIPT, hook_python
 from tests.hooks_support import fixture, hook_env, stop_sender
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 SCRIPT = str(PROJECT_ROOT.joinpath(*HOOK_SCRIPT))  # what the installed command runs (not -m: I7)
 
 USER_CLAUDE = {

@@ -9,6 +9,8 @@ import pytest
 from machine.hooks import RUNSTEAD_NAMESPACE, mapping
 from tests.hooks_support import fixture
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 HOST = "mac"
 
 

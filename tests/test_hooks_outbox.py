@@ -17,6 +17,8 @@ from machine.hooks.sender import Sender
 from tests.hooks_support import BASE_DIR, fixture, hook_env, run_hook, stop_sender
 from tests.wait import wait_for
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 
 @pytest.fixture
 def state_dir(tmp_path):

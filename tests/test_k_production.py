@@ -14,6 +14,8 @@ import pytest
 
 from tests.live import DaphneServer
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 LEAKS = ("Traceback", "SECRET_KEY", "settings.py", "DEBUG", "/work/", "site-packages", "OperationalError",
          "sqlite", "django.db", "File \"", "Request Method", "INSTALLED_APPS", "runstead-broken")
 

@@ -4,9 +4,13 @@ answered ``applied``), at most 50 a post, 500 waiting; ``forget`` tells the high
 confirmed number so the final receipt carries the rest."""
 import threading
 
+import pytest
+
 from machine.protocol import ENTRIES_KEPT, ENTRIES_PER_POST
 from machine.worker.progress import ProgressSender
 from tests.wait import wait_for
+
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
 
 OP = "00000000-0000-0000-0000-000000000001"
 

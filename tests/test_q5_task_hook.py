@@ -3,8 +3,12 @@ task_approval.py``), without a CLI: its key, its outputs, and how it gives up.""
 import json
 import time
 
+import pytest
+
 from machine.hooks import task_approval
 from tests.hooks_support import hook_env, run_hook
+
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
 
 PAYLOAD = {"session_id": "7cf59fc6-37df-4860-b1e8-dfd10c2e49c5", "prompt_id": "67e6675b", "cwd": "/work/repo",
            "hook_event_name": "PermissionRequest", "tool_name": "Bash",

@@ -17,7 +17,7 @@ from tests import model_apis
 from tests.agent_clis import cli_bin, offline
 from tests.worker_harness import BASE_DIR
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.backend_independent]  # neither database nor layer (pytest.ini)
 
 APIS = {"claude": model_apis.AnthropicAPI, "codex": model_apis.ResponsesAPI, "gemini": model_apis.GeminiAPI}
 TIMEOUT_S = 120  # a real CLI starting on a loaded 2-core machine

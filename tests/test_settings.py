@@ -18,18 +18,21 @@ def probe(**env):
     return subprocess.run([sys.executable, "-c", PROBE], cwd=BASE_DIR, env=clean, capture_output=True, text=True)
 
 
+@pytest.mark.backend_independent  # a fresh interpreter, its environment cleaned of both URLs
 def test_o1_embedded_default_is_sqlite_in_memory_layer_debug():
     result = probe()
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "15.0", "django.db.backends.sqlite3", "channels.layers.InMemoryChannelLayer"]
 
 
+@pytest.mark.backend_independent  # a fresh interpreter, its environment cleaned of both URLs
 def test_o2_database_and_redis_urls_switch_backends():
     result = probe(DATABASE_URL="postgresql://u:p@127.0.0.1:5432/x", REDIS_URL="redis://127.0.0.1:6390/0")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[2:] == ["django.db.backends.postgresql", "config.channel_layer.RetryingRedisChannelLayer"]
 
 
+@pytest.mark.backend_independent  # a fresh interpreter, its environment cleaned of both URLs
 def test_o4_production_requires_secret_key_and_allowed_hosts():
     missing = probe(RUNSTEAD_ENV="production")
     assert missing.returncode != 0 and "requires SECRET_KEY" in missing.stderr
@@ -40,6 +43,7 @@ def test_o4_production_requires_secret_key_and_allowed_hosts():
     assert ok.stdout.split()[0] == "False"
 
 
+@pytest.mark.backend_independent  # a fresh interpreter, its environment cleaned of both URLs
 def test_o4_l4_timings_accept_fractions_and_refuse_unsafe_lease():
     fractional = probe(RUNSTEAD_LEASE_DURATION_S="3", RUNSTEAD_LEASE_RENEW_S="0.5", RUNSTEAD_LEASE_MARGIN_S="0.5", RUNSTEAD_KILL_GRACE_S="0.5")
     assert fractional.returncode == 0, fractional.stderr
@@ -102,6 +106,7 @@ def settings_cases(cases: list[dict]) -> list:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+@pytest.mark.backend_independent  # a fresh interpreter, its environment cleaned of both URLs
 def test_o4_on_off_settings_take_exactly_1_true_0_false():
     """Every on/off setting reads ``1``/``true`` as on and ``0``/``false`` as off; unset
     or empty keeps its default. (``RUNSTEAD_EMBEDDED_SWEEP=false`` used to leave the
@@ -113,6 +118,7 @@ def test_o4_on_off_settings_take_exactly_1_true_0_false():
     assert settings_cases(cases) == [defaults, defaults] + [{name: on for name in FLAGS} for on in values.values()]
 
 
+@pytest.mark.backend_independent  # a fresh interpreter, its environment cleaned of both URLs
 def test_o4_on_off_settings_refuse_other_values_naming_the_variable():
     refused = ["off", "no", "yes", "on", "True", "FALSE", "2", " 0x"]
     answers = settings_cases([{name: raw} for raw in refused for name in FLAGS])
@@ -151,6 +157,7 @@ def readme_settings() -> dict[str, str]:
     return {m[1]: m[2].strip() for m in re.finditer(r"^\| `([A-Z0-9_]+)` \|([^|]*)\|", section, re.M)}
 
 
+@pytest.mark.backend_independent  # reads the source and README
 def test_o4_readme_lists_every_setting_read_with_its_default():
     in_source = runstead_names_in_source()
     # The guard reads the real tree: settings, worker and hooks names are all seen.

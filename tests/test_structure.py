@@ -23,6 +23,9 @@ inside functions alike become edges of one module graph. The rules:
 import ast
 import sys
 from pathlib import Path
+import pytest
+
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("machine", "core", "tasks_app", "notifications", "sessions_app", "board", "config")

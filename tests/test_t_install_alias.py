@@ -13,6 +13,8 @@ from machine.hooks import store
 from machine.hooks.entry import binding
 from machine.hooks.install import ALIAS_COMMENT, WRAPPER, default_shell_rc
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 SERVER = "https://runstead.example.com"
 
 

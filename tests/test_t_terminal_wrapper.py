@@ -20,6 +20,8 @@ from machine.terminal import inert, own_process, paste
 from tests.tmux import Terminal
 from tests.wait import wait_for
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 ROOT = Path(__file__).resolve().parent.parent
 AGENT = ROOT / "tests" / "agents" / "raw_agent.py"
 

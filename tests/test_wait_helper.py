@@ -9,6 +9,8 @@ import pytest
 
 from tests.wait import wait_for, wait_for_async
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 
 def test_wait_returns_the_conditions_first_truthy_value():
     values = iter([None, 0, [], {"state": "running"}, {"state": "later"}])

@@ -25,6 +25,8 @@ from machine.worker.testing import InMemoryService
 from tests.wait import wait_for
 from tests.worker_harness import count_lines, live_pids, make_worker, recorded_pids
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 PROFILES = {
     "instant": {"AGENT_SLEEP_S": "0"},
     "long": {"AGENT_SLEEP_S": "30"},

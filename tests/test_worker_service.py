@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from machine.worker import login_service
+
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 

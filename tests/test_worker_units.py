@@ -22,6 +22,8 @@ from machine.worker.store import Store
 from tests.wait import wait_for
 from tests.worker_harness import AGENT, count_lines, live_pids, make_worker, recorded_pids
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 TERMS = LeaseTerms(lease_id="lease-1", duration_s=60, renew_every_s=15, margin_s=5, kill_grace_s=5)
 
 

@@ -9,6 +9,8 @@ import pytest
 from machine.worker import worktrees as w
 from tests.git_support import checkout_fingerprint, git
 
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 TASK_ID = "0123abcd-0000-4000-8000-00000000feed"
 
 
