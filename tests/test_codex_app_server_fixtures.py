@@ -4,6 +4,10 @@ live Codex conversation is built on."""
 import json
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.backend_independent  # neither database nor layer (pytest.ini)
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "codex_app_server"
 
 
