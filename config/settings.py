@@ -315,6 +315,7 @@ SPECTACULAR_SETTINGS = {
         "ProfileConversationEnum": ["live", "resume", "none"],  # C1: what a profile can do
         "TaskConversationEnum": ["live", "resume"],  # C1: what a conversation task does
         "SessionMessageStateEnum": "sessions_app.models.SessionMessageState",  # T2
+        "MessageDeliveryEnum": ["queue", "steer"],  # C9
         "SessionMessageReportEnum": ["delivered", "answered", "undelivered"],  # T2-T4: what a machine reports
         "SessionChannelEnum": "sessions_app.models.Channel",  # T1
     },

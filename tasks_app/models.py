@@ -412,8 +412,8 @@ class ConversationMessageState(models.TextChoices):
 class MessageDelivery(models.TextChoices):
     """C9: how a message joins the conversation."""
 
-    QUEUE = "queue"
-    STEER = "steer"
+    QUEUE = "queue", "queue"
+    STEER = "steer", "steer"
 
 
 class ConversationMessage(models.Model):

@@ -18,7 +18,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='conversationmessage',
             name='delivery',
-            field=models.CharField(choices=[('queue', 'Queue'), ('steer', 'Steer')], default='queue', max_length=8),
+            field=models.CharField(choices=[('queue', 'queue'), ('steer', 'steer')], default='queue', max_length=8),
         ),
         migrations.AddField(
             model_name='conversationmessage',
