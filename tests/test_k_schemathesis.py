@@ -104,9 +104,11 @@ def real_ids(operation, world) -> dict | None:
 
 
 @pytest.mark.slow
-def test_h_k3_property_based_run_over_the_schema(api_schema, one_of_each, owner, machine):
-    """Per operation: positive examples with random ids, negative examples (schema
-    violations), and positive examples with the caller's real ids."""
+@pytest.mark.parametrize("part", ["random_ids", "negative", "real_ids"])
+def test_h_k3_property_based_run_over_the_schema(api_schema, one_of_each, owner, machine, part):
+    """Per operation, in three parts (so parallel test runners share them): positive
+    examples with random ids, negative examples (schema violations), and positive examples
+    with the caller's real ids."""
     from tasks_app.models import Machine
 
     who = {"owner": owner, "machine": machine}
@@ -114,10 +116,11 @@ def test_h_k3_property_based_run_over_the_schema(api_schema, one_of_each, owner,
     plans = []
     for result in api_schema.get_all_operations():
         operation = result.ok()
-        plans.append((operation, GenerationMode.POSITIVE, None))
-        plans.append((operation, GenerationMode.NEGATIVE, None))
-        ids = real_ids(operation, one_of_each)
-        if ids:
+        if part == "random_ids":
+            plans.append((operation, GenerationMode.POSITIVE, None))
+        elif part == "negative":
+            plans.append((operation, GenerationMode.NEGATIVE, None))
+        elif ids := real_ids(operation, one_of_each):
             plans.append((operation, GenerationMode.POSITIVE, ids))
     for operation, mode, ids in plans:
         headers = credentials(operation.path, who)
@@ -148,4 +151,4 @@ def test_h_k3_property_based_run_over_the_schema(api_schema, one_of_each, owner,
             failures.append(f"{operation.label} ({mode.value}{', real ids' if ids else ''}): {str(exc)[:1500]}")
     print(f"schemathesis: {len(counts)} operations, {sum(counts.values())} requests, statuses {sorted(statuses.items())}")
     assert failures == [], "\n\n".join(failures)
-    assert len(counts) >= 30
+    assert len(counts) >= (30 if part == "random_ids" else 10)
