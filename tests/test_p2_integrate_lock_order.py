@@ -33,54 +33,71 @@ def blocked_on_a_lock() -> bool:
         return cursor.fetchone()[0] >= 1
 
 
+class Race:
+    """Two service calls in two threads, each its own transaction: ``first`` runs until a
+    patched step of it calls ``hold()``, which lets ``second`` start and waits until
+    ``second`` is blocked on a row lock or done; then ``first`` goes on. ``run`` returns
+    every deadlock seen: PostgreSQL's 40P01 raised, or retried (``runstead.locking``)."""
+
+    def __init__(self, caplog):
+        self.caplog, self.reached, self.second_done, self.errors = caplog, threading.Event(), threading.Event(), []
+
+    def hold(self):
+        self.reached.set()
+        wait_for(lambda: self.second_done.is_set() or blocked_on_a_lock(), timeout_s=10,
+                 what="the second call waits on a lock or is done")
+
+    def _guarded(self, call, done=None):
+        try:
+            call()
+        except OperationalError as exc:
+            self.errors.append(exc)
+        finally:
+            if done is not None:
+                done.set()
+            connection.close()
+
+    def run(self, first, second) -> list[str]:
+        def second_once_first_holds():
+            self.reached.wait(10)
+            self._guarded(second, self.second_done)
+
+        with self.caplog.at_level(logging.WARNING, logger="runstead.locking"):
+            threads = [threading.Thread(target=self._guarded, args=(first,)), threading.Thread(target=second_once_first_holds)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+        return [r.getMessage() for r in self.caplog.records if "deadlock" in r.getMessage()] + [str(e) for e in self.errors]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_p2_a_merge_racing_a_lease_grant_of_the_same_machine_never_deadlocks(owner, machine, grant, monkeypatch,
                                                                             caplog):
     resp = submit(owner, machine, grant.path)
     assert resp.status_code == 201, resp.content
     task_id = resp.json()["id"]
-    holds_machine, merge_done = threading.Event(), threading.Event()
-    real_lock_budget = leases.lock_budget
-    errors = []
+    race, real_lock_budget = Race(caplog), leases.lock_budget
 
     def lock_budget_once_the_merge_waits(owner_id):
         # The grant holds the machine and grant rows FOR KEY SHARE here (P1); the budget
         # row is next. Let the merge take the budget row first: it then either waits on a
         # row lock (the inversion: it wants the machine row) or finishes.
-        holds_machine.set()
-        wait_for(lambda: merge_done.is_set() or blocked_on_a_lock(), timeout_s=10, what="the merge waits or is done")
+        race.hold()
         real_lock_budget(owner_id)
 
-    def grant_lease():
-        try:
-            leases.lease_grant(machine=machine, operation_id=operation_id(task_id), now=timezone.now())
-        except OperationalError as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
     def merge():
-        holds_machine.wait(10)
         try:
             with transaction.atomic():  # respond_once's transaction, as the view runs it
                 integration.task_integrate(owner=owner, task_id=task_id, action="merge", now=timezone.now())
         except ApplicationError:
             pass  # not final: refused, as it should be, once it has its locks
-        except OperationalError as exc:
-            errors.append(exc)
-        finally:
-            merge_done.set()
-            connection.close()
+
+    def grant_lease():
+        leases.lease_grant(machine=machine, operation_id=operation_id(task_id), now=timezone.now())
 
     monkeypatch.setattr(leases, "lock_budget", lock_budget_once_the_merge_waits)
-    with caplog.at_level(logging.WARNING, logger="runstead.locking"):
-        threads = [threading.Thread(target=grant_lease), threading.Thread(target=merge)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
-    deadlocks = [r.getMessage() for r in caplog.records if "deadlock" in r.getMessage()] + [str(e) for e in errors]
-    assert deadlocks == []
+    assert race.run(grant_lease, merge) == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -94,40 +111,16 @@ def test_p2_a_start_acknowledged_while_the_owner_cancels_never_deadlocks(owner, 
 
     task_id = submit(owner, machine, grant.path).json()["id"]
     (start,) = messages.messages_take(machine_id=machine.pk, now=timezone.now(), new_pull=True)
-    at_transition, cancel_done = threading.Event(), threading.Event()
-    real_transition = messages.task_transition
-    errors = []
+    race, real_transition = Race(caplog), messages.task_transition
 
     def transition_once_the_cancel_waits(*args, **kwargs):
-        at_transition.set()
-        wait_for(lambda: cancel_done.is_set() or blocked_on_a_lock(), timeout_s=10, what="the cancel waits or is done")
+        race.hold()
         return real_transition(*args, **kwargs)
 
-    def ack():
-        try:
-            messages.message_ack(machine=machine, message_id=start.pk, now=timezone.now())
-        except OperationalError as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    def cancel_task():
-        at_transition.wait(10)
-        try:
-            cancel.task_cancel(task=Task.objects.get(pk=task_id), actor="owner:test", now=timezone.now())
-        except OperationalError as exc:
-            errors.append(exc)
-        finally:
-            cancel_done.set()
-            connection.close()
-
     monkeypatch.setattr(messages, "task_transition", transition_once_the_cancel_waits)
-    with caplog.at_level(logging.WARNING, logger="runstead.locking"):
-        threads = [threading.Thread(target=ack), threading.Thread(target=cancel_task)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
-    deadlocks = [r.getMessage() for r in caplog.records if "deadlock" in r.getMessage()] + [str(e) for e in errors]
+    deadlocks = race.run(
+        lambda: messages.message_ack(machine=machine, message_id=start.pk, now=timezone.now()),
+        lambda: cancel.task_cancel(task=Task.objects.get(pk=task_id), actor="owner:test", now=timezone.now()),
+    )
     assert deadlocks == []
     assert Task.objects.get(pk=task_id).state == "cancelled"

@@ -43,17 +43,22 @@ import json
 Event = tuple[str, str | None]
 
 
+def _json_object(line: str) -> dict | None:
+    """One line of an agent's output as a JSON object, or None (text, or not an object)."""
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
 def stream_event(line: str) -> Event | None:
     """C9: what one line of Claude Code's stream says about its input: ``("taken", uuid)``
     (its echo of a user line it took, ``isReplay``), ``("result", None)`` (a turn ended),
     or None."""
     if '"result"' not in line and '"isReplay"' not in line:
         return None
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(event, dict):
+    if (event := _json_object(line)) is None:
         return None
     if event.get("type") == "result":
         return ("result", None)
@@ -118,13 +123,7 @@ class AppServer:
         return "".join(json.dumps(line) + "\n" for line in lines)
 
     def see(self, line: str) -> Event | None:
-        if not line.startswith("{"):
-            return None
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return None
-        if not isinstance(event, dict):
+        if not line.startswith("{") or (event := _json_object(line)) is None:
             return None
         method = event.get("method")
         if method == "turn/completed":
