@@ -84,6 +84,9 @@ def task_transition(
     is not in ``from_states`` (a final state never changes again)."""
     from_states = set(from_states) - FINAL_STATES
     updates = {"state": to, "updated_at": now, "version": F("version") + 1, **fields}
+    if to == TaskState.UNKNOWN:
+        # N1, U2: the worker's record gets the first word; the owner only after the bound.
+        updates["decision_due_at"] = unknown_ask_deadline(now)
     if to in FINAL_STATES:
         updates["final_at"] = now
         updates["attention"] = ""  # Q5: its pending approvals are withdrawn (sessions_app.receivers)
@@ -95,9 +98,6 @@ def task_transition(
     TaskEvent.objects.create(task=task, old_state=old_state, new_state=to, reason=reason[:300], actor=actor, at=now)
     if to == TaskState.UNKNOWN:
         message_send(task, kind=MessageKind.QUERY, now=now, query_id=str(uuid.uuid4()))  # U1
-        # N1, U2: the worker's record gets the first word; the owner only after the bound.
-        Task.objects.filter(pk=task.pk).update(decision_due_at=unknown_ask_deadline(now))
-        task.decision_due_at = unknown_ask_deadline(now)
     messages_follow_task(task, now=now)  # C3
     task_changed.send(sender=Task, task=task, now=now)  # the other apps (sessions_app/receivers.py)
     _announce(task)
