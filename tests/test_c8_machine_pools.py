@@ -10,8 +10,8 @@ import pytest
 from django.utils import timezone
 
 from machine.worker.repositories import repository_identities, strip_credentials
-from tasks_app.models import Budget, Grant, IdempotencyRecord, Machine, OutboxMessage, Task
-from tasks_app.services.machine_choice import normalize_remote
+from tasks_app.models import Budget, Grant, IdempotencyRecord, Machine, OutboxMessage, Task, TaskEvent
+from tasks_app.services.machine_choice import LOAD_STATES, normalize_remote
 from tests.barrier import race
 from tests.conftest import owner_api
 from tests.live import module_daphne  # noqa: F401  (fixture)
@@ -343,6 +343,24 @@ def _git(*args, cwd):
                         "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(cwd), "PATH": "/usr/bin:/bin"})
 
 
+def _slot_spans(tasks):
+    """``[(start, end, task id)]``: the spans in which each task held one of its machine's
+    slots, from its acceptance and its TaskEvents (open spans end now)."""
+    spans = []
+    for task in tasks:
+        start = task.accepted_at
+        for event in TaskEvent.objects.filter(task=task).exclude(new_state="").order_by("id"):
+            holds = event.new_state in LOAD_STATES
+            if start is not None and not holds:
+                spans.append((start, event.at, str(task.pk)))
+                start = None
+            elif start is None and holds:
+                start = event.at
+        if start is not None:
+            spans.append((start, timezone.now(), str(task.pk)))
+    return spans
+
+
 def test_c8_two_real_workers_share_ten_tasks_within_limits_and_an_unpaired_one_gets_nothing_new(
         module_daphne, transactional_db, make_owner, tmp_path):  # noqa: F811
     """Two real workers of one owner (``max_concurrent = 2`` each) with one repository at
@@ -393,12 +411,14 @@ def test_c8_two_real_workers_share_ten_tasks_within_limits_and_an_unpaired_one_g
         for task in accepted:
             one.wait_state(task["id"], FINAL_OR_UNKNOWN, timeout=60)
         assert all(one.task(t["id"])["state"] == "succeeded" for t in later)
-        # Never more than max_concurrent accepted-and-unfinished per machine, from the rows.
+        # Never more than max_concurrent tasks holding a slot per machine, from the rows: a
+        # task holds one from its acceptance while its state is in LOAD_STATES (its events
+        # say when it left them; ``unknown`` frees the slot, C8).
         for live in (one, two):
-            rows = list(Task.objects.filter(machine_id=live.machine_id).values("accepted_at", "final_at"))
-            for row in rows:
-                at = row["accepted_at"]
-                assert sum(1 for r in rows if r["accepted_at"] <= at < (r["final_at"] or timezone.now())) <= 2
+            spans = _slot_spans(Task.objects.filter(machine_id=live.machine_id))
+            for start, _end, _id in spans:
+                holding = [s for s in spans if s[0] <= start < s[1]]
+                assert len(holding) <= 2, (live.machine_id, holding)
         # A refusal after the unpairing says why, per machine.
         full = one.api.post("/api/tasks/", headers={"Idempotency-Key": str(uuid.uuid4())}, json={
             "machine": "any", "folder": str(one.repo), "agent": "absent", "prompt": "go"})
