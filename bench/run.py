@@ -320,6 +320,155 @@ async def _wave(server: Server, data: dict, n: int, cycles: int) -> dict:
             "late": late, "last_first_pull_s": round(max(first.values()) - started, 2)}
 
 
+BUSY_TASKS = 2  # tasks each busy machine runs at once
+
+
+def section_busy(n: int, env: dict, dbname: str, window_s: float) -> dict:
+    """``n`` simulated busy workers at the service's lease timings (production's unless
+    ``env`` says otherwise), each running ``BUSY_TASKS`` long tasks (issue 44): pull and
+    ack its start messages, grant a lease per task, send both tasks' ``starting`` and
+    ``running`` receipts in one sync, then one sync per renewal interval renewing both
+    leases (L2, as ``machine.worker.renewer`` does), and once the window is over the
+    ``final`` receipts in one sync. Reported: service CPU (% of one core) and database
+    transactions/s over ``window_s`` seconds of steady state, the sync's latency, the
+    receipt lag (queued -> answered, seconds) p50/p99, renewals refused, and the tasks
+    that passed through ``unknown`` (a healthy task's lease that expired)."""
+    from django.db import connection
+    from django.db.models import Count
+
+    from tasks_app.models import Task, TaskEvent
+
+    data = setup_data(n)
+    server = Server("daphne", env)
+    try:
+        row = asyncio.run(_busy(server, data, n, dbname, window_s))
+    finally:
+        server.stop()
+    mine = Task.objects.filter(machine_id__in=data["machines"])
+    row["states_after"] = dict(mine.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
+    row["passed_through_unknown"] = TaskEvent.objects.filter(task__in=mine, new_state="unknown").count()
+    connection.close()
+    return row
+
+
+async def _busy(server: Server, data: dict, n: int, dbname: str, window_s: float) -> dict:
+    owners = [Conn(server.port) for _ in range(8)]
+    submitted = []
+
+    async def submit_all(conn: Conn, machines: range):
+        for i in machines:
+            for _ in range(BUSY_TASKS):
+                headers = {"Authorization": f"Token {data['token']}", "Content-Type": "application/json",
+                           "Idempotency-Key": uuid.uuid4().hex}
+                body = json.dumps({"machine": data["machines"][i], "folder": f"/bench/busy-{uuid.uuid4().hex}",
+                                   "agent": "bench", "prompt": "p", "max_runtime_s": 36000, "exclusive": False})
+                status, _ = await conn.request("POST", "/api/tasks/", headers, body.encode())
+                submitted.append(status)
+
+    await asyncio.gather(*(submit_all(c, range(k, n, len(owners))) for k, c in enumerate(owners)))
+    for conn in owners:
+        conn.close()
+    figures = {"running": 0, "refused": 0, "sync_errors": 0}
+    lag: dict[str, list[float]] = {"start": [], "renew": [], "final": []}
+    syncs: list[float] = []
+    stop, window = asyncio.Event(), {"open": False}
+    machines = []
+    for i in range(n):  # ramp up over about two seconds, as in the idle section
+        machines.append(asyncio.create_task(_busy_machine(server, data, i, figures, lag, syncs, stop, window)))
+        if i % 50 == 49:
+            await asyncio.sleep(0.1)
+    deadline = time.perf_counter() + 120
+    while figures["running"] < n * BUSY_TASKS and time.perf_counter() < deadline:
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(20.0)  # past the first renewal of every machine: the steady state
+    window["open"] = True
+    cpu0, x0, t0 = server.cpu_s(), xact_commit(dbname), time.perf_counter()
+    await asyncio.sleep(window_s)
+    elapsed = time.perf_counter() - t0
+    cpu1, x1 = server.cpu_s(), xact_commit(dbname)
+    window["open"] = False
+    stop.set()
+    await asyncio.gather(*machines, return_exceptions=True)
+    return {
+        "machines": n, "tasks_per_machine": BUSY_TASKS, "accepted": submitted.count(201),
+        "running_receipts_answered": figures["running"],
+        "cpu_pct": round(100 * (cpu1 - cpu0) / elapsed, 1),
+        "db_xact_per_s": round((x1 - x0) / elapsed, 1),
+        "sync_in_window": lat(syncs),
+        "receipt_lag_start": lat(lag["start"]), "renewal_lag": lat(lag["renew"]), "receipt_lag_final": lat(lag["final"]),
+        "renewals_refused": figures["refused"], "sync_errors": figures["sync_errors"],
+    }
+
+
+async def _busy_machine(server: Server, data: dict, i: int, figures: dict, lag: dict, syncs: list,
+                        stop: asyncio.Event, window: dict):
+    """Busy machine ``i`` of the busy section: its pulls on one connection, its leases and
+    receipts (syncs) on another, as ``machine.worker`` keeps them."""
+    headers = {"Authorization": f"Machine {data['machine_tokens'][i]}", "Content-Type": "application/json"}
+    pull, sync = Conn(server.port), Conn(server.port)
+
+    async def post(conn: Conn, path: str, body: dict) -> dict:
+        status, answer = await conn.request("POST", path, headers, json.dumps(body).encode())
+        if status >= 300:
+            raise ValueError(f"{path}: {status} {answer[:200]!r}")
+        return json.loads(answer)
+
+    def receipt(operation_id: str, kind: str, facts: dict) -> dict:
+        return {"event_id": uuid.uuid4().hex, "generation": 1, "operation_id": operation_id, "kind": kind,
+                "slept_s": 0.0, "facts": facts}
+
+    async def send(body: dict, into: list) -> dict:
+        """``body`` as one sync; its latency into ``into`` once per item it carries."""
+        queued = time.perf_counter()
+        try:
+            answer = await post(sync, "/api/worker/sync/", body)
+        except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+            figures["sync_errors"] += 1
+            return {"leases": [], "receipts": []}
+        took = time.perf_counter() - queued
+        if window["open"]:
+            syncs.append(took)
+        into.extend([took] * len(body.get("receipts") or body.get("renew") or []))
+        return answer
+
+    try:
+        operations = []
+        while len(operations) < BUSY_TASKS and not stop.is_set():
+            status, body = await pull.request("GET", f"/api/worker/messages/?wait={WAIT_S}", headers, timeout=WAIT_S + 15)
+            for message in json.loads(body)["messages"] if status == 200 else []:
+                await post(pull, f"/api/worker/messages/{message['id']}/ack/", {})
+                if message["kind"] == "start":
+                    operations.append(message["payload"]["operation_id"])
+        leases = {op: (await post(sync, "/api/worker/leases/", {"operation_id": op})) for op in operations}
+        began = time.time()
+        answer = await send({"receipts": [r for op, lease in leases.items() for r in (
+            receipt(op, "starting", {"lease_id": lease["lease_id"]}),
+            receipt(op, "running", {"pid": 10_000 + i, "pgid": 10_000 + i, "process_start_time": began}))]}, lag["start"])
+        figures["running"] += sum(1 for a in answer["receipts"][1::2] if a["status"] < 300)
+        every = next(iter(leases.values()))["renew_every_s"] if leases else WAIT_S
+        await asyncio.wait_for(stop.wait(), random.uniform(0, every))  # machines renew spread over the interval
+    except TimeoutError:
+        pass
+    except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+        figures["sync_errors"] += 1
+        return
+    while not stop.is_set():
+        answer = await send({"renew": [{"lease_id": lease["lease_id"]} for lease in leases.values()]}, lag["renew"])
+        figures["refused"] += sum(1 for a in answer["leases"] if a["status"] != 200)
+        try:
+            await asyncio.wait_for(stop.wait(), every)
+        except TimeoutError:
+            pass
+    await asyncio.sleep(random.uniform(0, every))  # the tasks end spread over one interval, not at once
+    runtime = time.time() - began
+    await send({"receipts": [receipt(op, "final", {
+        "process_started": True, "exit_code": 0, "signal": None, "lease_id": lease["lease_id"],
+        "ended_within_lease": True, "runtime_s": runtime, "stop_reason": "exit", "survivors": [],
+        "output_tail": ""}) for op, lease in leases.items()]}, lag["final"])
+    pull.close()
+    sync.close()
+
+
 def section_http(shapes: list[str], env: dict, duration_s: float, conns: list[int]) -> list[dict]:
     data = setup_data(1)
     # "accept_owners": each connection submits as its own owner (acceptance serializes per
@@ -570,6 +719,13 @@ def table(report: dict) -> str:
             r = st[what]
             out.append(f"  {what:<6} | {r['statements']:>3} | x{r.get('ratio_to_read', 1.0)} | HTTP {r['status']} | "
                        + ", ".join(r["sql"]))
+    if report.get("busy"):
+        b = report["busy"]
+        out.append(f"\nbusy: {b['machines']} machines x {b['tasks_per_machine']} tasks | CPU % core | DB xact/s | "
+                   f"sync p50/p99 ms | receipt lag start, final p99 ms | renewals refused | through unknown")
+        out.append(f"  {b['cpu_pct']} | {b['db_xact_per_s']} | {b['sync_in_window']['p50_ms']}/{b['sync_in_window']['p99_ms']} | "
+                   f"{b['receipt_lag_start']['p99_ms']}, {b['receipt_lag_final']['p99_ms']} | {b['renewals_refused']} | "
+                   f"{b['passed_through_unknown']} (after: {b['states_after']})")
     if report.get("worker"):
         w = report["worker"]
         out.append(f"\nworker at rest: {w['cpu_s_per_min']} CPU s/min, RSS {w['rss_mb']} MB, {w['threads']} threads")
@@ -579,9 +735,10 @@ def table(report: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--label", default="run")
-    parser.add_argument("--sections", default="statements,wave,idle,http,board,worker,approvals")
+    parser.add_argument("--sections", default="statements,wave,idle,http,board,worker,approvals,busy")
     parser.add_argument("--wave-workers", type=int, default=1000)
     parser.add_argument("--workers", default="10,100,1000")
+    parser.add_argument("--busy-workers", type=int, default=1000, help="busy simulated workers (section busy)")
     parser.add_argument("--sockets", default="1,100,500")
     parser.add_argument("--shapes", default="daphne,gunicorn")
     parser.add_argument("--connections", default="1,8,32")
@@ -653,6 +810,12 @@ def main() -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.hooks + 256)), hard))
             report["approvals"] = run_approvals(env, dbname, admin_url, hooks=args.hooks, window_s=args.approval_window,
                                                 decisions=args.decisions, state_dirs=10, batch=25)
+        if "busy" in sections:
+            import resource
+
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.busy_workers + 256)), hard))
+            report["busy"] = section_busy(args.busy_workers, env, dbname, args.window)
         if "idle" in sections:
             report["idle"] = section_idle([int(x) for x in args.workers.split(",")], env, dbname, args.window, args.tasks)
     finally:
