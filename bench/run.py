@@ -16,6 +16,11 @@ prefix on that Redis. Sections (``--sections``, comma separated; all by default)
   scratch database), service threads. Then tasks submitted meanwhile: acceptance latency
   (POST -> 201) and delivery latency (POST sent -> the simulated worker's pull answers
   with it).
+  ``--processes P`` runs P daphne processes on the same database and Redis (D1), worker
+  ``i`` on process ``i % P``; CPU, threads and RSS are their sums (the ``wave`` section
+  takes it too).
+- ``busy``: ``--busy-workers`` simulated workers, each running two long tasks at the
+  service's lease timings (``section_busy``, issue 44).
 - ``http``: acceptance (new keys; ``accept_owners``: each connection its own owner),
   replay (the same keys again, A2) and a bare
   authenticated read (``GET /api/budget/``: token auth + one read) in each serving shape
@@ -160,14 +165,46 @@ def xact_commit(dbname: str) -> int:
         return conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [dbname]).fetchone()[0]
 
 
+class Daphnes:
+    """``n`` daphne processes on one database and one Redis (D1). Simulated worker ``i``
+    talks to process ``i % n`` (what a proxy's balancing amounts to for a client that
+    keeps its connection); the owner's requests go to the first."""
+
+    def __init__(self, n: int, env: dict):
+        self.servers = []
+        try:
+            for _ in range(n):
+                self.servers.append(Server("daphne", env))
+        except BaseException:
+            self.stop()
+            raise
+        self.port = self.servers[0].port
+
+    def port_of(self, i: int) -> int:
+        return self.servers[i % len(self.servers)].port
+
+    def cpu_s(self) -> float:
+        return sum(s.cpu_s() for s in self.servers)
+
+    def threads(self) -> int:
+        return sum(s.threads() for s in self.servers)
+
+    def rss_mb(self) -> float:
+        return round(sum(p.memory_info().rss for s in self.servers for p in s.processes()) / 2**20, 1)
+
+    def stop(self):
+        for server in self.servers:
+            server.stop()
+
+
 # --- sections -------------------------------------------------------------------------
 
 
-def section_idle(counts: list[int], env: dict, dbname: str, window_s: float, tasks: int) -> list[dict]:
+def section_idle(counts: list[int], env: dict, dbname: str, window_s: float, tasks: int, processes: int = 1) -> list[dict]:
     rows = []
     data = setup_data(max(counts))
     for n in counts:
-        server = Server("daphne", env)
+        server = Daphnes(processes, env)
         try:
             rows.append(asyncio.run(_idle(server, data, n, dbname, window_s, tasks)))
         finally:
@@ -176,7 +213,7 @@ def section_idle(counts: list[int], env: dict, dbname: str, window_s: float, tas
     return rows
 
 
-async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float, tasks: int) -> dict:
+async def _idle(server: Daphnes, data: dict, n: int, dbname: str, window_s: float, tasks: int) -> dict:
     delivered: dict[str, float] = {}
     errors = {"pull": 0}
     stop = asyncio.Event()
@@ -200,7 +237,7 @@ async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float
     accept, delivery, accept_errors, undelivered = await _submit_then_stop(
         server, data, n, delivered, workers, stop, lambda: next(count, None) is not None)
     return {
-        "workers": n,
+        "workers": n, "processes": len(server.servers), "rss_mb": server.rss_mb(),
         "cpu_pct": round(100 * (cpu1 - cpu0) / elapsed, 1),
         "db_xact_per_s": round((x1 - x0) / elapsed, 1),
         "threads": threads_max,
@@ -210,11 +247,11 @@ async def _idle(server: Server, data: dict, n: int, dbname: str, window_s: float
     }
 
 
-async def _puller(server: Server, data: dict, delivered: dict, errors: dict, stop: asyncio.Event, i: int):
+async def _puller(server: Daphnes, data: dict, delivered: dict, errors: dict, stop: asyncio.Event, i: int):
     """Simulated worker ``i``: pull, ack, pull again until ``stop``; ``delivered[task_id]``
     is when its pull answered with the task, ``data["first_pull"][i]`` when it began its
     first pull (perf_counter)."""
-    conn = Conn(server.port)
+    conn = Conn(server.port_of(i))
     headers = {"Authorization": f"Machine {data['machine_tokens'][i]}"}
     data.setdefault("first_pull", {})[i] = time.perf_counter()
     while not stop.is_set():
@@ -268,7 +305,7 @@ async def _delivered(submitted: dict, delivered: dict) -> list[float]:
     return [delivered[t] - sent for t, sent in submitted.items() if t in delivered]
 
 
-async def _submit_then_stop(server: Server, data: dict, n: int, delivered: dict, workers: list, stop: asyncio.Event,
+async def _submit_then_stop(server: Daphnes, data: dict, n: int, delivered: dict, workers: list, stop: asyncio.Event,
                             more) -> tuple[list[float], list[float], int, int]:
     """Submit a task every 0.5 s while ``more()``, wait for their deliveries, stop the
     pullers: (acceptance latencies, delivery latencies, acceptance errors, undelivered)."""
@@ -287,19 +324,19 @@ async def _submit_then_stop(server: Server, data: dict, n: int, delivered: dict,
     return accept, delivery, accept_errors, len(submitted) - len(delivery)
 
 
-def section_wave(n: int, env: dict, cycles: int) -> dict:
+def section_wave(n: int, env: dict, cycles: int, processes: int = 1) -> dict:
     """``n`` simulated workers start their pulls at the same instant (as after a service
     restart) and keep pulling for ``cycles`` whole pull cycles while a task is submitted
     every 0.5 s: acceptance and delivery latency through the wave and after it."""
     data = setup_data(n)
-    server = Server("daphne", env)
+    server = Daphnes(processes, env)
     try:
         return asyncio.run(_wave(server, data, n, cycles))
     finally:
         server.stop()
 
 
-async def _wave(server: Server, data: dict, n: int, cycles: int) -> dict:
+async def _wave(server: Daphnes, data: dict, n: int, cycles: int) -> dict:
     delivered: dict[str, float] = {}
     errors = {"pull": 0}
     stop = asyncio.Event()
@@ -315,7 +352,7 @@ async def _wave(server: Server, data: dict, n: int, cycles: int) -> dict:
              "first_pull_s": round(first[data["task_machine"][t]] - started, 2)}
             for t, sent in sorted(data["submitted"].items(), key=lambda item: item[1])
             if delivered.get(t, float("inf")) - sent > 0.5]
-    return {"workers": n, "cycles": cycles, "accept": {**lat(accept), "errors": accept_errors},
+    return {"workers": n, "processes": len(server.servers), "cycles": cycles, "accept": {**lat(accept), "errors": accept_errors},
             "delivery": {**lat(delivery), "undelivered": undelivered}, "pull_errors": errors["pull"],
             "late": late, "last_first_pull_s": round(max(first.values()) - started, 2)}
 
@@ -684,10 +721,10 @@ def table(report: dict) -> str:
     out = [f"RunStead bench '{report['label']}' at {report['started']} (load average {report['loadavg']}, "
            f"{report['cpus']} CPUs, git {report['git']})"]
     if report.get("idle"):
-        out.append("\nidle workers, one daphne | CPU % core | DB xact/s | threads | accept p50/p99 ms | delivered p50/p99 ms (undelivered) | pull errors")
+        out.append("\nidle workers | daphnes | RSS MB | CPU % core | DB xact/s | threads | accept p50/p99 ms | delivered p50/p99 ms (undelivered) | pull errors")
         for r in report["idle"]:
             a, d = r["accept"], r["delivery"]
-            out.append(f"  {r['workers']:>5} | {r['cpu_pct']:>6} | {r['db_xact_per_s']:>7} | {r['threads']:>5} | "
+            out.append(f"  {r['workers']:>5} | {r.get('processes', 1)} | {r.get('rss_mb')} | {r['cpu_pct']:>6} | {r['db_xact_per_s']:>7} | {r['threads']:>5} | "
                        f"{a['p50_ms']}/{a['p99_ms']} ({a['errors']} err) | {d['p50_ms']}/{d['p99_ms']} ({d['undelivered']}) | {r['pull_errors']}")
     if report.get("http"):
         out.append("\nHTTP shape | what | conns | req/s | p50 ms | p99 ms | statuses")
@@ -738,6 +775,8 @@ def main() -> int:
     parser.add_argument("--sections", default="statements,wave,idle,http,board,worker,approvals,busy")
     parser.add_argument("--wave-workers", type=int, default=1000)
     parser.add_argument("--workers", default="10,100,1000")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="daphne processes behind the simulated workers (sections idle, wave; D1)")
     parser.add_argument("--busy-workers", type=int, default=1000, help="busy simulated workers (section busy)")
     parser.add_argument("--sockets", default="1,100,500")
     parser.add_argument("--shapes", default="daphne,gunicorn")
@@ -794,7 +833,7 @@ def main() -> int:
         if "statements" in sections:
             report["statements"] = section_statements()
         if "wave" in sections:
-            report["wave"] = section_wave(args.wave_workers, env, cycles=2)
+            report["wave"] = section_wave(args.wave_workers, env, cycles=2, processes=args.processes)
         if "http" in sections:
             report["http"] = section_http(args.shapes.split(","), env, args.http_seconds, [int(x) for x in args.connections.split(",")])
         if "board" in sections:
@@ -817,7 +856,13 @@ def main() -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.busy_workers + 256)), hard))
             report["busy"] = section_busy(args.busy_workers, env, dbname, args.window)
         if "idle" in sections:
-            report["idle"] = section_idle([int(x) for x in args.workers.split(",")], env, dbname, args.window, args.tasks)
+            import resource
+
+            soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+            most = max(int(x) for x in args.workers.split(","))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, most + 1024)), hard))
+            report["idle"] = section_idle([int(x) for x in args.workers.split(",")], env, dbname, args.window, args.tasks,
+                                          processes=args.processes)
     finally:
         from django.db import connections
 
