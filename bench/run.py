@@ -20,7 +20,8 @@ prefix on that Redis. Sections (``--sections``, comma separated; all by default)
   ``i`` on process ``i % P``; CPU, threads and RSS are their sums (the ``wave`` section
   takes it too).
 - ``busy``: ``--busy-workers`` simulated workers, each running two long tasks at the
-  service's lease timings (``section_busy``, issue 44).
+  service's lease timings, beside one real worker running short tasks four at a time
+  (``section_busy``, ``ShortTasks``; issue 44).
 - ``http``: acceptance (new keys; ``accept_owners``: each connection its own owner),
   replay (the same keys again, A2) and a bare
   authenticated read (``GET /api/budget/``: token auth + one read) in each serving shape
@@ -62,6 +63,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -377,15 +379,102 @@ def section_busy(n: int, env: dict, dbname: str, window_s: float) -> dict:
 
     data = setup_data(n)
     server = Server("daphne", env)
+    real = ShortTasks(server, data, env)
     try:
+        real.start()
         row = asyncio.run(_busy(server, data, n, dbname, window_s))
+        real.stop.set()
+        real.join()
     finally:
+        real.stop.set()
+        real.close()
         server.stop()
     mine = Task.objects.filter(machine_id__in=data["machines"])
     row["states_after"] = dict(mine.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
     row["passed_through_unknown"] = TaskEvent.objects.filter(task__in=mine, new_state="unknown").count()
+    row["real_worker"] = real.figures()
     connection.close()
     return row
+
+
+class ShortTasks(threading.Thread):
+    """Beside the busy section's simulated workers: one real paired ``manage.py worker``
+    with ``max_concurrent = 4`` and short tasks (0-2.5 s of ``sleep``), ``RATE`` offered
+    per second until ``stop``. ``figures()``: its tasks' final states, how many passed
+    through ``unknown``, and the lag of its ``running`` and ``final`` receipts (the
+    service's ``received_at`` minus the moment the receipt reports: the launcher's start
+    time, plus ``runtime_s`` for the final one; one machine, one wall clock)."""
+
+    RATE = 2.5
+
+    def __init__(self, server: Server, data: dict, env: dict):
+        import httpx
+
+        super().__init__(daemon=True)
+        self.stop, self.server, self.token = threading.Event(), server, data["token"]
+        self.state = Path(tempfile.mkdtemp(prefix="bench-busy-worker-"))
+        api = {"Authorization": f"Token {self.token}"}
+        code = httpx.post(server.url + "/api/machines/pairing-codes/", json={"name": "real"}, headers=api).json()["code"]
+        subprocess.run([sys.executable, "manage.py", "pair_worker", "--server", server.url, "--code", code,
+                        "--state-dir", str(self.state / "s")], cwd=BASE_DIR, env={**os.environ, **env}, check=True,
+                       capture_output=True)
+        config = self.state / "worker.toml"
+        config.write_text(f'allowed_roots = ["{self.state}"]\nmax_concurrent = 4\n\n[profiles.short]\n'
+                          'argv = ["python3", "-c", "import random, time; time.sleep(random.uniform(0, 2.5))"]\n')
+        self.worker = subprocess.Popen([sys.executable, "manage.py", "worker", "--server", server.url, "--state-dir",
+                                        str(self.state / "s"), "--config", str(config)], cwd=BASE_DIR,
+                                       env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        from django.db import connection
+
+        from tasks_app.models import Machine
+
+        self.machine = str(Machine.objects.filter(owner=data["user"]).exclude(id__in=data["machines"]).get().id)
+        connection.close()
+        httpx.post(server.url + "/api/grants/", json={"machine": self.machine, "path": str(self.state)}, headers=api)
+
+    def run(self):
+        import httpx
+
+        api = {"Authorization": f"Token {self.token}"}
+        with httpx.Client(base_url=self.server.url, headers=api, timeout=30) as client:
+            while not self.stop.wait(1 / self.RATE):
+                client.post("/api/tasks/", headers={"Idempotency-Key": uuid.uuid4().hex}, json={
+                    "machine": self.machine, "folder": str(self.state), "agent": "short", "prompt": "p",
+                    "exclusive": False})
+        from django.db import connection
+
+        from tasks_app.models import Task
+
+        deadline = time.monotonic() + 120  # every task it took ends
+        unfinished = Task.objects.filter(machine_id=self.machine, state__in=("accepted", "delivered", "starting", "running"))
+        while time.monotonic() < deadline and unfinished.exists():
+            time.sleep(1)
+        connection.close()
+
+    def figures(self) -> dict:
+        from django.db.models import Count
+
+        from tasks_app.models import Receipt, Task, TaskEvent
+
+        mine = Task.objects.filter(machine_id=self.machine)
+        lags = {"running": [], "final": []}
+        started = {}
+        for receipt in Receipt.objects.filter(machine_id=self.machine, kind="running").order_by("received_at"):
+            started[receipt.task_id] = receipt.body["facts"]["process_start_time"]
+            lags["running"].append(receipt.received_at.timestamp() - started[receipt.task_id])
+        for receipt in Receipt.objects.filter(machine_id=self.machine, kind="final"):
+            facts = receipt.body["facts"]
+            if receipt.task_id in started and facts.get("runtime_s") is not None:
+                lags["final"].append(receipt.received_at.timestamp() - started[receipt.task_id] - facts["runtime_s"])
+        return {"tasks": mine.count(),
+                "states_after": dict(mine.values_list("state").annotate(n=Count("id")).values_list("state", "n")),
+                "passed_through_unknown": TaskEvent.objects.filter(task__in=mine, new_state="unknown").count(),
+                "running_receipt_lag": lat(lags["running"]), "final_receipt_lag": lat(lags["final"])}
+
+    def close(self):
+        from tests.procs import stop_process
+
+        stop_process(self.worker)
 
 
 async def _busy(server: Server, data: dict, n: int, dbname: str, window_s: float) -> dict:
@@ -763,6 +852,11 @@ def table(report: dict) -> str:
         out.append(f"  {b['cpu_pct']} | {b['db_xact_per_s']} | {b['sync_in_window']['p50_ms']}/{b['sync_in_window']['p99_ms']} | "
                    f"{b['receipt_lag_start']['p99_ms']}, {b['receipt_lag_final']['p99_ms']} | {b['renewals_refused']} | "
                    f"{b['passed_through_unknown']} (after: {b['states_after']})")
+        r = b["real_worker"]
+        out.append(f"  real worker, 4 at a time, short tasks: {r['tasks']} tasks {r['states_after']}, "
+                   f"{r['passed_through_unknown']} through unknown; receipt lag running p50/p99 "
+                   f"{r['running_receipt_lag']['p50_ms']}/{r['running_receipt_lag']['p99_ms']} ms, final "
+                   f"{r['final_receipt_lag']['p50_ms']}/{r['final_receipt_lag']['p99_ms']} ms")
     if report.get("worker"):
         w = report["worker"]
         out.append(f"\nworker at rest: {w['cpu_s_per_min']} CPU s/min, RSS {w['rss_mb']} MB, {w['threads']} threads")
