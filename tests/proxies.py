@@ -1,11 +1,28 @@
 """TCP proxies the tests share: ``Balancer`` (several daphnes behind one address, D1:
 ``tests/test_several_daphnes.py`` and the history run) and ``BlackholeProxy`` (a link
 that goes half-open on demand: ``tests/test_longpoll.py`` and the history run's
-partitions)."""
+partitions). A connection whose two directions have both ended is closed at once (a
+long run opens tens of thousands: the history run's 30 minutes ran out of descriptors
+when they were only closed with the proxy)."""
 import socket
 import threading
 
 from tests.live import local_listener
+
+
+def _one_way_ended(connection: dict, dst: socket.socket) -> None:
+    """The pump of ``connection`` into ``dst`` ended: ``dst`` is told (its write half
+    shut); once both pumps have ended, both sockets are closed."""
+    try:
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    with connection["lock"]:
+        connection["pumps"] -= 1
+        last = connection["pumps"] == 0
+    if last:
+        for sock in connection["sockets"]:
+            sock.close()
 
 
 class Balancer:
@@ -17,8 +34,7 @@ class Balancer:
         self.ports, self.turn = list(ports), 0
         self.listener = local_listener(512)
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
-        self.sockets = []
-        self.connections = []  # {"port", "open"}: where each connection went, and whether it still is
+        self.connections = []  # {"port", "open", ...}: where each connection went, and whether it still is
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -40,8 +56,7 @@ class Balancer:
             if upstream is None:
                 client.close()
                 continue
-            self.sockets += [client, upstream]
-            connection = {"port": port, "open": True}
+            connection = {"port": port, "open": True, "sockets": (client, upstream), "pumps": 2, "lock": threading.Lock()}
             self.connections.append(connection)
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b, connection), daemon=True).start()
@@ -52,6 +67,7 @@ class Balancer:
 
     @staticmethod
     def _pump(src, dst, connection):
+        """Either side's close closes the other (its last pump closes both sockets)."""
         try:
             while data := src.recv(65536):
                 dst.sendall(data)
@@ -63,11 +79,13 @@ class Balancer:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+        _one_way_ended(connection, dst)
 
     def close(self):
         self.listener.close()
-        for sock in self.sockets:
-            sock.close()
+        for connection in list(self.connections):
+            for sock in connection["sockets"]:
+                sock.close()
 
 
 class BlackholeProxy:
@@ -89,18 +107,23 @@ class BlackholeProxy:
             except OSError:
                 return
             upstream = socket.create_connection(("127.0.0.1", self.target))
-            connection = {"sockets": (client, upstream), "request": b"", "holed": threading.Event()}
+            connection = {"sockets": (client, upstream), "request": b"", "holed": threading.Event(), "pumps": 2,
+                          "lock": threading.Lock()}
             self.connections.append(connection)
             for a, b in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(a, b, connection, a is client), daemon=True).start()
 
     def _pump(self, src, dst, connection, from_client):
+        """Forward ``src`` to ``dst`` until it ends; an end is passed on (a holed
+        connection's is not: it stays half-open)."""
         while True:
             try:
                 data = src.recv(65536)
             except OSError:
-                return
+                data = b""
             if not data:
+                if not connection["holed"].is_set():
+                    _one_way_ended(connection, dst)
                 return
             if self.cutting():
                 connection["holed"].set()
@@ -111,6 +134,8 @@ class BlackholeProxy:
             try:
                 dst.sendall(data)
             except OSError:
+                if not connection["holed"].is_set():
+                    _one_way_ended(connection, dst)
                 return
 
     def cutting(self) -> bool:
