@@ -53,3 +53,40 @@ def _sync_folder(folder: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def bell_open(path) -> int:
+    """A doorbell (issue 43: a waiting reader costs nothing): the FIFO ``path`` (mode
+    0600, made if missing), opened for reading and writing, so it never reports an end
+    of file and ``select`` on the returned descriptor blocks until someone rings. The
+    caller drains it (``bell_drain``) before it looks at what the ring announced."""
+    try:
+        os.mkfifo(path, 0o600)
+    except FileExistsError:
+        pass
+    return os.open(path, os.O_RDWR | os.O_NONBLOCK)
+
+
+def bell_drain(fd: int) -> None:
+    """Read every ring waiting on doorbell ``fd`` (``bell_open``)."""
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def bell_ring(path) -> None:
+    """Ring the doorbell FIFO ``path``: one byte, never blocking. Nobody listening (no
+    FIFO yet, or its reader gone) or a full pipe (rings already waiting) is fine: the
+    reader also looks by itself now and then."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # FileNotFoundError, ENXIO (no reader)
+        return
+    try:
+        os.write(fd, b"\0")
+    except OSError:  # EAGAIN: the pipe is full of rings not yet read
+        pass
+    finally:
+        os.close(fd)

@@ -18,8 +18,11 @@ newline to the agent's stdin; ``{"close": true}``: close it), each exactly once,
 appends ``n`` to ``op_dir/written.log`` (fsynced) after each. The worker records a file's
 number before it writes the file, and rewrites a recorded file it finds missing: the
 launcher skips nothing and never takes a number twice, so a line reaches the agent at most
-once whatever the worker's crashes. Files are looked for every ``RUNSTEAD_INBOX_POLL_S``
-seconds (0.02). Before them, ``op_dir/opening`` (when the worker wrote one before the
+once whatever the worker's crashes. The worker rings ``op_dir/inbox.bell`` (a FIFO,
+``machine.files.bell_ring``) after each file; the launcher waits on that bell, and looks
+for the next file by itself at least every ``RUNSTEAD_INBOX_POLL_S`` seconds (1.0): a ring
+is a wake-up, never the only way a file is found, and a conversation that waits costs
+no polling (issue 43). Before them, ``op_dir/opening`` (when the worker wrote one before the
 spawn: a CLI's handshake, e.g. Codex app-server's ``initialize`` and ``thread/start``,
 ``machine/worker/live_agents.py``) is written to the agent's stdin as it is, once.
 
@@ -47,6 +50,7 @@ module in (``machine`` comes from the checkout, as for the worker that started i
 """
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -56,10 +60,11 @@ import time
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from machine import simulated_sleep  # noqa: E402  (test only: time.monotonic unless a test simulates a sleep)
-from machine.files import write_atomic  # noqa: E402
+from machine.files import bell_drain, bell_open, write_atomic  # noqa: E402
 from machine.settings import env_float  # noqa: E402
 
-INBOX_POLL_S = env_float("RUNSTEAD_INBOX_POLL_S", 0.02, minimum=0)
+INBOX_POLL_S = env_float("RUNSTEAD_INBOX_POLL_S", 1.0, minimum=0)
+BELL = "inbox.bell"  # the FIFO the worker rings after each inbox file (module docstring)
 LEASE_CHECK_S = 0.5  # the longest the lease watch waits before it reads lease.json again
 
 
@@ -101,14 +106,16 @@ def _feed(op_dir, feed):
         except (OSError, ValueError):
             return  # the agent closed its input or is gone
     written = os.open(os.path.join(op_dir, "written.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    bell = bell_open(os.path.join(op_dir, BELL))
     n = 0
     try:
         while child.poll() is None:
+            bell_drain(bell)  # rings before this look are answered by it
             try:
                 with open(os.path.join(inbox, f"{n:010d}.json")) as f:
                     item = json.load(f)
             except (FileNotFoundError, ValueError):
-                time.sleep(INBOX_POLL_S)
+                select.select([bell], [], [], INBOX_POLL_S)
                 continue
             with feed.lock:
                 if feed.closed:
@@ -129,6 +136,7 @@ def _feed(op_dir, feed):
                 return
     finally:
         os.close(written)
+        os.close(bell)
 
 
 def _lease_left(op_dir):

@@ -63,8 +63,9 @@ def test_g4_c2_each_message_opens_its_turn_in_the_transcript_with_its_seq(live):
         assert resp.status_code == 200, resp.text
         return resp.json()["results"]
 
-    wait_for(lambda: len([e for e in entries() if e["kind"] == "prompt"]) == 4, timeout_s=15,
-             what="every turn's prompt entry on the service")
+    wait_for(lambda: len([e for e in entries() if e["kind"] == "prompt"]) == 4
+             and f"Done: {texts[-1]!r} is handled" in " ".join(e["text"] for e in entries()), timeout_s=15,
+             what="every turn's prompt entry and the last reply on the service")
     got = entries()
     prompts = [e for e in got if e["kind"] == "prompt"]
     assert [(e["seq"], e["text"]) for e in prompts] == list(enumerate(texts))

@@ -75,7 +75,8 @@ import os
 import uuid
 from collections import deque
 
-from machine.files import write_atomic
+from machine.files import bell_ring, write_atomic
+from machine.launcher import BELL
 from machine.protocol.shapes import RECEIPTS_PATH
 
 from . import faults, live_agents
@@ -89,6 +90,7 @@ KINDS = ("message", "interrupt", "end")
 CLAIM_RETRY_S = 1.0  # C10: a claim the service did not answer is tried again after this
 CLAIM_TIMEOUT_S = 2.0  # C10: the claim's HTTP timeout (the run's thread also keeps the lease deadline, L4)
 OPEN = ("placed", "written")  # a message in a turn that has not ended
+QUIET_AFTER_S = 2.0  # seconds after the last write or answer before a conversation counts as quiet
 DONE = ("placed", "written", "answered")  # a message given its place
 
 
@@ -201,6 +203,11 @@ class ConversationPart:
         self.idle_due: float | None = None  # when C5 closes stdin, if nothing happens first
         self.claim_due: float | None = None  # C10: when an unanswered claim is tried again
         self.taken: deque[tuple[str, str]] = deque()  # (kind, message id) handed over by the poller
+        # Nothing placed, written or taken at the last step, and nothing written or answered
+        # for QUIET_AFTER_S (the turn's last output and progress are sent by then): the
+        # agent waits on its stdin (``run.ProcessPart`` then looks less often; a take
+        # wakes the run at once).
+        self.quiet = False
 
     def take(self, kind: str, message_id: str) -> None:
         """The poller's hand-over (its thread): a ``message``, ``interrupt`` or ``end``
@@ -241,7 +248,10 @@ class ConversationPart:
             log.debug("operation %s: %s %s taken", self.run.operation_id, kind, message_id)
             found = True
         found = self.settle() or found
-        return self._place() or found
+        found = self._place() or found
+        self.quiet = (not found and not self.taken and now - self.last_activity >= QUIET_AFTER_S
+                      and not any(i["state"] in ("received", *OPEN) for i in self._items()))
+        return found
 
     def next_due(self, now: float) -> float | None:
         """C5: when an idle conversation ends, if nothing happens first; C10: when an
@@ -484,3 +494,4 @@ class ConversationPart:
                 return  # not yet (module docstring): the next step's ``_place`` writes it
             body = {"line": line}
         write_atomic(self._path(item["placement"]), json.dumps(body))
+        bell_ring(os.path.join(self.run.op_dir, BELL))

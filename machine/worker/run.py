@@ -34,7 +34,12 @@ from machine.protocol.shapes import StartPayload
 log = logging.getLogger("runstead.worker")
 
 WATCH_INTERVAL_S = 0.2  # the agent's exit and output are looked at this often (L4 asks >= once a second)
+# A live conversation between turns (nothing placed, written or taken: the agent waits on
+# its stdin) is looked at only this often; a message taken wakes it at once (issue 43:
+# an open conversation that waits costs next to nothing).
+QUIET_WATCH_INTERVAL_S = 1.0
 DESCENDANT_SNAPSHOT_S = 1.0  # L8: how often descendants are recorded
+QUIET_DESCENDANT_SNAPSHOT_S = 5.0  # ... while the agent waits on its stdin between turns
 
 
 class RunHooks:
@@ -157,13 +162,16 @@ class ProcessPart:
             self.observer.poll()
             more = self.observer.offset - offset >= MAX_READ_PER_POLL
         if self.next_snapshot is None or now >= self.next_snapshot:
-            self.next_snapshot = now + self.snapshot_every_s
+            quiet = self.run.conversation is not None and self.run.conversation.quiet
+            self.next_snapshot = now + max(self.snapshot_every_s, QUIET_DESCENDANT_SNAPSHOT_S if quiet else 0.0)
             self.snapshot()
         return more
 
     def next_due(self, now: float) -> float:
-        """The next look at the launcher (its exit has no event) or the next snapshot."""
-        look = now + self.watch_interval_s
+        """The next look at the launcher (its exit has no event) or the next snapshot;
+        a quiet conversation (``ConversationPart.quiet``) is looked at less often."""
+        quiet = self.run.conversation is not None and self.run.conversation.quiet
+        look = now + max(self.watch_interval_s, QUIET_WATCH_INTERVAL_S if quiet else 0.0)
         return look if self.next_snapshot is None else min(look, self.next_snapshot)
 
     def ended(self) -> bool:
