@@ -81,6 +81,7 @@ REVOKE_EVERY_S = 12.0  # a grant revoked and granted again about this often (eac
 FACTS = (
     "replayed",  # an idempotent replay answered 2xx (A2)
     "message_kept",  # a conversation message accepted (new key) and not withdrawn at once (C2, C3)
+    "message_received",  # a kept conversation message's text its agent logged it read (C3: the agents' side)
     "smessage_withdrawn",  # a session message's withdraw answered 200 (T2, C10)
     "held_read",  # a session read while a held job was pending and no turn ran (S3)
 )
@@ -136,7 +137,7 @@ class Run:
     def __init__(self, tmp: Path, *, seed: int, duration_s: float, workers: int = 2, clients: int = 3,
                  fault_every_s: float = 2.5, settle_s: float = 60.0, claude: bool = False,
                  service_fault: str | None = None, mix: tuple = MIX, admin: bool = True,
-                 until: dict[str, int] | None = None, until_s: float = 60.0):
+                 until: dict[str, int] | None = None, until_s: float = 60.0, lease_s: float | None = None):
         self.tmp, self.seed, self.duration_s = Path(tmp), seed, duration_s
         self.n_workers, self.n_clients = workers, clients
         self.fault_every_s, self.settle_s = fault_every_s, settle_s
@@ -163,6 +164,8 @@ class Run:
         # at least this often; waited for past ``duration_s``, at most ``until_s`` more.
         self.until, self.until_s = until or {}, until_s
         self.facts = dict.fromkeys(FACTS, 0)
+        self.kept_texts: set[str] = set()  # the texts of the ``message_kept`` messages
+        self.lease_s = lease_s  # the service's lease (default SHORT_TIMINGS' 3 s, which the faults are made for)
 
     # --- recording calls ------------------------------------------------------------------
 
@@ -194,8 +197,25 @@ class Run:
             self.facts[name] += 1
 
     def facts_met(self) -> bool:
+        received = self.received() if "message_received" in self.until else 0
         with self.lock:
+            self.facts["message_received"] = received
             return all(self.facts[name] >= n for name, n in self.until.items())
+
+    def received(self) -> int:
+        """How many kept conversation messages the agents' logs say were read (each once)."""
+        with self.lock:
+            kept = set(self.kept_texts)
+        seen = set()
+        for path in self.agent_log.glob("*.jsonl"):
+            for line in path.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                if entry.get("ev") == "message" and entry.get("text") in kept:
+                    seen.add(entry["text"])
+        return len(seen)
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.balancer.url, timeout=CLIENT_TIMEOUT_S,
@@ -216,6 +236,8 @@ class Run:
         self.redis = faults.OwnRedis(free_port(), self.tmp / "redis.log")
         self.env = {**SHORT_TIMINGS, **SERVICE_ENV, "REDIS_URL": f"redis://127.0.0.1:{self.redis.port}/0",
                     "RUNSTEAD_CHANNEL_PREFIX": f"history{os.getpid()}"}
+        if self.lease_s:
+            self.env["RUNSTEAD_LEASE_DURATION_S"] = str(self.lease_s)
         if self.service_fault:
             self.env.update(HISTORY_SERVICE_FAULT=self.service_fault, PYTHONPATH=str(Path(__file__).parent / "inject"))
         self.database = database_env()
@@ -648,6 +670,8 @@ class Run:
             status, answer = self.call(http, name, "message", "POST", path, json=body, key=key)
             if self.maybe_withdraw(http, name, rng, path, status, answer) is False:
                 self.fact("message_kept")
+                with self.lock:
+                    self.kept_texts.add(body["text"])
 
     def revoke(self, http, name, machine: Machine):
         """Revoke the machine's grant, then grant its folder again (a new grant)."""
