@@ -32,6 +32,13 @@ Then the settle: faults healed, conversations ended, pending approvals decided, 
 until every acknowledged task is final or ``unknown`` (or ``settle_s`` passed), a last
 full read of each, the repositories' base branches, the agents' logs. Waits are on facts
 (reads), never fixed sleeps; the only sleeps are a fault's own length and a poll's pace.
+
+For the checker's own proof (``tests/test_history.py``): ``service_fault`` names faults
+injected into the daphnes (``tests/history/inject/sitecustomize.py``), ``mix`` replaces
+the client mix, ``admin=False`` leaves out the revocations and the unpair, ``lease_s``
+lengthens the service's lease, and ``until`` keeps the mix going past ``duration_s``
+(at most ``until_s`` more) until it has made the facts a fault shows in (``FACTS``,
+counted as answers come and, for ``message_received``, from the agents' logs).
 """
 from __future__ import annotations
 
