@@ -73,7 +73,7 @@ def pytest_collection_modifyitems(config, items):
     """Refuses the run (a usage error naming the tests) when a ``backend_independent``
     test uses the database or the channel layer by a fixture or a marker; then moves the
     tests marked ``runs_long`` to the front, in their order (the rest keep theirs): under
-    ``./test``'s pytest-xdist (``--dist load``) the first runner's first batch begins with
+    ``./test``'s pytest-xdist (``--dist load``) one runner's first batch begins with
     the collection's first test, so a long test starts at once and overlaps the rest of
     the pass instead of adding its length at the end (pytest.ini)."""
     wrong = []
