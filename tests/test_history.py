@@ -316,7 +316,7 @@ INJECTED = {"replay_differs": {("A2/A4", "task")}, "message_twice": {("C3", "tas
 
 @pytest.mark.postgres
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)  # start-up, 6 s of mix, up to 60 s more for its facts, up to 60 s of settle
 def test_a2_c3_c10_s3_a_service_with_injected_faults_fails_the_checker_on_each(transactional_db, tmp_path):
     """One short real run (one worker, no random faults) of a service with four faults
     injected (``tests/history/inject/sitecustomize.py``): replays one byte longer, each
