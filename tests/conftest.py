@@ -68,9 +68,14 @@ BACKEND_FIXTURES = frozenset({
 })
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-django's reordering (tryfirst), which would undo the move
 def pytest_collection_modifyitems(config, items):
     """Refuses the run (a usage error naming the tests) when a ``backend_independent``
-    test uses the database or the channel layer by a fixture or a marker."""
+    test uses the database or the channel layer by a fixture or a marker; then moves the
+    tests marked ``runs_long`` to the front, in their order (the rest keep theirs): under
+    ``./test``'s pytest-xdist (``--dist load``) one runner's first batch begins with
+    the collection's first test, so a long test starts at once and overlaps the rest of
+    the pass instead of adding its length at the end (pytest.ini)."""
     wrong = []
     for item in items:
         if not item.get_closest_marker("backend_independent"):
@@ -81,6 +86,7 @@ def pytest_collection_modifyitems(config, items):
             wrong.append(f"{item.nodeid}: {', '.join(used)}")
     if wrong:
         raise pytest.UsageError("marked backend_independent but uses the database or the layer:\n" + "\n".join(wrong))
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("runs_long") is None)
 
 
 @pytest.fixture(autouse=True)

@@ -32,6 +32,13 @@ Then the settle: faults healed, conversations ended, pending approvals decided, 
 until every acknowledged task is final or ``unknown`` (or ``settle_s`` passed), a last
 full read of each, the repositories' base branches, the agents' logs. Waits are on facts
 (reads), never fixed sleeps; the only sleeps are a fault's own length and a poll's pace.
+
+For the checker's own proof (``tests/test_history.py``): ``service_fault`` names faults
+injected into the daphnes (``tests/history/inject/sitecustomize.py``), ``mix`` replaces
+the client mix, ``admin=False`` leaves out the revocations and the unpair, ``lease_s``
+lengthens the service's lease, and ``until`` keeps the mix going past ``duration_s``
+(at most ``until_s`` more) until it has made the facts a fault shows in (``FACTS``,
+counted as answers come and, for ``message_received``, from the agents' logs).
 """
 from __future__ import annotations
 
@@ -77,6 +84,14 @@ HOOK_EVERY_S = 1.5  # a hooked session's turn ends (its Stop hook runs) about th
 S3_STEP_S = 0.4  # the held-job client's pace between its writes
 MAX_OPEN_TASKS = 24  # no new submit while this many tasks are unfinished: the workers keep up
 REVOKE_EVERY_S = 12.0  # a grant revoked and granted again about this often (each ends its never-leased tasks, P3)
+# What the client mix produced, counted as the answers come (``Run.facts``; ``until``):
+FACTS = (
+    "replayed",  # an idempotent replay answered 2xx (A2)
+    "message_kept",  # a conversation message accepted (new key) and not withdrawn at once (C2, C3)
+    "message_received",  # a kept conversation message's text its agent logged it read (C3: the agents' side)
+    "smessage_withdrawn",  # a session message's withdraw answered 200 (T2, C10)
+    "held_read",  # a session read while a held job was pending and no turn ran (S3)
+)
 
 
 def config_toml(root: Path, agent_log: Path, sleep_file: Path) -> str:
@@ -128,7 +143,8 @@ class Run:
 
     def __init__(self, tmp: Path, *, seed: int, duration_s: float, workers: int = 2, clients: int = 3,
                  fault_every_s: float = 2.5, settle_s: float = 60.0, claude: bool = False,
-                 service_fault: str | None = None):
+                 service_fault: str | None = None, mix: tuple = MIX, admin: bool = True,
+                 until: dict[str, int] | None = None, until_s: float = 60.0, lease_s: float | None = None):
         self.tmp, self.seed, self.duration_s = Path(tmp), seed, duration_s
         self.n_workers, self.n_clients = workers, clients
         self.fault_every_s, self.settle_s = fault_every_s, settle_s
@@ -149,7 +165,14 @@ class Run:
         self.figures: dict = {}
         self.servers, self.machines = [], []
         self.claude, self.model_api, self.claude_tasks = claude, None, []
-        self.service_fault = service_fault  # tests/history/inject/sitecustomize.py
+        self.service_fault = service_fault  # comma-separated: tests/history/inject/sitecustomize.py
+        self.mix, self.admin_ops = mix, admin
+        # Facts the client mix must have produced before the run stops (``FACTS``), each
+        # at least this often; waited for past ``duration_s``, at most ``until_s`` more.
+        self.until, self.until_s = until or {}, until_s
+        self.facts = dict.fromkeys(FACTS, 0)
+        self.kept_texts: set[str] = set()  # the texts of the ``message_kept`` messages
+        self.lease_s = lease_s  # the service's lease (default SHORT_TIMINGS' 3 s, which the faults are made for)
 
     # --- recording calls ------------------------------------------------------------------
 
@@ -168,11 +191,38 @@ class Run:
             pass
         self.rec.op(id=self.rec.new_id(), client=client, f=f, method=method, path=path, key=key, json=json,
                     args=args or {}, t0=t0, t1=time.time(), status=status, body=text, replayed=replayed)
+        if replayed and status is not None and status < 300:
+            self.fact("replayed")
         try:
             parsed = httpx.Response(200, text=text).json() if text else None
         except ValueError:
             parsed = None
         return status, parsed
+
+    def fact(self, name: str) -> None:
+        with self.lock:
+            self.facts[name] += 1
+
+    def facts_met(self) -> bool:
+        received = self.received() if "message_received" in self.until else 0
+        with self.lock:
+            self.facts["message_received"] = received
+            return all(self.facts[name] >= n for name, n in self.until.items())
+
+    def received(self) -> int:
+        """How many kept conversation messages the agents' logs say were read (each once)."""
+        with self.lock:
+            kept = set(self.kept_texts)
+        seen = set()
+        for path in self.agent_log.glob("*.jsonl"):
+            for line in path.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                if entry.get("ev") == "message" and entry.get("text") in kept:
+                    seen.add(entry["text"])
+        return len(seen)
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.balancer.url, timeout=CLIENT_TIMEOUT_S,
@@ -193,6 +243,8 @@ class Run:
         self.redis = faults.OwnRedis(free_port(), self.tmp / "redis.log")
         self.env = {**SHORT_TIMINGS, **SERVICE_ENV, "REDIS_URL": f"redis://127.0.0.1:{self.redis.port}/0",
                     "RUNSTEAD_CHANNEL_PREFIX": f"history{os.getpid()}"}
+        if self.lease_s:
+            self.env["RUNSTEAD_LEASE_DURATION_S"] = str(self.lease_s)
         if self.service_fault:
             self.env.update(HISTORY_SERVICE_FAULT=self.service_fault, PYTHONPATH=str(Path(__file__).parent / "inject"))
         self.database = database_env()
@@ -368,16 +420,20 @@ class Run:
             self.smessages.append((session, key, body))
         path = f"/api/sessions/{session}/messages/"
         status, answer = self.call(http, name, "smessage", "POST", path, json=body, key=key)
-        self.maybe_withdraw(http, name, rng, path, status, answer)
+        if self.maybe_withdraw(http, name, rng, path, status, answer):
+            self.fact("smessage_withdrawn")
 
-    def maybe_withdraw(self, http, name, rng, path, status, answer) -> None:
-        """Note an accepted message; withdraw it at once ``WITHDRAW_P`` of the time (C10)."""
+    def maybe_withdraw(self, http, name, rng, path, status, answer) -> bool | None:
+        """Note an accepted message; withdraw it at once ``WITHDRAW_P`` of the time (C10).
+        None: not accepted; else whether it was withdrawn (the withdraw answered 200)."""
         if status != 201 or not answer:
-            return
+            return None
         with self.lock:
             self.accepted_messages.append(f"{path}{answer['seq']}/")
         if rng.random() < WITHDRAW_P:
-            self.call(http, name, "withdraw", "POST", f"{path}{answer['seq']}/withdraw/")
+            status, _ = self.call(http, name, "withdraw", "POST", f"{path}{answer['seq']}/withdraw/")
+            return status == 200
+        return False
 
     def withdraw_late(self, http, name, rng) -> None:
         """Withdraw one of the last accepted messages, whatever became of it: one delivered
@@ -385,7 +441,10 @@ class Run:
         with self.lock:
             recent = self.accepted_messages[-20:]
         if recent:
-            self.call(http, name, "withdraw", "POST", rng.choice(recent) + "withdraw/")
+            path = rng.choice(recent) + "withdraw/"
+            status, _ = self.call(http, name, "withdraw", "POST", path)
+            if status == 200 and path.startswith("/api/sessions/"):
+                self.fact("smessage_withdrawn")
 
     # --- held jobs: busy/idle never blips (S3) --------------------------------------------
 
@@ -419,12 +478,17 @@ class Run:
                                                                      "state": "running"}, {"turn": wake, "state": "running"}),
                               ("marker", "PUT", base + "marker/", {"turn_id": wake, "device_id": device,
                                                                      "state": "ended"}, {"turn": wake, "state": "ended"})]
+                held = False  # a held job pending and no turn running: only the job keeps it busy (S3)
                 for f, method, path, sent, args in steps:
                     for _ in range(rng.randint(0, 2)):
-                        self.call(http, "s3", "sread", "GET", base, args={"session": session})
+                        status, _ = self.call(http, "s3", "sread", "GET", base, args={"session": session})
+                        if held and status == 200:
+                            self.fact("held_read")
                         time.sleep(S3_STEP_S * rng.random())
                     if not self.s3_write(http, f, method, path, sent, {"session": session, **args}):
                         break  # never answered: the cycle stops here (the checker counts from what was sent)
+                    held = (f == "marker" and args["state"] == "ended" and args["turn"] == turn) or (
+                        held and f == "job_finish" and wakes)
                 self.call(http, "s3", "sread", "GET", base, args={"session": session})
 
     def s3_write(self, http, f, method, path, sent, args) -> bool:
@@ -611,7 +675,10 @@ class Run:
                           (http, name), (other, name + "b"))
         else:
             status, answer = self.call(http, name, "message", "POST", path, json=body, key=key)
-            self.maybe_withdraw(http, name, rng, path, status, answer)
+            if self.maybe_withdraw(http, name, rng, path, status, answer) is False:
+                self.fact("message_kept")
+                with self.lock:
+                    self.kept_texts.add(body["text"])
 
     def revoke(self, http, name, machine: Machine):
         """Revoke the machine's grant, then grant its folder again (a new grant)."""
@@ -669,6 +736,8 @@ class Run:
         while at < self.duration_s:
             events.append((at, "revoke"))
             at += REVOKE_EVERY_S * rng.uniform(0.7, 1.3)
+        if not self.admin_ops:
+            events = []
         with self.client() as http:
             for at, what in sorted(events):
                 while time.monotonic() - began < at:
@@ -677,11 +746,14 @@ class Run:
                 (self.repair if what == "repair" else self.revoke)(http, "admin", machine)
         while time.monotonic() - began < self.duration_s:
             time.sleep(POLL_S)
+        # The facts ``until`` asks for (the mix is random: a short run may not have made them yet).
+        while not self.facts_met() and time.monotonic() - began < self.duration_s + self.until_s:
+            time.sleep(POLL_S)
 
     def client_loop(self, index: int) -> None:
         name = f"c{index}"
         rng = random.Random(f"client-{self.seed}-{index}")
-        kinds, weights = zip(*MIX)
+        kinds, weights = zip(*self.mix)
         with self.client() as http:
             while not self.stop.is_set():
                 self.op(http, name, rng, rng.choices(kinds, weights)[0])
@@ -909,7 +981,7 @@ class Run:
         lines = load(self.record_path)
         ops = [x for x in lines if x["type"] == "op"]
         self.figures.update(
-            operations=len(ops), indeterminate=sum(1 for o in ops if o["status"] is None),
+            operations=len(ops), indeterminate=sum(1 for o in ops if o["status"] is None), facts=dict(self.facts),
             by_kind={f: sum(1 for o in ops if o["f"] == f) for f in sorted({o["f"] for o in ops})},
             faults=sum(1 for x in lines if x["type"] == "fault"),
             by_fault={k: sum(1 for x in lines if x["type"] == "fault" and x["what"] == k) for k in faults.KINDS},
@@ -924,4 +996,4 @@ class Run:
         return (f"seed {self.seed}: {f.get('operations')} operations ({f.get('indeterminate')} indeterminate) "
                 f"{f.get('by_kind')}; {f.get('faults')} faults {f.get('by_fault')}; {f.get('tasks')} tasks "
                 f"{f.get('final_states')}; {f.get('agent_starts')} agent starts, {f.get('agent_messages')} messages "
-                f"received; {f.get('wall_s')} s")
+                f"received; facts {f.get('facts')}; {f.get('wall_s')} s")
