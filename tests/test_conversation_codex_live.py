@@ -125,19 +125,27 @@ def test_c11_c9_codex_app_server_messages_in_order_steers_a_worker_kill_and_an_i
     setup.start_worker()
     wait_states(setup, task_id, {6: "answered"}, timeout=60)
     assert app_servers(setup.repo) == processes  # no second agent process
-    # C4: an interrupt during a long command ends the turn and keeps the thread.
+    # C4: an interrupt during a long command ends the turn and keeps the thread. C9: a
+    # steer Codex accepted during that command and dropped with the interrupted turn (it
+    # never reached the model) is the next turn.
     assert send(setup, task_id, LONG_TOOL).status_code == 201
     wait_for(long_tool_runs, timeout_s=60, what="the long command runs")
+    dropped = send(setup, task_id, "steered then interrupted", delivery="steer")
+    assert dropped.status_code == 201, dropped.text
+    wait_for(lambda: answer(setup, task_id, f"steer:{dropped.json()['id']}"), timeout_s=30,
+             what="Codex answers the turn/steer")
+    assert answer(setup, task_id, f"steer:{dropped.json()['id']}")["result"]["turnId"]  # accepted
     resp = setup.api.post(f"/api/tasks/{task_id}/interrupt/")
     assert resp.status_code == 202, resp.text
-    wait_states(setup, task_id, {7: "answered"}, timeout=30)
+    got = {m["seq"]: m for m in wait_states(setup, task_id, {7: "answered", 8: "answered"}, timeout=30)}
+    assert got[8]["turn_seq"] == 8 and got[8]["consumed_at"] is not None  # its own turn, after
     assert send(setup, task_id, "after the interrupt").status_code == 201
-    wait_states(setup, task_id, {8: "answered"}, timeout=60)
+    wait_states(setup, task_id, {9: "answered"}, timeout=60)
     texts.append("[[slow:3]] across a worker kill")
-    assert codex_turns_started(api) == [*texts, LONG_TOOL, "after the interrupt"]
+    assert codex_turns_started(api) == [*texts, LONG_TOOL, "steered then interrupted", "after the interrupt"]
     events = output_events(setup, task_id)
     completed = [e["params"] for e in events if e.get("method") == "turn/completed"]
-    assert [t["turn"]["status"] for t in completed] == ["completed"] * 6 + ["interrupted", "completed"]
+    assert [t["turn"]["status"] for t in completed] == ["completed"] * 6 + ["interrupted"] + ["completed"] * 2
     assert len({t["threadId"] for t in completed}) == 1  # one thread, one process
     with open(os.path.join(op_dir(setup, task_id), "launcher.json")) as f:
         assert json.load(f)["agent_pid"] == agent_pid and psutil.pid_exists(agent_pid)
@@ -149,7 +157,7 @@ def test_c11_c9_codex_app_server_messages_in_order_steers_a_worker_kill_and_an_i
     assert task["agent_session_id"] == completed[0]["threadId"]
     assert task["agent_result"] == {"is_error": False, "subtype": "completed", "summary": "ok: after the interrupt"}
     usage = task["usage"]
-    assert usage["turns"] == 8 and usage["input_tokens"] > 0 and usage["output_tokens"] > 0
+    assert usage["turns"] == 9 and usage["input_tokens"] > 0 and usage["output_tokens"] > 0
     assert usage["cost_usd"] is None  # Codex reports tokens only
     # The interrupted command outlives its turn (docs/codex-app-server.md) but not the task (L8).
     assert not long_tool_runs()

@@ -58,9 +58,10 @@ here: ``answered`` locally, ``turn_seq`` set); one that opened its turn gets its
 ``result``. So each ``result`` answers exactly one message and the ``answered``
 messages count the agent's turns; nothing is written twice (each message once, by its
 place) and nothing is lost (a steer the running turn did not take is the next turn).
-Codex is told a steer apart (``turn/steer``) and refuses one whose turn has ended: then
-the message gets a second line, an ``again`` item with its ``turn/start`` (``_again``),
-and the refused line gave the model nothing, so the text still reaches it once.
+Codex is told a steer apart (``turn/steer``), refuses one whose turn has ended, and drops
+an accepted one whose turn is interrupted before it took it: then the message gets a
+second line, an ``again`` item with its ``turn/start`` (``_again``); the first gave the
+model nothing, so the text still reaches it once.
 
 Order: queued messages go in the service's ``seq`` order with no gap; a steer goes once
 every message before it is known here and every steer before it is placed (it may pass
@@ -422,8 +423,9 @@ class ConversationPart:
         return found
 
     def _again(self, items: list[dict], placed: list[dict]) -> bool:
-        """C9: each steer the agent refused (``agent.refused``: Codex's ``turn/steer`` when
-        the turn it was to join had ended) is given again, once, as its own turn: an
+        """C9: each steer the agent refused or dropped (``agent.refused``: Codex's
+        ``turn/steer`` when the turn it was to join had ended, or was interrupted before it
+        took the steer) is given again, once, as its own turn: an
         ``again`` item (``item_id`` ``again:<message id>``, the message's ``seq`` and
         ``line``; its line is the adapter's ``turn/start``) recorded, then placed and
         written like any item (record before write: a restart re-reads the refusal and
@@ -439,7 +441,7 @@ class ConversationPart:
             self.ctx.store.record_item(item_id=f"again:{message_id}", operation_id=self.run.operation_id, kind="again",
                                        seq=message["seq"], line=message["line"], wall=self.ctx.clock.wall(),
                                        delivery="steer")
-            log.info("operation %s: the steer of message %s was refused (its turn had ended): it is the next turn",
+            log.info("operation %s: the steer of message %s was refused or dropped by the agent: it is the next turn",
                      self.run.operation_id, message["seq"])
             found = True
         for item in self._items() if found else items:

@@ -42,8 +42,11 @@ A steered message (C9, ``delivery`` ``steer``, not the prompt) is ``turn/steer``
 the message id; accepted, its ``userMessage`` item (in the running turn) says it was
 taken, as for a ``turn/start``. Refused (-32600: "no active turn to steer" when that
 turn ended before Codex read the line, or "expected active turn id ..." when another
-turn runs), nothing happened in the agent: its id joins ``refused`` (in the order seen),
-and the conversation part places an ``again`` item for it, whose line is the message's
+turn runs), nothing happened in the agent: its id joins ``refused`` (in the order seen).
+So does an accepted steer whose turn completed without its ``userMessage`` item: Codex
+drops the pending input of a turn interrupted before its next model request (observed:
+no item, no turn of its own, and the next turn's model request does not carry it,
+docs/codex-app-server.md). For each, the conversation part places an ``again`` item, whose line is the message's
 ``turn/start`` (request id ``msg:<message id>``, as a queued message's): the next turn's
 prompt, or, if a turn runs by then, a steer of it (a ``turn/start`` during a turn joins
 it, docs/codex-app-server.md). So the text reaches the model once either way.
@@ -124,7 +127,9 @@ class AppServer:
         self.thread_id: str | None = None
         self.turns: dict[str, str | None] = {}  # message id -> its turn's id (None: turn/start refused)
         self.turn_id: str | None = None  # the latest turn the output named (C9: a steer's expectedTurnId)
-        self.refused: list[str] = []  # C9: the messages whose turn/steer was refused, in order
+        self.refused: list[str] = []  # C9: the messages whose turn/steer was refused or dropped, in order
+        self.steered: dict[str, list[str]] = {}  # C9: turn id -> the messages steered into it (accepted)
+        self.taken: set[str] = set()  # the client ids of the user items seen
 
     def opening(self, folder: str) -> str:
         lines = [
@@ -142,6 +147,11 @@ class AppServer:
         method = event.get("method")
         if method == "turn/completed":
             self.turns_ended += 1
+            turn = (event.get("params") or {}).get("turn") if isinstance(event.get("params"), dict) else None
+            turn_id = turn.get("id") if isinstance(turn, dict) else None
+            for message_id in self.steered.pop(turn_id, []) if isinstance(turn_id, str) else []:
+                if message_id not in self.taken and message_id not in self.refused:
+                    self.refused.append(message_id)  # accepted, but the turn ended without it: dropped
             return ("result", None)
         if method == "turn/started":
             turn = (event.get("params") or {}).get("turn") if isinstance(event.get("params"), dict) else None
@@ -151,6 +161,7 @@ class AppServer:
         if method == "item/started":
             item = (event.get("params") or {}).get("item") if isinstance(event.get("params"), dict) else None
             if isinstance(item, dict) and item.get("type") == "userMessage" and isinstance(item.get("clientId"), str):
+                self.taken.add(item["clientId"])
                 return ("taken", item["clientId"])
             return None
         request = event.get("id")
@@ -174,6 +185,7 @@ class AppServer:
                     self.refused.append(message_id)
             elif isinstance(result.get("turnId"), str):
                 self.turns[message_id] = self.turn_id = result["turnId"]
+                self.steered.setdefault(result["turnId"], []).append(message_id)
         return None
 
     def line(self, item: dict, items: list[dict]) -> str | None:
