@@ -207,3 +207,6 @@ def test_c9_the_app_server_adapter_steers_with_turn_steer_and_gives_a_refused_st
     agent.see(json.dumps({"method": "turn/completed", "params": {"threadId": "T", "turn": {"id": "U2",
                                                                                              "status": "interrupted"}}}))
     assert agent.refused == ["m3", "m6"]
+    # An acceptance read after its turn's end (were the answer ever written after it): dropped too.
+    agent.see(json.dumps({"id": "steer:m7", "result": {"turnId": "U2"}}))
+    assert agent.refused == ["m3", "m6", "m7"]

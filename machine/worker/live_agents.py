@@ -130,6 +130,7 @@ class AppServer:
         self.refused: list[str] = []  # C9: the messages whose turn/steer was refused or dropped, in order
         self.steered: dict[str, list[str]] = {}  # C9: turn id -> the messages steered into it (accepted)
         self.taken: set[str] = set()  # the client ids of the user items seen
+        self.completed: set[str] = set()  # the ids of the turns completed
 
     def opening(self, folder: str) -> str:
         lines = [
@@ -149,6 +150,8 @@ class AppServer:
             self.turns_ended += 1
             turn = (event.get("params") or {}).get("turn") if isinstance(event.get("params"), dict) else None
             turn_id = turn.get("id") if isinstance(turn, dict) else None
+            if isinstance(turn_id, str):
+                self.completed.add(turn_id)
             for message_id in self.steered.pop(turn_id, []) if isinstance(turn_id, str) else []:
                 if message_id not in self.taken and message_id not in self.refused:
                     self.refused.append(message_id)  # accepted, but the turn ended without it: dropped
@@ -185,7 +188,10 @@ class AppServer:
                     self.refused.append(message_id)
             elif isinstance(result.get("turnId"), str):
                 self.turns[message_id] = self.turn_id = result["turnId"]
-                self.steered.setdefault(result["turnId"], []).append(message_id)
+                if result["turnId"] not in self.completed:
+                    self.steered.setdefault(result["turnId"], []).append(message_id)
+                elif message_id not in self.taken and message_id not in self.refused:
+                    self.refused.append(message_id)  # answered after its turn's end, untaken: dropped
         return None
 
     def line(self, item: dict, items: list[dict]) -> str | None:
