@@ -282,6 +282,26 @@ def steer_refused(s: Session) -> None:
     s.close()
 
 
+def steer_then_interrupt(s: Session) -> None:
+    """``turn/steer`` accepted during a 30 s command, then ``turn/interrupt`` before the
+    command ends (the steer was never taken into a model request), then a ``turn/start``:
+    where the accepted steer goes (C9: never lost, never twice)."""
+    s.handshake()
+    s.turn(LONG_TOOL)
+    s.wait_for(item_started("commandExecution"))
+    s.settle(1)
+    turn_id = s.turn_id
+    s.call("turn/steer", {"threadId": s.thread_id, "expectedTurnId": turn_id,
+                          "input": text_input("steer before interrupt"), "clientUserMessageId": "rs-steer-3"})
+    s.settle(1)
+    s.call("turn/interrupt", {"threadId": s.thread_id, "turnId": turn_id})
+    s.wait_for(TURN_DONE, 40)
+    s.wait_for(TURN_DONE, 5)  # a turn of its own for the pending steer?
+    s.turn("after interrupt", clientUserMessageId="rs-after")
+    s.wait_for(TURN_DONE, 30)
+    s.close()
+
+
 def start_during_turn(s: Session) -> None:
     """A second ``turn/start`` while a 3 s text turn streams."""
     s.handshake()
@@ -334,6 +354,7 @@ SCENARIOS = {
     "steer_during_tool": steer_during_tool,
     "steer_during_text": steer_during_text,
     "steer_refused": steer_refused,
+    "steer_then_interrupt": steer_then_interrupt,
     "start_during_turn": start_during_turn,
     "eof_during_turn": eof_during_turn,
     "eof_during_tool": eof_during_tool,

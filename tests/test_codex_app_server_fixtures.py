@@ -72,6 +72,14 @@ def test_c9_a_steer_with_no_turn_or_the_wrong_turn_is_refused_and_starts_nothing
     assert [x for x in got if x.startswith("completed:")] == ["completed:TURN_1:completed", "completed:TURN_2:completed"]
 
 
+def test_c9_an_accepted_steer_of_a_turn_interrupted_before_it_was_taken_is_dropped():
+    got = outline("steer_then_interrupt")
+    assert "answer:4:TURN_1" in got  # accepted
+    assert not any(x.startswith("user:rs-steer-3") for x in got)  # never taken, no turn of its own
+    assert [x for x in got if x.startswith("completed:")] == ["completed:TURN_1:interrupted", "completed:TURN_2:completed"]
+    assert [x for x in got if x.startswith("user:rs-")] == ["user:rs-after:after interrupt"]
+
+
 def test_c11_turn_start_during_a_turn_steers_it_so_one_message_one_turn_waits_for_turn_completed():
     assert outline("start_during_turn") == [
         "answer:3:TURN_1", "user:None:[[slow:3]] slow text", "answer:4:TURN_1", "user:None:started during turn",
@@ -143,3 +151,62 @@ def test_c11_the_app_server_adapter_waits_for_the_ids_it_needs():
         == ("result", None)
     assert agent.see(json.dumps({"id": "msg:m2", "error": {"code": -32600, "message": "no"}})) == ("result", None)
     assert agent.turns_ended == 2  # a refused turn/start ends its turn: no turn/completed will come
+
+
+def test_c9_the_app_server_adapter_steers_with_turn_steer_and_gives_a_refused_steer_its_own_turn_start():
+    """``live_agents.AppServer`` (C9): a steered message is ``turn/steer`` of the latest turn
+    the output named; an accepted steer's answer names its turn (an interrupt after it
+    stops that turn); a refused one joins ``refused``, and its ``again`` item's line is
+    the message's ``turn/start``, with the same client id, so one text reaches the model."""
+    from machine.worker.live_agents import AppServer
+
+    def user(text):
+        return json.dumps({"type": "user", "message": {"role": "user", "content": text}})
+
+    agent = AppServer()
+    prompt = {"item_id": "m0", "kind": "message", "seq": 0, "delivery": "queue", "placement": 0, "line": user("go")}
+    steer = {"item_id": "m1", "kind": "message", "seq": 1, "delivery": "steer", "placement": 1, "line": user("now")}
+    agent.see(json.dumps({"id": "rs-thread", "result": {"thread": {"id": "T"}}}))
+    assert json.loads(agent.line(prompt, [prompt]))["method"] == "turn/start"  # the prompt is never a steer
+    assert agent.line(steer, [prompt, steer]) is None  # no turn named yet
+    agent.see(json.dumps({"id": "msg:m0", "result": {"turn": {"id": "U1", "status": "inProgress"}}}))
+    assert json.loads(agent.line(steer, [prompt, steer])) == {"id": "steer:m1", "method": "turn/steer", "params": {
+        "threadId": "T", "expectedTurnId": "U1", "input": [{"type": "text", "text": "now"}],
+        "clientUserMessageId": "m1"}}
+    assert agent.see(json.dumps({"id": "steer:m1", "result": {"turnId": "U1"}})) is None  # taken: its user item
+    interrupt = {"item_id": "i2", "kind": "interrupt", "placement": 2, "line": None}
+    assert json.loads(agent.line(interrupt, [prompt, steer, interrupt]))["params"] == {"threadId": "T", "turnId": "U1"}
+    assert agent.refused == [] and agent.turns_ended == 0
+    assert agent.see(json.dumps({"method": "item/started", "params": {"item": {
+        "type": "userMessage", "id": "y", "clientId": "m1", "content": []}}})) == ("taken", "m1")
+    # A later steer whose turn ended first: refused, nothing ended or taken; its second line.
+    agent.see(json.dumps({"method": "turn/completed", "params": {"threadId": "T", "turn": {"id": "U1"}}}))
+    late = {"item_id": "m3", "kind": "message", "seq": 3, "delivery": "steer", "placement": 3, "line": user("late")}
+    assert json.loads(agent.line(late, [prompt, steer, late]))["params"]["expectedTurnId"] == "U1"
+    refusal = {"error": {"code": -32600, "message": "no active turn to steer"}, "id": "steer:m3"}
+    assert agent.see(json.dumps(refusal)) is None
+    agent.see(json.dumps(refusal))  # a restarted worker's re-read, or a repeat: once
+    assert agent.refused == ["m3"] and agent.turns_ended == 1
+    again = {"item_id": "again:m3", "kind": "again", "seq": 3, "delivery": "steer", "placement": 4,
+             "line": late["line"]}
+    assert json.loads(agent.line(again, [prompt, steer, late, again])) == {
+        "id": "msg:m3", "method": "turn/start", "params": {
+            "threadId": "T", "input": [{"type": "text", "text": "late"}], "clientUserMessageId": "m3"}}
+    agent.see(json.dumps({"method": "turn/started", "params": {"threadId": "T", "turn": {"id": "U2"}}}))
+    assert agent.turn_id == "U2"
+    # An accepted steer whose turn completes without its user item (an interrupt came
+    # first: Codex drops it) is given again too; one whose item came is not.
+    taken = {"item_id": "m5", "kind": "message", "seq": 5, "delivery": "steer", "placement": 5, "line": user("a")}
+    lost = {"item_id": "m6", "kind": "message", "seq": 6, "delivery": "steer", "placement": 6, "line": user("b")}
+    for item in (taken, lost):
+        assert json.loads(agent.line(item, [item]))["params"]["expectedTurnId"] == "U2"
+        agent.see(json.dumps({"id": f"steer:{item['item_id']}", "result": {"turnId": "U2"}}))
+    assert agent.see(json.dumps({"method": "item/started", "params": {"item": {
+        "type": "userMessage", "id": "x", "clientId": "m5", "content": []}}})) == ("taken", "m5")
+    assert agent.refused == ["m3"]
+    agent.see(json.dumps({"method": "turn/completed", "params": {"threadId": "T", "turn": {"id": "U2",
+                                                                                             "status": "interrupted"}}}))
+    assert agent.refused == ["m3", "m6"]
+    # An acceptance read after its turn's end (were the answer ever written after it): dropped too.
+    agent.see(json.dumps({"id": "steer:m7", "result": {"turnId": "U2"}}))
+    assert agent.refused == ["m3", "m6", "m7"]

@@ -1157,18 +1157,34 @@ def test_c9_unknown_delivery_is_400_invalid_and_changes_nothing(owner, profiles,
 @pytest.mark.django_db
 def test_c9_steer_where_the_cli_cannot_steer_is_409_steer_unsupported_nothing_stored(
         owner, profiles, grant, grant_root):
-    # A live profile of another preset (Codex, until C11 proves its steer) and a resume
-    # conversation (each message its own follow-up process: nothing runs to steer).
-    resp = machine_api(profiles).put("/api/worker/profiles/", {"profiles": PROFILES + [
-        {"name": "codex-live", "preset": "codex", "conversation": "live"}]}, format="json")
+    # Live profiles of the presets that cannot steer (what decides is the preset, even if a
+    # machine reports them live) and a resume conversation (each message its own follow-up
+    # process: nothing runs to steer).
+    others = [{"name": f"{preset}-live", "preset": preset, "conversation": "live"}
+              for preset in ("gemini", "aider", "opencode")]
+    resp = machine_api(profiles).put("/api/worker/profiles/", {"profiles": PROFILES + others}, format="json")
     assert resp.status_code == 200, resp.content
-    live_other = live_running(owner, profiles, grant_root / "other", agent="codex-live")
-    resume = conversation_id(owner, profiles, grant_root / "resume", agent="gemini")
-    for task_id in (live_other, resume):
+    tasks = [live_running(owner, profiles, grant_root / p["name"], agent=p["name"]) for p in others]
+    tasks.append(conversation_id(owner, profiles, grant_root / "resume", agent="gemini"))
+    for task_id in tasks:
         with NothingWritten():
             assert_error(steer(owner, task_id, key="steer-key"), 409, "steer_unsupported")
         # Nothing stored, the key neither (A5): the same key queues the message.
         assert send(owner, task_id, "queued instead", key="steer-key").status_code == 201
+
+
+@pytest.mark.django_db
+def test_c9_steer_to_a_live_codex_conversation_is_accepted(owner, profiles, grant, grant_root):
+    # C11: Codex's app-server steers (turn/steer, docs/codex-app-server.md).
+    resp = machine_api(profiles).put("/api/worker/profiles/", {"profiles": PROFILES + [
+        {"name": "codex-live", "preset": "codex", "conversation": "live"}]}, format="json")
+    assert resp.status_code == 200, resp.content
+    task_id = live_running(owner, profiles, grant_root / "codex", agent="codex-live")
+    resp = steer(owner, task_id, "now please")
+    assert resp.status_code == 201, resp.content
+    assert resp.json()["delivery"] == "steer" and resp.json()["state"] == "sent"
+    payloads = sorted((m.payload for m in outbox(task_id, "message")), key=lambda p: p["seq"])
+    assert payloads[-1]["delivery"] == "steer" and payloads[-1]["text"] == "now please"
 
 
 @pytest.mark.django_db

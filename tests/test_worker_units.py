@@ -216,6 +216,35 @@ def test_w1_worker_database_of_schema_2_is_migrated(tmp_path):
     assert store.conn.execute("SELECT acked_wall FROM messages").fetchone() == {"acked_wall": 5.0}
 
 
+def test_c9_worker_database_of_schema_5_keeps_its_conversation_items_and_takes_again_items(tmp_path):
+    import sqlite3
+
+    from machine.worker.store import SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5, SCHEMA_VERSION
+
+    path = str(tmp_path / "w.sqlite3")
+    db = sqlite3.connect(path)
+    db.executescript(";".join((SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4, SCHEMA_V5)) + ";PRAGMA user_version = 5;")
+    for n, item_id in enumerate(("z", "a")):  # recorded in this order (not the ids' order)
+        db.execute("INSERT INTO conversation_items (item_id, operation_id, kind, seq, line, state, placement,"
+                   " created_wall, delivery, turn_seq) VALUES (?, 'o', 'message', ?, 'l', 'written', ?, 1, 'steer', ?)",
+                   (item_id, n, n, n or None))
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert store.conn.execute("PRAGMA user_version").fetchone() == {"user_version": SCHEMA_VERSION}
+    assert [(i["item_id"], i["seq"], i["placement"], i["delivery"], i["turn_seq"]) for i in store.items("o")] == [
+        ("z", 0, 0, "steer", None), ("a", 1, 1, "steer", 1)]
+    assert store.record_item(item_id="again:a", operation_id="o", kind="again", seq=1, line="l", wall=2.0,
+                             delivery="steer")
+    assert store.item_moved("again:a", came_from="received", to="placed", placement=2)
+    with pytest.raises(sqlite3.IntegrityError):  # one line per inbox number still (C3)
+        store.record_item(item_id="b", operation_id="o", kind="message", seq=2, line="l", wall=3.0)
+        store.item_moved("b", came_from="received", to="placed", placement=2)
+    with pytest.raises(sqlite3.IntegrityError):  # the kinds are still checked
+        store.conn.execute("INSERT INTO conversation_items (item_id, operation_id, kind, created_wall)"
+                           " VALUES ('c', 'o', 'other', 3)")
+
+
 def test_x1_spawn_count_check_constraint_forbids_a_second_spawn(tmp_path):
     import sqlite3
 

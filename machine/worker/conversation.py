@@ -58,6 +58,10 @@ here: ``answered`` locally, ``turn_seq`` set); one that opened its turn gets its
 ``result``. So each ``result`` answers exactly one message and the ``answered``
 messages count the agent's turns; nothing is written twice (each message once, by its
 place) and nothing is lost (a steer the running turn did not take is the next turn).
+Codex is told a steer apart (``turn/steer``), refuses one whose turn has ended, and drops
+an accepted one whose turn is interrupted before it took it: then the message gets a
+second line, an ``again`` item with its ``turn/start`` (``_again``); the first gave the
+model nothing, so the text still reaches it once.
 
 Order: queued messages go in the service's ``seq`` order with no gap; a steer goes once
 every message before it is known here and every steer before it is placed (it may pass
@@ -385,7 +389,7 @@ class ConversationPart:
                 self._write(item)  # recorded, never written: a crash between the two (C3)
         if any(i["kind"] == "end" and i["placement"] is not None for i in items):
             return False  # stdin is closed (or about to be): nothing more
-        found = False
+        found = self._again(items, placed)
         turn_open = any(i["kind"] == "message" and i["state"] in OPEN for i in items)
         for item in items:
             if item["kind"] == "interrupt" and item["state"] == "received":
@@ -426,6 +430,34 @@ class ConversationPart:
                    wall=self.ctx.clock.wall(), message_id=None)
             self._give_place(self._items()[-1], placed)
             return True
+        return found
+
+    def _again(self, items: list[dict], placed: list[dict]) -> bool:
+        """C9: each steer the agent refused or dropped (``agent.refused``: Codex's
+        ``turn/steer`` when the turn it was to join had ended, or was interrupted before it
+        took the steer) is given again, once, as its own turn: an
+        ``again`` item (``item_id`` ``again:<message id>``, the message's ``seq`` and
+        ``line``; its line is the adapter's ``turn/start``) recorded, then placed and
+        written like any item (record before write: a restart re-reads the refusal and
+        finds the item known). The message itself stays ``written`` until the agent shows
+        it took it (``landings``). True when one was recorded or placed."""
+        refused = getattr(self.agent, "refused", ())
+        by_id = {i["item_id"]: i for i in items}
+        found = False
+        for message_id in refused:
+            message = by_id.get(message_id)
+            if message is None or f"again:{message_id}" in by_id:
+                continue
+            self.ctx.store.record_item(item_id=f"again:{message_id}", operation_id=self.run.operation_id, kind="again",
+                                       seq=message["seq"], line=message["line"], wall=self.ctx.clock.wall(),
+                                       delivery="steer")
+            log.info("operation %s: the steer of message %s was refused or dropped by the agent: it is the next turn",
+                     self.run.operation_id, message["seq"])
+            found = True
+        for item in self._items() if found else items:
+            if item["kind"] == "again" and item["state"] == "received":
+                self._give_place(item, placed)
+                found = True
         return found
 
     def _deliver(self, item: dict, placed: list[dict]) -> bool:
@@ -471,7 +503,7 @@ class ConversationPart:
             placed.append({**item, "placement": n})
             if item["kind"] == "message":
                 self._to_transcript(item)
-            if item["seq"]:  # a message after the prompt (crash tests)
+            if item["kind"] == "message" and item["seq"]:  # a message after the prompt (crash tests)
                 faults.fault("conversation_after_record_before_write")
             self._write({**item, "placement": n})
 

@@ -35,6 +35,21 @@ is ``turn/interrupt`` of the turn of the message placed before it (its id from t
 message id says it was taken; ``turn/completed`` ends a turn, and so does an error answer
 to a ``turn/start`` (no turn will come). EOF during a turn abandons it (observed), hence
 ``end_waits_for_turn``.
+
+A steered message (C9, ``delivery`` ``steer``, not the prompt) is ``turn/steer`` (request id
+``steer:<message id>``) with ``expectedTurnId`` = the latest turn the output named (a
+``turn/start`` or ``turn/steer`` answer, a ``turn/started``), ``clientUserMessageId`` =
+the message id; accepted, its ``userMessage`` item (in the running turn) says it was
+taken, as for a ``turn/start``. Refused (-32600: "no active turn to steer" when that
+turn ended before Codex read the line, or "expected active turn id ..." when another
+turn runs), nothing happened in the agent: its id joins ``refused`` (in the order seen).
+So does an accepted steer whose turn completed without its ``userMessage`` item: Codex
+drops the pending input of a turn interrupted before its next model request (observed:
+no item, no turn of its own, and the next turn's model request does not carry it,
+docs/codex-app-server.md). For each, the conversation part places an ``again`` item, whose line is the message's
+``turn/start`` (request id ``msg:<message id>``, as a queued message's): the next turn's
+prompt, or, if a turn runs by then, a steer of it (a ``turn/start`` during a turn joins
+it, docs/codex-app-server.md). So the text reaches the model once either way.
 """
 from __future__ import annotations
 
@@ -111,6 +126,11 @@ class AppServer:
         self.turns_ended = 0
         self.thread_id: str | None = None
         self.turns: dict[str, str | None] = {}  # message id -> its turn's id (None: turn/start refused)
+        self.turn_id: str | None = None  # the latest turn the output named (C9: a steer's expectedTurnId)
+        self.refused: list[str] = []  # C9: the messages whose turn/steer was refused or dropped, in order
+        self.steered: dict[str, list[str]] = {}  # C9: turn id -> the messages steered into it (accepted)
+        self.taken: set[str] = set()  # the client ids of the user items seen
+        self.completed: set[str] = set()  # the ids of the turns completed
 
     def opening(self, folder: str) -> str:
         lines = [
@@ -128,10 +148,23 @@ class AppServer:
         method = event.get("method")
         if method == "turn/completed":
             self.turns_ended += 1
+            turn = (event.get("params") or {}).get("turn") if isinstance(event.get("params"), dict) else None
+            turn_id = turn.get("id") if isinstance(turn, dict) else None
+            if isinstance(turn_id, str):
+                self.completed.add(turn_id)
+            for message_id in self.steered.pop(turn_id, []) if isinstance(turn_id, str) else []:
+                if message_id not in self.taken and message_id not in self.refused:
+                    self.refused.append(message_id)  # accepted, but the turn ended without it: dropped
             return ("result", None)
+        if method == "turn/started":
+            turn = (event.get("params") or {}).get("turn") if isinstance(event.get("params"), dict) else None
+            if isinstance(turn, dict) and isinstance(turn.get("id"), str):
+                self.turn_id = turn["id"]
+            return None
         if method == "item/started":
             item = (event.get("params") or {}).get("item") if isinstance(event.get("params"), dict) else None
             if isinstance(item, dict) and item.get("type") == "userMessage" and isinstance(item.get("clientId"), str):
+                self.taken.add(item["clientId"])
                 return ("taken", item["clientId"])
             return None
         request = event.get("id")
@@ -144,26 +177,50 @@ class AppServer:
         elif request.startswith("msg:"):
             turn = result.get("turn") if isinstance(result.get("turn"), dict) else {}
             self.turns[request[4:]] = turn.get("id") if isinstance(turn.get("id"), str) else None
+            self.turn_id = self.turns[request[4:]] or self.turn_id
             if "error" in event:
                 self.turns_ended += 1  # refused: no turn, so nothing else will end it
                 return ("result", None)
+        elif request.startswith("steer:"):
+            message_id = request[6:]
+            if "error" in event:
+                if message_id not in self.refused:
+                    self.refused.append(message_id)
+            elif isinstance(result.get("turnId"), str):
+                self.turns[message_id] = self.turn_id = result["turnId"]
+                if result["turnId"] not in self.completed:
+                    self.steered.setdefault(result["turnId"], []).append(message_id)
+                elif message_id not in self.taken and message_id not in self.refused:
+                    self.refused.append(message_id)  # answered after its turn's end, untaken: dropped
         return None
 
     def line(self, item: dict, items: list[dict]) -> str | None:
         if self.thread_id is None:
             return None
-        if item["kind"] == "message":
-            return json.dumps({"id": f"msg:{item['item_id']}", "method": "turn/start", "params": {
+        if item["kind"] == "message" and item.get("delivery") == "steer" and item.get("seq"):
+            if self.turn_id is None:
+                return None  # no turn named yet (the prompt's turn/start is not answered)
+            return json.dumps({"id": f"steer:{item['item_id']}", "method": "turn/steer", "params": {
+                "threadId": self.thread_id, "expectedTurnId": self.turn_id,
+                "input": [{"type": "text", "text": _text(item["line"])}], "clientUserMessageId": item["item_id"]}})
+        if item["kind"] in ("message", "again"):  # again: a refused steer's own turn/start (C9)
+            message_id = item["item_id"].removeprefix("again:") if item["kind"] == "again" else item["item_id"]
+            return json.dumps({"id": f"msg:{message_id}", "method": "turn/start", "params": {
                 "threadId": self.thread_id, "input": [{"type": "text", "text": _text(item["line"])}],
-                "clientUserMessageId": item["item_id"]}})
+                "clientUserMessageId": message_id}})
         if item["kind"] == "interrupt":
             before = [i for i in items if i["kind"] == "message" and i["placement"] is not None
                       and i["placement"] < item["placement"]]
             if not before:
                 return None
             message_id = max(before, key=lambda i: i["placement"])["item_id"]
+            if message_id in self.refused and message_id not in self.turns:
+                # a refused steer (C9) whose own turn/start comes after this line: no turn of
+                # its runs now; the latest turn named gets it (ended: -32600, nothing happens)
+                return json.dumps({"id": f"int:{item['item_id']}", "method": "turn/interrupt", "params": {
+                    "threadId": self.thread_id, "turnId": self.turn_id or ""}})
             if message_id not in self.turns:
-                return None  # its turn/start is not answered yet
+                return None  # its turn/start (or turn/steer) is not answered yet
             # A turn that already ended (or never began) answers -32600, and nothing happens.
             return json.dumps({"id": f"int:{item['item_id']}", "method": "turn/interrupt", "params": {
                 "threadId": self.thread_id, "turnId": self.turns[message_id] or ""}})

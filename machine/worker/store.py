@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from machine.outbox import Immediate, Outbox, connect
 from machine.files import write_atomic
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 DB_NAME = "worker.sqlite3"
 RECORD_RETENTION_S = 7 * 86400.0
 
@@ -141,6 +141,35 @@ CREATE TABLE conversation_items (
 SCHEMA_V5 = """
 ALTER TABLE conversation_items ADD COLUMN delivery TEXT NOT NULL DEFAULT 'queue';
 ALTER TABLE conversation_items ADD COLUMN turn_seq INTEGER
+"""
+
+
+# v6 (C9, Codex): an ``again`` item, the second line of a steered message whose steer the
+# agent refused because the turn had ended (Codex's ``turn/steer``: "no active turn"): the
+# message's ``turn/start`` (``live_agents.AppServer``), its own inbox number (``item_id``
+# ``again:<message id>``, the message's ``seq`` and ``line``). SQLite cannot change a
+# CHECK constraint, so the table is copied (rows in their order: ``items`` reads by rowid).
+SCHEMA_V6 = """
+CREATE TABLE conversation_items_v6 (
+    item_id       TEXT PRIMARY KEY,
+    operation_id  TEXT NOT NULL,
+    kind          TEXT NOT NULL CHECK (kind IN ('message', 'interrupt', 'end', 'again')),
+    seq           INTEGER,
+    line          TEXT,
+    state         TEXT NOT NULL DEFAULT 'received'
+                  CHECK (state IN ('received', 'placed', 'written', 'answered', 'skipped')),
+    placement     INTEGER,
+    created_wall  REAL NOT NULL,
+    delivery      TEXT NOT NULL DEFAULT 'queue',
+    turn_seq      INTEGER,
+    UNIQUE (operation_id, placement)
+);
+INSERT INTO conversation_items_v6 (item_id, operation_id, kind, seq, line, state, placement, created_wall,
+                                   delivery, turn_seq)
+    SELECT item_id, operation_id, kind, seq, line, state, placement, created_wall, delivery, turn_seq
+    FROM conversation_items ORDER BY rowid;
+DROP TABLE conversation_items;
+ALTER TABLE conversation_items_v6 RENAME TO conversation_items
 """
 
 
@@ -261,7 +290,7 @@ class Store:
             if version > SCHEMA_VERSION:
                 raise RuntimeError(f"worker database {self.path} has schema {version}, newer than {SCHEMA_VERSION}")
             for number, schema in ((1, SCHEMA_V1), (2, SCHEMA_V2), (3, SCHEMA_V3), (4, SCHEMA_V4),
-                                   (5, SCHEMA_V5)):
+                                   (5, SCHEMA_V5), (6, SCHEMA_V6)):
                 if version < number:
                     for statement in schema.split(";"):
                         if statement.strip():

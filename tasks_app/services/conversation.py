@@ -107,10 +107,11 @@ def message_accept(*, owner, task_id, text: str, now: datetime, delivery: str = 
     return 201, conversation_message_dict(message), {"task": task}
 
 
-STEER_PRESETS = frozenset({"claude"})
+STEER_PRESETS = frozenset({"claude", "codex"})
 """C9: the presets whose live conversation takes a message into the running turn (Claude
 Code: stdin written mid-turn is folded in at the next tool boundary and echoed with
-``--replay-user-messages``, docs/claude-stream-input.md)."""
+``--replay-user-messages``, docs/claude-stream-input.md; Codex: the app-server's
+``turn/steer``, docs/codex-app-server.md)."""
 
 
 def steer_supported(task: Task) -> bool:
