@@ -6,6 +6,7 @@ live_agents.py's ``OpencodeServe``)."""
 import json
 import os
 
+import httpx
 import psutil
 import pytest
 
@@ -77,9 +78,11 @@ def test_c11_opencode_serve_three_messages_in_order_a_worker_kill_and_an_interru
     assert len(started) == 1, started
     server = started[0]
     assert server.cmdline()[1:] == ["serve", "--hostname", "127.0.0.1", "--port", "0", "--no-mdns"]
-    assert len(server.environ().get("OPENCODE_SERVER_PASSWORD", "")) >= 32
+    password = server.environ().get("OPENCODE_SERVER_PASSWORD", "")
+    assert len(password) >= 32
     listening = [c.laddr for c in server.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
     assert listening and all(addr.ip == "127.0.0.1" for addr in listening)
+    assert all(httpx.get(f"http://127.0.0.1:{addr.port}/session").status_code == 401 for addr in listening)
     # X3: the worker killed (SIGKILL) mid-turn; the next one adopts the same bridge and
     # server, reads their output again and carries on: no second agent process.
     assert send(setup, task_id, "[[slow:3]] across a worker kill").status_code == 201
@@ -99,7 +102,9 @@ def test_c11_opencode_serve_three_messages_in_order_a_worker_kill_and_an_interru
     texts.append("[[slow:3]] across a worker kill")
     assert opencode_turns_started(api) == [*texts, LONG_TOOL, "after the interrupt"]
     with open(os.path.join(op_dir(setup, task_id), "output.log")) as f:
-        events = [json.loads(line) for line in f if line.startswith("{")]
+        output = f.read()
+    assert password not in output
+    events = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
     sessions = {e["properties"]["sessionID"] for e in events if isinstance(e.get("properties"), dict)
                 and "sessionID" in e["properties"]}
     assert len(sessions) == 1  # one session, one server

@@ -1,0 +1,187 @@
+"""What the real ``opencode serve`` (1.18.33, offline) prints through RunStead's bridge,
+recorded by tests/record_opencode_serve.py into tests/fixtures/opencode_serve/, read by
+the live adapter (``live_agents.OpencodeServe``) and the ``opencode_serve`` parser
+(SPEC C1, C4, C11, G2-G4); and how the bridge starts the server (K: loopback only, with a
+password), docs/opencode-server.md."""
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from machine import opencode_bridge
+from machine.worker.live_agents import OpencodeServe, for_preset
+from machine.worker.parsers import make_parser
+from machine.worker.presets import OPENCODE_BRIDGE, PRESETS
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "opencode_serve"
+PROMPTS = {
+    "three_turns": ["first", "[[bash:echo hi]] a tool", "third"],
+    "abort": ["[[bash:sleep 30]] long", "after"],
+    "refused": ["[[error:400]] refused"],
+}
+
+
+def lines(name: str) -> list[str]:
+    return (FIXTURES / f"{name}.jsonl").read_text().splitlines()
+
+
+def events(name: str) -> list[dict]:
+    return [json.loads(line) for line in lines(name)]
+
+
+def adapter_events(name: str) -> list:
+    agent = OpencodeServe()
+    return [e for e in (agent.see(line) for line in lines(name)) if e is not None]
+
+
+def parsed(name: str):
+    parser = make_parser("opencode_serve")
+    for seq, text in enumerate(PROMPTS[name]):
+        parser.turn_prompt(seq, text)
+    for line in lines(name):
+        parser.feed_line(line)
+    parser.close()
+    return parser
+
+
+def test_c11_each_prompt_after_the_last_turn_ended_ends_one_turn_once():
+    """Three prompts, each sent after the previous turn's end: three turn ends, though each
+    terminal assistant message is announced twice and a tool turn has two assistant
+    messages (the first ``finish: tool-calls``)."""
+    stream = events("three_turns")
+    terminal = [e for e in stream if e["type"] == "message.updated" and e["properties"]["info"]["role"] == "assistant"
+                and e["properties"]["info"].get("time", {}).get("completed")]
+    assert [e["properties"]["info"]["finish"] for e in terminal] == ["stop"] * 2 + ["tool-calls"] * 2 + ["stop"] * 4
+    assert adapter_events("three_turns") == [("result", None)] * 3
+    assert stream[0] == {"type": "bridge.ready", "properties": {"sessionID": stream[1]["properties"]["sessionID"]}}
+    assert len({e["properties"]["sessionID"] for e in stream}) == 1  # the bridge keeps only its session's events
+
+
+def test_c4_abort_ends_the_turn_once_though_session_idle_comes_twice_and_keeps_the_session():
+    stream = events("abort")
+    kinds = [e["type"] for e in stream]
+    assert kinds.count("session.idle") == 3  # twice after the abort, once after "after": no turn-end signal
+    errors = [e["properties"]["error"]["name"] for e in stream if e["type"] == "session.error"]
+    assert errors == ["MessageAbortedError"]
+    assert adapter_events("abort") == [("result", None)] * 2
+    tool = [e["properties"]["part"] for e in stream if e["type"] == "message.part.updated"
+            and e["properties"]["part"]["type"] == "tool"][-1]
+    assert tool["state"]["status"] == "error"  # opencode ends the running command with the turn
+
+
+def test_c11_a_turn_refused_by_the_model_api_ends_its_turn():
+    assert adapter_events("refused") == [("result", None)]
+
+
+def test_c11_a_prompt_the_server_refused_ends_a_turn_that_never_began():
+    agent = OpencodeServe()
+    refused = json.dumps({"type": "bridge.error", "properties": {"sessionID": "ses_x", "request": "prompt",
+                                                                 "status": 400, "body": "bad"}})
+    abort_refused = json.dumps({"type": "bridge.error", "properties": {"sessionID": "ses_x", "request": "abort",
+                                                                       "status": 500, "body": ""}})
+    assert [agent.see(refused), agent.see(abort_refused), agent.see("not json"), agent.see("[1]")] == \
+        [("result", None), None, None, None]
+    assert agent.turns_ended == 1
+    parser = make_parser("opencode_serve")
+    parser.turn_prompt(0, "hi")
+    parser.feed_line(refused)
+    assert parser.facts()["agent_result"] == {"is_error": True, "subtype": "prompt_refused",
+                                              "summary": "opencode refused the prompt (400): bad"}
+
+
+def test_g2_g3_g4_the_serve_parser_reads_session_turns_tools_tokens_cost_and_verdict():
+    parser = parsed("three_turns")
+    session = events("three_turns")[0]["properties"]["sessionID"]
+    assert parser.facts() == {
+        "agent_session_id": session,
+        "agent_result": {"is_error": False, "subtype": "stop", "summary": "ok: third"},
+        "usage": {"turns": 3, "tool_calls": 1, "input_tokens": 160, "output_tokens": 32, "cost_usd": 0.00096},
+        "last_message": "ok: third",
+    }
+    assert parser.unknown_events == 0
+    assert [(e["kind"], e["text"], e.get("seq")) for e in parser.entries] == [
+        ("prompt", "first", 0), ("message", "ok: first", None),
+        ("prompt", "[[bash:echo hi]] a tool", 1), ("tool_call", "echo hi", None), ("tool_result", "hi\n", None),
+        ("message", "done.", None),
+        ("prompt", "third", 2), ("message", "ok: third", None),
+    ]
+
+
+def test_c4_g3_an_aborted_turn_is_interrupted_not_an_error_and_the_next_turn_decides():
+    parser = make_parser("opencode_serve")
+    stream = lines("abort")
+    cut = max(i for i, line in enumerate(stream) if '"MessageAbortedError"' in line and '"message.updated"' in line)
+    for line in stream[:cut + 1]:
+        parser.feed_line(line)
+    assert parser.facts()["agent_result"] == {"is_error": False, "subtype": "interrupted", "summary": ""}
+    for line in stream[cut + 1:]:
+        parser.feed_line(line)
+    assert parser.facts()["agent_result"] == {"is_error": False, "subtype": "stop", "summary": "ok: after"}
+    assert [e["kind"] for e in parser.entries if e["kind"] == "error"] == []  # the abort is no error entry
+
+
+def test_g3_a_model_api_error_is_the_turns_error_verdict():
+    parser = parsed("refused")
+    assert parser.facts()["agent_result"] == {"is_error": True, "subtype": "APIError", "summary": "fake refusal"}
+    assert [(e["kind"], e["text"]) for e in parser.entries] == [("prompt", "[[error:400]] refused"),
+                                                                ("error", "fake refusal")]
+
+
+def test_c1_c11_the_opencode_preset_is_live_through_the_bridge_one_prompt_line_per_message():
+    preset = PRESETS["opencode"]
+    assert preset.conversation == "live"
+    assert preset.live_argv == (sys.executable, "-I", OPENCODE_BRIDGE, "{binary}")
+    assert os.path.isfile(OPENCODE_BRIDGE)
+    agent = for_preset("opencode")
+    assert isinstance(agent, OpencodeServe) and agent.parser == "opencode_serve" and agent.end_waits_for_turn
+    assert agent.opening("/f") == ""
+    message = {"kind": "message", "line": json.dumps({"type": "user", "message": {"role": "user",
+                                                                                   "content": "hello\nthere"}})}
+    assert json.loads(agent.line(message, [])) == {"prompt": "hello\nthere"}
+    assert json.loads(agent.line({"kind": "interrupt", "line": None}, [])) == {"abort": True}
+
+
+def test_k_c11_the_bridge_starts_opencode_serve_on_127_0_0_1_with_its_own_password():
+    assert opencode_bridge.serve_argv("/bin/opencode") == [
+        "/bin/opencode", "serve", "--hostname", "127.0.0.1", "--port", "0", "--no-mdns"]
+    env = opencode_bridge.serve_env({"HOME": "/h", "OPENCODE_SERVER_PASSWORD": "", "OPENCODE_SERVER_USERNAME": "x"},
+                                    "s3cret")
+    assert env == {"HOME": "/h", "OPENCODE_SERVER_PASSWORD": "s3cret", "OPENCODE_SERVER_USERNAME": "opencode"}
+    assert not opencode_bridge.keep({"type": "plugin.added", "properties": {"id": "x"}}, "ses_a")
+    assert not opencode_bridge.keep({"type": "message.part.delta", "properties": {"sessionID": "ses_a"}}, "ses_a")
+    assert not opencode_bridge.keep({"type": "session.idle", "properties": {"sessionID": "ses_b"}}, "ses_a")
+    assert opencode_bridge.keep({"type": "session.idle", "properties": {"sessionID": "ses_a"}}, "ses_a")
+
+
+FAKE_SERVE = """#!{python}
+import json, os, sys, time
+with open(os.environ["RECORD"], "w") as f:
+    json.dump({{"argv": sys.argv[1:], "password": os.environ.get("OPENCODE_SERVER_PASSWORD"),
+               "user": os.environ.get("OPENCODE_SERVER_USERNAME")}}, f)
+print("opencode server listening on http://{host}:4096", flush=True)
+time.sleep(30)
+"""
+
+
+def test_k_c11_the_bridge_refuses_a_server_listening_anywhere_but_loopback_and_prints_no_password(tmp_path):
+    """A fake ``opencode`` that says it listens on 0.0.0.0 (as a config's ``server.hostname``
+    or mDNS would make it): the bridge stops it and exits non-zero; the password it was
+    given is fresh for each start and never printed."""
+    fake = tmp_path / "opencode"
+    fake.write_text(FAKE_SERVE.format(python=sys.executable, host="0.0.0.0"))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    passwords = []
+    for n in range(2):
+        record = tmp_path / f"record{n}.json"
+        run = subprocess.run([sys.executable, "-I", OPENCODE_BRIDGE, str(fake)], capture_output=True, timeout=30,
+                             env={**os.environ, "RECORD": str(record), "OPENCODE_SERVER_PASSWORD": "inherited"})
+        assert run.returncode != 0
+        assert b"not 127.0.0.1" in run.stderr
+        seen = json.loads(record.read_text())
+        assert seen["argv"] == ["serve", "--hostname", "127.0.0.1", "--port", "0", "--no-mdns"]
+        assert seen["user"] == "opencode" and len(seen["password"]) >= 32 and seen["password"] != "inherited"
+        assert seen["password"].encode() not in run.stdout + run.stderr
+        passwords.append(seen["password"])
+    assert passwords[0] != passwords[1]
