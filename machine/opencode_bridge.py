@@ -4,13 +4,19 @@ the launcher (``launcher.py``, which speaks to every live agent over stdin/stdou
 
 Usage: ``python -I opencode_bridge.py OPENCODE_BINARY``
 
-It starts ``OPENCODE_BINARY serve --hostname 127.0.0.1 --port 0 --no-mdns`` as its child (in
-the launcher's process group, so the launcher's and the worker's signals reach it, L8) with
+It starts ``OPENCODE_BINARY serve --hostname 127.0.0.1 --port 0 --no-mdns`` as its child with
 a fresh random password in ``OPENCODE_SERVER_PASSWORD`` (HTTP basic auth, user
 ``opencode``): the server is never started without one (opencode's unauthenticated server
 was CVE-2026-22812) nor on another address (an explicit ``--hostname`` wins over any
 ``server.hostname`` of opencode's config; the address it prints is checked too). The
 password lives only in this process and the server's environment; it is never printed.
+
+The server leads a process group of its own (opencode signals process groups when it ends
+its commands; one run of the real test lost the launcher, the bridge and the server to one
+SIGKILL with no record, cause not found: in its own group, whatever it signals stays
+there) and dies with the bridge (``PR_SET_PDEATHSIG``: SIGKILL when the bridge ends, even
+by SIGKILL). SIGTERM to the bridge (the worker's stop, L4, J7; the launcher's lease stop,
+L8) stops the server's group (SIGTERM, then SIGKILL after ``STOP_GRACE_S``) and exits 143.
 
 Then it follows the server's event stream (``GET /event``, server-sent events), creates one
 session (``POST /session``) and prints ``{"type": "bridge.ready", "sessionID"}``; after that:
@@ -30,6 +36,7 @@ session (``POST /session``) and prints ``{"type": "bridge.ready", "sessionID"}``
 Standard library only, run by path with ``python -I`` (as the launcher).
 """
 import base64
+import ctypes
 import http.client
 import json
 import os
@@ -77,7 +84,8 @@ class Server:
         self.password = secrets.token_urlsafe(32)
         self.auth = "Basic " + base64.b64encode(f"{USERNAME}:{self.password}".encode()).decode()
         self.proc = subprocess.Popen(serve_argv(binary), env=serve_env(dict(os.environ), self.password),
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None)
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
+                                     process_group=0, preexec_fn=_die_with_parent)
         self.port = self._port()
         threading.Thread(target=self._drain, daemon=True).start()
 
@@ -141,13 +149,29 @@ class Server:
             time.sleep(0.2)
 
     def stop(self) -> int:
+        """The server's group: SIGTERM, then SIGKILL after ``STOP_GRACE_S``; its status."""
         if self.proc.poll() is None:
-            self.proc.terminate()
+            self._signal(signal.SIGTERM)
             try:
-                return self.proc.wait(STOP_GRACE_S)
+                self.proc.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                pass
+        self._signal(signal.SIGKILL)  # what is left of its group
         return self.proc.wait()
+
+    def _signal(self, sig) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except OSError:
+            pass
+
+
+def _die_with_parent() -> None:
+    """In the server's child before exec: SIGKILL when the bridge ends (Linux prctl)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def keep(event: dict, session_id: str | None) -> bool:
@@ -165,7 +189,17 @@ def main(argv: list[str]) -> int:
         return 2
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+    started: list[Server] = []
+
+    def on_term(*_):
+        for server in started:  # none yet: the server dies with the bridge (parent-death signal)
+            server.stopping = True
+            server.stop()
+        os._exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
     server = Server(argv[0])
+    started.append(server)
     session: dict = {}
     connected = threading.Event()
     threading.Thread(target=server.events, args=(session, connected), daemon=True).start()
@@ -208,6 +242,9 @@ def _exit_with_server(server: Server) -> None:
     """The server ended by itself: so does the bridge, with its status."""
     code = server.proc.wait()
     if not server.stopping:
+        sys.stderr.write(f"runstead opencode bridge: the server ended by itself "
+                         f"({f'signal {-code}' if code < 0 else f'exit {code}'})\n")
+        sys.stderr.flush()
         os._exit(code if code >= 0 else 128 - code)
 
 

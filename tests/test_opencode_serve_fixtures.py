@@ -5,15 +5,21 @@ the live adapter (``live_agents.OpencodeServe``) and the ``opencode_serve`` pars
 password), docs/opencode-server.md."""
 import json
 import os
+import signal
+import socket
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+import pytest
+
 from machine import opencode_bridge
 from machine.worker.live_agents import OpencodeServe, for_preset
 from machine.worker.parsers import make_parser
 from machine.worker.presets import OPENCODE_BRIDGE, PRESETS
+from tests.wait import wait_for
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "opencode_serve"
 PROMPTS = {
@@ -159,7 +165,7 @@ FAKE_SERVE = """#!{python}
 import json, os, sys, time
 with open(os.environ["RECORD"], "w") as f:
     json.dump({{"argv": sys.argv[1:], "password": os.environ.get("OPENCODE_SERVER_PASSWORD"),
-               "user": os.environ.get("OPENCODE_SERVER_USERNAME")}}, f)
+               "user": os.environ.get("OPENCODE_SERVER_USERNAME"), "pid": os.getpid()}}, f)
 print("opencode server listening on http://{host}:4096", flush=True)
 time.sleep(30)
 """
@@ -169,9 +175,7 @@ def test_k_c11_the_bridge_refuses_a_server_listening_anywhere_but_loopback_and_p
     """A fake ``opencode`` that says it listens on 0.0.0.0 (as a config's ``server.hostname``
     or mDNS would make it): the bridge stops it and exits non-zero; the password it was
     given is fresh for each start and never printed."""
-    fake = tmp_path / "opencode"
-    fake.write_text(FAKE_SERVE.format(python=sys.executable, host="0.0.0.0"))
-    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    fake = fake_serve(tmp_path, "0.0.0.0")
     passwords = []
     for n in range(2):
         record = tmp_path / f"record{n}.json"
@@ -185,3 +189,40 @@ def test_k_c11_the_bridge_refuses_a_server_listening_anywhere_but_loopback_and_p
         assert seen["password"].encode() not in run.stdout + run.stderr
         passwords.append(seen["password"])
     assert passwords[0] != passwords[1]
+
+
+def fake_serve(tmp_path, host: str, port: int = 4096) -> Path:
+    fake = tmp_path / "opencode"
+    fake.write_text(FAKE_SERVE.format(python=sys.executable, host=host).replace(":4096", f":{port}"))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    return fake
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_l8_the_server_leads_its_own_group_and_never_outlives_the_bridge(tmp_path, how):
+    """The server (a fake that says it listens on a loopback port where nothing answers, so
+    the bridge waits for its event stream) is in a process group of its own, so what it
+    signals to its group never reaches the launcher's; the bridge killed (SIGKILL: the
+    kernel's parent-death signal) or stopped (SIGTERM: it stops the server's group) takes
+    the server with it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    record = tmp_path / "record.json"
+    bridge = subprocess.Popen([sys.executable, "-I", OPENCODE_BRIDGE, str(fake_serve(tmp_path, "127.0.0.1", port))],
+                              env={**os.environ, "RECORD": str(record)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        seen = wait_for(lambda: record.exists() and json.loads(record.read_text() or "null"), timeout_s=20,
+                        ignore=(ValueError,), what="the fake server started")
+        server = psutil.Process(seen["pid"])
+        assert server.ppid() == bridge.pid
+        assert os.getpgid(server.pid) == server.pid != os.getpgid(bridge.pid)
+        bridge.send_signal(how)
+        assert bridge.wait(20) == (-signal.SIGKILL if how == signal.SIGKILL else 128 + signal.SIGTERM)
+        wait_for(lambda: not server.is_running() or server.status() == psutil.STATUS_ZOMBIE, timeout_s=10,
+                 what="the server gone with the bridge")
+    finally:
+        if bridge.poll() is None:
+            bridge.kill()
+            bridge.wait()
