@@ -71,6 +71,9 @@ def test_c11_opencode_serve_three_messages_in_order_a_worker_kill_and_an_interru
     assert send(setup, task_id, "message one").status_code == 201
     assert send(setup, task_id, "message two").status_code == 201
     wait_states(setup, task_id, {0: "answered", 1: "answered", 2: "answered"}, timeout=90)
+    # C9: opencode cannot take a message into a running turn: refused, nothing stored.
+    refused = send(setup, task_id, "now please", delivery="steer")
+    assert (refused.status_code, refused.json()["error"]) == (409, "steer_unsupported")
     texts = ["[[slow:2]] first turn", "message one", "message two"]
     assert opencode_turns_started(api) == texts  # each once, in order, one model turn each
     # One server, on 127.0.0.1 with a password only it and the bridge know (K: never open).
