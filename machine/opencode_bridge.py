@@ -30,7 +30,9 @@ session (``POST /session``) and prints ``{"type": "bridge.ready", "sessionID"}``
 - stdout: each event of the session as one JSON line ``{"type", "properties"}`` as the
   server sent it, but for ``message.part.delta`` and ``session.diff`` (the part's
   final ``message.part.updated`` carries the text; the diffs can be large); events of no
-  session are left out (plugin and catalog chatter, heartbeats);
+  session are left out (plugin and catalog chatter, heartbeats); when the stream drops
+  and comes back, the session's messages are printed again as events (``resync``: a turn
+  that ended meanwhile is not lost, so the session never stays busy here);
 - the server ending ends the bridge with its status.
 
 Standard library only, run by path with ``python -I`` (as the launcher).
@@ -131,6 +133,8 @@ class Server:
                 resp = conn.getresponse()
                 if resp.status != 200:
                     raise OSError(f"/event answered {resp.status}")
+                if connected.is_set() and session.get("id"):
+                    self.resync(session["id"])  # what the stream missed while it was down
                 connected.set()
                 for raw in resp.fp:
                     line = raw.decode("utf-8", "replace").rstrip("\r\n")
@@ -147,6 +151,25 @@ class Server:
             finally:
                 conn.close()
             time.sleep(0.2)
+
+    def resync(self, session_id: str) -> None:
+        """After the event stream dropped and came back: the session's messages as the
+        server lists them (``GET /session/{id}/message``), printed as the events that
+        would have said the same (each part's ``message.part.updated``, then its message's
+        ``message.updated``), so a turn that ended meanwhile still ends here (the adapter
+        and the parser count each turn end and part once)."""
+        try:
+            status, body = self.request("GET", f"/session/{session_id}/message")
+            listed = json.loads(body) if status == 200 else []
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            sys.stderr.write(f"runstead opencode bridge: resync: {exc}\n")
+            return
+        for message in listed if isinstance(listed, list) else []:
+            if not isinstance(message, dict) or not isinstance(message.get("info"), dict):
+                continue
+            for part in message.get("parts") or []:
+                emit({"type": "message.part.updated", "properties": {"sessionID": session_id, "part": part}})
+            emit({"type": "message.updated", "properties": {"sessionID": session_id, "info": message["info"]}})
 
     def stop(self) -> int:
         """The server's group: SIGTERM, then SIGKILL after ``STOP_GRACE_S``; its status."""

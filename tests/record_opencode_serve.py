@@ -12,6 +12,9 @@ after the previous turn's end (a terminal assistant ``message.updated``):
 - ``abort.jsonl``: a long tool call, ``{"abort": true}`` while it runs, then "after";
 - ``refused.jsonl``: a prompt the fake API refuses (``[[error:400]]``).
 
+``listing.json`` (``GET /session/{id}/message`` after one answered prompt "hi", what the
+bridge prints again after its event stream came back) was taken by hand the same way.
+
 Paths become ``/home/dev``; ids stay as the server made them.
 """
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -43,7 +47,6 @@ class Bridge:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         self.lines: list[str] = []
         self.adapter = OpencodeServe()
-        import threading
         threading.Thread(target=self._read, daemon=True).start()
         wait_for(lambda: any('"bridge.ready"' in line for line in self.lines), timeout_s=90, what="the session")
 

@@ -10,6 +10,7 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -226,3 +227,86 @@ def test_l8_the_server_leads_its_own_group_and_never_outlives_the_bridge(tmp_pat
         if bridge.poll() is None:
             bridge.kill()
             bridge.wait()
+
+
+FAKE_HTTP_SERVE = """#!{python}
+# A stand-in for ``opencode serve`` speaking its HTTP as recorded: basic auth with the
+# password it was given, /event (the first stream drops once the session exists),
+# POST /session, GET /session/ID/message (the recorded listing).
+import base64, json, os, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+AUTH = "Basic " + base64.b64encode(("opencode:" + os.environ["OPENCODE_SERVER_PASSWORD"]).encode()).decode()
+LISTING = open({listing!r}).read()
+created, streams = threading.Event(), []
+log = open(os.environ["RECORD"], "a")
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def reply(self, status, body=b"", kind="application/json"):
+        self.send_response(status); self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
+    def allowed(self):
+        ok = self.headers.get("Authorization") == AUTH
+        log.write(json.dumps([self.command, self.path, ok]) + "\\n"); log.flush()
+        if not ok: self.reply(401)
+        return ok
+    def do_POST(self):
+        if self.allowed():
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            created.set(); self.reply(200, json.dumps({{"id": "ses_fake"}}).encode())
+    def do_GET(self):
+        if not self.allowed(): return
+        if self.path == "/session/ses_fake/message":
+            return self.reply(200, LISTING.encode())
+        streams.append(1)
+        self.send_response(200); self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close"); self.end_headers()
+        self.wfile.write(b'data: {{"type":"server.connected","properties":{{}}}}\\n\\n'); self.wfile.flush()
+        if len(streams) == 1:
+            created.wait(30); time.sleep(0.3); self.close_connection = True; return  # the stream drops
+        while True:
+            time.sleep(0.5)
+            self.wfile.write(b'data: {{"type":"server.heartbeat","properties":{{}}}}\\n\\n'); self.wfile.flush()
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+print("opencode server listening on http://127.0.0.1:%d" % server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def test_c11_c6_the_bridge_calls_with_its_password_and_a_dropped_event_stream_loses_no_turn_end(tmp_path):
+    """A stand-in server (real HTTP, the recorded shapes): every request the bridge makes
+    carries the password's basic auth; after the event stream drops and comes back, the
+    bridge prints the session's messages again (``resync``), so the turn that ended
+    meanwhile ends here once (C6: the session never stays busy)."""
+    fake = tmp_path / "opencode"
+    fake.write_text(FAKE_HTTP_SERVE.format(python=sys.executable, listing=str(FIXTURES / "listing.json")))
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    record = tmp_path / "requests.jsonl"
+    bridge = subprocess.Popen([sys.executable, "-I", OPENCODE_BRIDGE, str(fake)], env={**os.environ,
+                              "RECORD": str(record)}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              start_new_session=True)
+    agent, parser, out = OpencodeServe(), make_parser("opencode_serve"), []
+    parser.turn_prompt(0, "hi")
+    watchdog = threading.Timer(30, bridge.kill)  # no turn end: its stdout ends, the asserts say why
+    watchdog.start()
+    try:
+        for raw in bridge.stdout:
+            line = raw.decode().rstrip("\n")
+            out.append(line)
+            parser.feed_line(line)
+            if agent.see(line) == ("result", None):
+                break
+        requests = [json.loads(x) for x in record.read_text().splitlines()]
+    finally:
+        watchdog.cancel()
+        bridge.stdin.close()
+        assert bridge.wait(20) == 0
+    assert [r[:2] for r in requests] == [["GET", "/event"], ["POST", "/session"], ["GET", "/event"],
+                                         ["GET", "/session/ses_fake/message"]]
+    assert all(ok for _, _, ok in requests)
+    assert json.loads(out[0]) == {"type": "bridge.ready", "properties": {"sessionID": "ses_fake"}}
+    assert agent.turns_ended == 1
+    assert parser.facts()["agent_result"] == {"is_error": False, "subtype": "stop", "summary": "ok: hi"}
+    assert parser.facts()["usage"]["cost_usd"] > 0
