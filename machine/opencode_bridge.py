@@ -92,21 +92,24 @@ class Server:
         threading.Thread(target=self._drain, daemon=True).start()
 
     def _port(self) -> int:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                raise SystemExit(f"runstead opencode bridge: the server ended before it listened "
-                                 f"(exit {self.proc.wait()})")
-            text = line.decode("utf-8", "replace").rstrip()
-            sys.stderr.write(f"opencode serve: {text}\n")
-            if (match := LISTENING.search(text)) is not None:
-                if match.group(1) != HOST:
-                    self.stop()
-                    raise SystemExit(f"runstead opencode bridge: the server listens on {match.group(1)}, not {HOST}")
-                return int(match.group(2))
-        self.stop()
-        raise SystemExit("runstead opencode bridge: the server did not listen in time")
+        """The port of the server's "listening on" line; SystemExit when it names another
+        address, or the server ends (or is ended, ``START_TIMEOUT_S`` after its start)
+        before it says it listens."""
+        watchdog = threading.Timer(START_TIMEOUT_S, self.stop)
+        watchdog.start()
+        try:
+            for line in self.proc.stdout:
+                text = line.decode("utf-8", "replace").rstrip()
+                sys.stderr.write(f"opencode serve: {text}\n")
+                if (match := LISTENING.search(text)) is not None:
+                    if match.group(1) != HOST:
+                        self.stop()
+                        raise SystemExit(f"runstead opencode bridge: the server listens on {match.group(1)}, "
+                                         f"not {HOST}")
+                    return int(match.group(2))
+        finally:
+            watchdog.cancel()
+        raise SystemExit(f"runstead opencode bridge: the server ended before it listened (exit {self.stop()})")
 
     def _drain(self) -> None:
         for line in self.proc.stdout:
