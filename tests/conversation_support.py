@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tests.agent_clis import offline
 from tests.claude_cli import write_claude_profile
-from tests.model_apis import AnthropicAPI, ResponsesAPI, steer_notes
+from tests.model_apis import AnthropicAPI, ChatAPI, ResponsesAPI, steer_notes
 from tests.wait import wait_for
 from tests.worker_harness import LiveSetup
 
@@ -42,6 +42,35 @@ def codex_conversation_setup(url: str, owner, tmp_path, api: ResponsesAPI) -> Li
     setup.start_worker()
     wait_live_profile(setup)
     return setup
+
+
+def opencode_conversation_setup(url: str, owner, tmp_path, api: ChatAPI) -> LiveSetup:
+    """A paired worker whose ``opencode`` profile is the real opencode offline against
+    ``api`` (``conversation`` live by its preset: ``opencode serve`` behind
+    machine/opencode_bridge.py, C11); returns once the service knows the profile can
+    converse live."""
+    setup = LiveSetup(url, owner, tmp_path)
+    subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
+    profile = offline("opencode", tmp_path / "home", api).profile()
+    env = ", ".join(f"{key} = {json.dumps(value)}" for key, value in profile["env"].items())
+    setup.config.write_text(f'allowed_roots = ["{setup.root}"]\n[profiles.opencode]\npreset = "opencode"\n'
+                            f'binary = {json.dumps(profile["binary"])}\nenv = {{ {env} }}\n')
+    setup.start_worker()
+    wait_live_profile(setup)
+    return setup
+
+
+def opencode_turns_started(api: ChatAPI) -> list[str]:
+    """The user texts that started a model turn, in the order the fake Chat Completions API
+    saw them: a request offering tools (not a title call) whose last user text has no tool
+    result after it."""
+    out = []
+    for path, body in api.requests:
+        if path.startswith("/v1/chat/completions") and body.get("tools"):
+            prompt, tools_done = ChatAPI.conversation(body)
+            if tools_done == 0:
+                out.append(prompt)
+    return out
 
 
 def codex_turns_started(api: ResponsesAPI) -> list[str]:

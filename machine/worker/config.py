@@ -12,7 +12,7 @@ TOML file::
     binary = "/opt/homebrew/bin/claude"    # optional; default: looked up on PATH at start
     isolation = "worktree"                 # G7: each task on its own branch (a task's "isolation" wins)
     approvals = "ask"                      # Q5: what would prompt asks the owner (default "off": denied)
-    conversation = "live"                  # C1: the preset's most ("live" for claude and codex); "resume", "none"
+    conversation = "live"                  # C1: the preset's most ("live" for claude, codex and opencode); "resume", "none"
 
     [profiles.script]
     argv = ["/usr/bin/python3", "job.py", "{prompt}"]   # "{prompt}" -> the prompt as ONE argument

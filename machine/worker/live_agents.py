@@ -227,7 +227,60 @@ class AppServer:
         return None
 
 
-ADAPTERS = {"claude": StreamJson, "codex": AppServer}
+class OpencodeServe:
+    """opencode's ``serve`` through RunStead's bridge (``machine/opencode_bridge.py``,
+    docs/opencode-server.md): no opening (the bridge creates the session); a message is
+    ``{"prompt": TEXT}``, an interrupt ``{"abort": true}`` (the session stays, C4). A
+    turn ends with the first terminal assistant message answering its user message: a
+    ``message.updated`` of role ``assistant`` with ``time.completed`` whose ``finish`` is
+    not ``tool-calls`` (the model is done) or that carries an ``error`` (aborted, API
+    error), counted once per ``parentID`` (the user message; its updates repeat, and
+    ``session.idle`` is no turn end: after an abort it came twice, observed); a prompt
+    the server refused (``bridge.error``) makes no turn, so it ends one too. opencode
+    merges prompts sent during a turn into one (observed), so one message goes at a time
+    (C3 queues) and none is steered. Closing the bridge's stdin stops the server, a
+    running turn with it, hence ``end_waits_for_turn``."""
+
+    parser = "opencode_serve"
+    end_waits_for_turn = True
+
+    def __init__(self):
+        self.turns_ended = 0
+        self.answered: set[str] = set()  # user message ids whose turn ended
+
+    def opening(self, folder: str) -> str:
+        return ""
+
+    def see(self, line: str) -> Event | None:
+        if not line.startswith("{") or (event := _json_object(line)) is None:
+            return None
+        kind = event.get("type")
+        props = event.get("properties") if isinstance(event.get("properties"), dict) else {}
+        if kind == "bridge.error" and props.get("request") == "prompt":
+            self.turns_ended += 1
+            return ("result", None)
+        if kind != "message.updated" or not isinstance(info := props.get("info"), dict):
+            return None
+        time_ = info.get("time") if isinstance(info.get("time"), dict) else {}
+        parent = info.get("parentID")
+        if info.get("role") != "assistant" or not isinstance(parent, str) or parent in self.answered \
+                or not time_.get("completed"):
+            return None
+        if not info.get("error") and info.get("finish") in ("tool-calls", "tool_calls", None):
+            return None
+        self.answered.add(parent)
+        self.turns_ended += 1
+        return ("result", None)
+
+    def line(self, item: dict, items: list[dict]) -> str | None:
+        if item["kind"] == "message":
+            return json.dumps({"prompt": _text(item["line"])})
+        if item["kind"] == "interrupt":
+            return json.dumps({"abort": True})
+        return None
+
+
+ADAPTERS = {"claude": StreamJson, "codex": AppServer, "opencode": OpencodeServe}
 
 
 def for_preset(preset: str | None):

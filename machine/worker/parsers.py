@@ -883,6 +883,93 @@ class OpencodeParser(TextParser):
         return True
 
 
+class OpencodeServeParser(OpencodeParser):
+    """opencode ``serve``'s event stream through RunStead's bridge (a live conversation,
+    C11; ``machine/opencode_bridge.py``, docs/opencode-server.md): lines ``{type,
+    properties}``. ``bridge.ready`` names the session; ``message.part.updated`` parts become
+    ``run --format json``'s events as ``run`` itself makes them (a ``text`` part once it has
+    ``time.end``, a ``tool`` part once ``completed`` or ``error``, each ``step-finish`` with
+    its tokens and cost; each part once: its updates repeat); a turn is an assistant
+    ``message.updated`` answering a user message not seen before (its ``parentID``), and
+    it ends at the first terminal one (``time.completed`` and a ``finish`` other than
+    ``tool-calls``, or an ``error``; the same rule as ``live_agents.OpencodeServe``), the
+    verdict so far: an error ``MessageAbortedError`` (C4) -> ``interrupted``, no error;
+    another error -> ``is_error`` with its name and message; else success (``finish``).
+    ``session.error`` events are error entries (but for the abort); a prompt the server
+    refused (``bridge.error``) ends its turn as an error. The user's messages are the
+    conversation's (``turn_prompt``), not read from the stream."""
+
+    name = "opencode_serve"
+
+    def __init__(self, prompt: str | None = None) -> None:
+        super().__init__(prompt)
+        self._seen: dict = {}  # part ids and turn keys already handled, the last CALLS_KEPT
+
+    def _once(self, key) -> bool:
+        if not isinstance(key, str) or key in self._seen:
+            return False
+        if len(self._seen) >= CALLS_KEPT:
+            self._seen.pop(next(iter(self._seen)))
+        self._seen[key] = True
+        return True
+
+    def on_event(self, event: dict) -> bool:
+        kind, props = event.get("type"), _dict(event.get("properties"))
+        if not isinstance(kind, str):
+            return False
+        if kind == "bridge.ready":
+            if isinstance(props.get("sessionID"), str):
+                self.agent_session_id = props["sessionID"]
+            return True
+        if kind == "bridge.error":
+            if props.get("request") == "prompt":
+                message = f"opencode refused the prompt ({props.get('status')}): {props.get('body') or ''}"
+                self.turn_ended()
+                self.set_result(is_error=True, subtype="prompt_refused", summary=message)
+                self.add_entry("error", message)
+            return True
+        if kind == "message.part.updated":
+            part = _dict(props.get("part"))
+            ptype, pid = part.get("type"), part.get("id")
+            done = {"text": bool(_dict(part.get("time")).get("end")),
+                    "tool": _dict(part.get("state")).get("status") in ("completed", "error"),
+                    "step-finish": True}.get(ptype, False)
+            if done and self._once(pid):
+                run_kind = {"text": "text", "tool": "tool_use", "step-finish": "step_finish"}[ptype]
+                super().on_event({"type": run_kind, "sessionID": self.agent_session_id, "part": part})
+            return True
+        if kind == "message.updated":
+            self._assistant(_dict(props.get("info")))
+            return True
+        if kind == "session.error":
+            error = _dict(props.get("error"))
+            if error.get("name") != "MessageAbortedError":
+                self.add_entry("error", str(_dict(error.get("data")).get("message") or error.get("name") or "error"))
+            return True
+        return kind.startswith(("session.", "message.", "permission.", "todo.", "file.", "lsp.", "command."))
+
+    def _assistant(self, info: dict) -> None:
+        parent = info.get("parentID")
+        if info.get("role") != "assistant" or not isinstance(parent, str):
+            return
+        if self._once(f"turn:{parent}"):
+            self.turns += 1
+        terminal = _dict(info.get("time")).get("completed") and (
+            info.get("error") or info.get("finish") not in ("tool-calls", "tool_calls", None))
+        if not terminal or not self._once(f"end:{parent}"):
+            return
+        self.turn_ended()
+        error = _dict(info.get("error"))
+        if error.get("name") == "MessageAbortedError":
+            self.set_result(is_error=False, subtype="interrupted", summary=self.last_message)
+        elif error:
+            self.set_result(is_error=True, subtype=str(error.get("name") or "error"),
+                            summary=str(_dict(error.get("data")).get("message") or ""))
+        else:
+            self.set_result(is_error=False, subtype=str(info.get("finish") or "stop"), summary=self.last_message)
+        self.flush_message()
+
+
 _AIDER_TOKENS = re.compile(r"^Tokens:\s+(?P<sent>[\d.,]+)(?P<su>[kKmM]?) sent\b.*?(?P<recv>[\d.,]+)(?P<ru>[kKmM]?) received\.")
 _AIDER_COST = re.compile(r"Cost:\s+\$(?P<msg>[\d.,]+) message,\s+\$(?P<session>[\d.,]+) session")
 _SCALE = {"": 1, "k": 1_000, "m": 1_000_000}
@@ -980,6 +1067,7 @@ PARSERS = {
     "codex_app_server": CodexAppServerParser,
     "gemini": GeminiParser,
     "opencode": OpencodeParser,
+    "opencode_serve": OpencodeServeParser,
     "aider": AiderParser,
 }
 

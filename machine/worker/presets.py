@@ -21,9 +21,14 @@ prompt that starts with ``-`` is never read as an option.
 """
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass, field
 
 PROMPT_VIA = ("arg", "stdin")
+# C11: opencode's live conversation runs ``opencode serve`` behind this bridge (stdio to
+# the launcher, HTTP to the loopback server), by path with ``python -I`` as the launcher.
+OPENCODE_BRIDGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "opencode_bridge.py")
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,11 @@ PRESETS: dict[str, Preset] = {
         resume=("--session", "{session_id}"),
         prompt_vias=("stdin",),
         doc="opencode run, JSON events, prompt on stdin",
+        # C11: `opencode serve` on 127.0.0.1 with a random password, driven over HTTP by
+        # machine/opencode_bridge.py (the launcher's agent: JSON lines on its stdin and
+        # stdout; docs/opencode-server.md; live_agents.OpencodeServe). The profile's
+        # extra_args are run's flags: not given.
+        live_argv=(sys.executable, "-I", OPENCODE_BRIDGE, "{binary}"),
     ),
     # aider: `aider --message PROMPT --yes` runs one instruction and exits 0 whatever
     # happened, API errors included; plain text. Its `--analytics-log` (kept local with
