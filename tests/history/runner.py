@@ -851,7 +851,7 @@ class Run:
         found = []
         for proc in psutil.process_iter(["pid", "cmdline"]):
             argv = proc.info["cmdline"] or []
-            if any(a.endswith("launcher.py") for a in argv[:4]) and "--inbox" in argv:
+            if any(a.endswith("launcher.py") for a in argv[:4]) and "--inbox" in argv and self._ours(argv):
                 found.append((str(AGENT) in argv, proc.info["pid"]))  # (not Claude, pid)
         if not found:
             return None, None
@@ -864,8 +864,19 @@ class Run:
         pids = []
         for proc in psutil.process_iter(["pid", "cmdline"]):
             if str(AGENT) in (proc.info["cmdline"] or []):
-                pids.append(proc.info["pid"])
+                try:
+                    parent = proc.parent()
+                    launched_by = parent.cmdline() if parent is not None else []
+                except psutil.Error:
+                    continue
+                if self._ours(launched_by):
+                    pids.append(proc.info["pid"])
         return rng.choice(sorted(pids)) if pids else None
+
+    def _ours(self, argv: list[str]) -> bool:
+        """Whether a launcher's ``argv`` names an operation folder of this run's workers
+        (the machine may run other tests' launchers and agents: never touch those)."""
+        return any(a.startswith(str(self.tmp) + os.sep) for a in argv)
 
     # --- the run --------------------------------------------------------------------------
 
