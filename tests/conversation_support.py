@@ -9,11 +9,13 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import psutil
+
 from tests.agent_clis import offline
 from tests.claude_cli import write_claude_profile
 from tests.model_apis import AnthropicAPI, ChatAPI, ResponsesAPI, steer_notes
 from tests.wait import wait_for
-from tests.worker_harness import LiveSetup
+from tests.worker_harness import SHORT_TIMINGS, LiveSetup
 
 
 def conversation_setup(url: str, owner, tmp_path, api: AnthropicAPI, *, worker_fault: str | None = None) -> LiveSetup:
@@ -33,15 +35,7 @@ def codex_conversation_setup(url: str, owner, tmp_path, api: ResponsesAPI) -> Li
     """A paired worker whose ``codex`` profile is the real Codex CLI offline against
     ``api`` (``conversation`` live by its preset: ``codex app-server``, C11); returns once
     the service knows the profile can converse live."""
-    setup = LiveSetup(url, owner, tmp_path)
-    subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
-    profile = offline("codex", tmp_path / "home", api).profile()
-    env = ", ".join(f"{key} = {json.dumps(value)}" for key, value in profile["env"].items())
-    setup.config.write_text(f'allowed_roots = ["{setup.root}"]\n[profiles.codex]\npreset = "codex"\n'
-                            f'binary = {json.dumps(profile["binary"])}\nenv = {{ {env} }}\n')
-    setup.start_worker()
-    wait_live_profile(setup)
-    return setup
+    return _offline_setup("codex", url, owner, tmp_path, api)
 
 
 def opencode_conversation_setup(url: str, owner, tmp_path, api: ChatAPI) -> LiveSetup:
@@ -49,15 +43,38 @@ def opencode_conversation_setup(url: str, owner, tmp_path, api: ChatAPI) -> Live
     ``api`` (``conversation`` live by its preset: ``opencode serve`` behind
     machine/opencode_bridge.py, C11); returns once the service knows the profile can
     converse live."""
+    return _offline_setup("opencode", url, owner, tmp_path, api)
+
+
+def _offline_setup(preset: str, url: str, owner, tmp_path, api) -> LiveSetup:
+    """A paired worker whose profile ``preset`` (of that preset) is the real CLI offline
+    against ``api`` (tests/agent_clis.py), once the service knows it can converse live."""
     setup = LiveSetup(url, owner, tmp_path)
     subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
-    profile = offline("opencode", tmp_path / "home", api).profile()
+    profile = offline(preset, tmp_path / "home", api).profile()
     env = ", ".join(f"{key} = {json.dumps(value)}" for key, value in profile["env"].items())
-    setup.config.write_text(f'allowed_roots = ["{setup.root}"]\n[profiles.opencode]\npreset = "opencode"\n'
+    setup.config.write_text(f'allowed_roots = ["{setup.root}"]\n[profiles.{preset}]\npreset = "{preset}"\n'
                             f'binary = {json.dumps(profile["binary"])}\nenv = {{ {env} }}\n')
     setup.start_worker()
     wait_live_profile(setup)
     return setup
+
+
+# A tool call that runs 45 s (a turn that is still running when the test acts on it).
+LONG_TOOL = '[[bash:python3 -c "import time; time.sleep(45)"; echo slept]] long tool'
+# A lease that outlives a renewal delayed by a loaded machine (a real CLI starting is heavy).
+LIVE_CLI_TIMINGS = {**SHORT_TIMINGS, "RUNSTEAD_LEASE_DURATION_S": "20", "RUNSTEAD_LEASE_RENEW_S": "1"}
+
+
+def long_tool_runs() -> bool:
+    """Whether a ``LONG_TOOL`` command runs on this machine now."""
+    for p in psutil.process_iter():
+        try:
+            if "time.sleep(45)" in " ".join(p.cmdline()):
+                return True
+        except psutil.Error:
+            continue
+    return False
 
 
 def opencode_turns_started(api: ChatAPI) -> list[str]:

@@ -11,42 +11,30 @@ import psutil
 import pytest
 
 from tests.conversation_support import (
+    LIVE_CLI_TIMINGS,
+    LONG_TOOL,
     op_dir,
     opencode_conversation_setup,
     opencode_turns_started,
+    long_tool_runs,
     send,
     wait_states,
 )
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.model_apis import ChatAPI
 from tests.wait import wait_for
-from tests.worker_harness import SHORT_TIMINGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-LONG_TOOL = '[[bash:python3 -c "import time; time.sleep(45)"; echo slept]] long tool'
-# A lease that outlives a renewal delayed by a loaded machine (a real CLI starting is heavy).
-TIMINGS = {**SHORT_TIMINGS, "RUNSTEAD_LEASE_DURATION_S": "20", "RUNSTEAD_LEASE_RENEW_S": "1"}
 
 
 @pytest.fixture
 def opencode_live(live_daphne, make_owner, tmp_path):  # noqa: F811
     with ChatAPI() as api:
-        setup = opencode_conversation_setup(live_daphne(**TIMINGS), make_owner(), tmp_path, api)
+        setup = opencode_conversation_setup(live_daphne(**LIVE_CLI_TIMINGS), make_owner(), tmp_path, api)
         try:
             yield setup, api
         finally:
             setup.close()
-
-
-def long_tool_runs() -> bool:
-    for p in psutil.process_iter():
-        try:
-            if "time.sleep(45)" in " ".join(p.cmdline()):
-                return True
-        except psutil.Error:
-            continue
-    return False
 
 
 def servers(folder) -> list[psutil.Process]:
