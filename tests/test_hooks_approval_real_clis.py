@@ -146,7 +146,7 @@ def test_q3_real_codex_tui_permission_request_waits_for_the_owner_allow_then_den
         setup = offline("codex", home, api)
         install("codex", server=url, token=token, config_dir=home / ".codex", state_dir=state_dir)
         env = {**setup.env, "PATH": os.environ["PATH"], "TERM": "xterm-256color", "RUNSTEAD_HOOK_SENDER_IDLE_S": "10"}
-        argv = [cli_bin("codex"), "--dangerously-bypass-hook-trust", "-a", "on-request", "-s", "read-only",
+        argv = [cli_bin("codex"), "--no-daemon", "--dangerously-bypass-hook-trust", "-a", "on-request", "-s", "read-only",
                 "[[bash_ask:echo from-the-phone > phone.txt]]"]
         term = Terminal(tmp_path / "tmux.sock", argv, env=env, cwd=work)
         try:
