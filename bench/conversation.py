@@ -36,6 +36,10 @@ Usage::
     .venv/bin/python bench/conversation.py --open 100 --label open100
     .venv/bin/python bench/conversation.py --open 100 --delivery steer --label steer-open100
 
+With ``--open N``, what the N conversations cost while they wait is measured first
+(``measure_idle``: CPU of the worker, of its launchers and stand-in agents, and of the
+daphne, over ``--idle-window`` seconds; issue 43's goal: under 2 % of a core).
+
 Prints one table (with the load average at start and end) and writes
 ``bench/results/conversation-<label>.json``.
 """
@@ -161,7 +165,35 @@ def wait_answered(client, task_id: str, seq: int, timeout: float, state: str = "
     return False
 
 
-def run_bench(env: dict, *, open_count: int, messages: int, delivery: str = "queue") -> dict:
+def measure_idle(server: Server, worker, window_s: float) -> dict:
+    """Issue 43: what the open conversations cost while they wait (their first turns
+    answered, nothing sent): CPU (% of one core) over ``window_s`` seconds of the worker
+    process, of its launchers and stand-in agents (its descendants), and of the daphne."""
+    time.sleep(5.0)  # past the conversations' quiet threshold (QUIET_AFTER_S) and their last receipts
+    top = psutil.Process(worker.pid)
+
+    def cpu() -> tuple[float, float]:
+        own = top.cpu_times()
+        rest = 0.0
+        for child in top.children(recursive=True):
+            try:
+                times = child.cpu_times()
+                rest += times.user + times.system
+            except psutil.Error:
+                pass
+        return own.user + own.system, rest
+
+    (w0, c0), s0, t0 = cpu(), server.cpu_s(), time.perf_counter()
+    time.sleep(window_s)
+    (w1, c1), s1, elapsed = cpu(), server.cpu_s(), time.perf_counter() - t0
+    return {"window_s": window_s, "worker_cpu_pct": round(100 * (w1 - w0) / elapsed, 2),
+            "launchers_and_agents_cpu_pct": round(100 * (c1 - c0) / elapsed, 2),
+            "daphne_cpu_pct": round(100 * (s1 - s0) / elapsed, 2),
+            "processes": len(top.children(recursive=True))}
+
+
+def run_bench(env: dict, *, open_count: int, messages: int, delivery: str = "queue",
+              idle_window_s: float = 20.0) -> dict:
     root = Path(tempfile.mkdtemp(prefix="bench-conv-"))
     arrivals_dir = root / "arrivals"
     arrivals_dir.mkdir()
@@ -175,6 +207,7 @@ def run_bench(env: dict, *, open_count: int, messages: int, delivery: str = "que
         for i, task_id in enumerate(idle):
             if arrivals.wait(f"idle-{i}", READY_TIMEOUT_S) is None:
                 raise RuntimeError(f"idle conversation {i} never started; see {root / 'worker.log'}")
+        idle_cost = measure_idle(server, worker, idle_window_s) if open_count and idle_window_s else None
         steer = delivery == "steer"
         prompt = "[[hold]] measured" if steer else "measured"  # C9: a turn that runs while it is steered
         measured = open_conversation(client, machine, work, prompt)
@@ -208,6 +241,8 @@ def run_bench(env: dict, *, open_count: int, messages: int, delivery: str = "que
                "submit_to_stdin": {**lat(to_stdin), "missing": missing}, "post": lat(post)}
         if steer:
             out["submit_to_consumed"] = lat(to_consumed)
+        if idle_cost is not None:
+            out["idle_cost"] = idle_cost
         return out
     finally:
         if worker is not None:
@@ -235,6 +270,11 @@ def rows(r: dict) -> list[str]:
         f"({r.get('delivery', 'queue')}) | {s['p50_ms']} / {s['p99_ms']} / {s['max_ms']} ({s['missing']}) | "
         f"{p['p50_ms']} / {p['p99_ms']}",
     ]
+    if "idle_cost" in r:
+        c = r["idle_cost"]
+        out.append(f"  {r['open']} open conversations waiting, {c['window_s']} s: worker {c['worker_cpu_pct']} %, "
+                   f"its {c['processes']} launchers and agents {c['launchers_and_agents_cpu_pct']} %, "
+                   f"daphne {c['daphne_cpu_pct']} % of a core")
     if "submit_to_consumed" in r:
         c = r["submit_to_consumed"]
         out.append(f"  submit -> consumed (seen through the API) p50 / p99 / max ms: "
@@ -250,6 +290,8 @@ def main() -> int:
     parser.add_argument("--messages", type=int, default=100)
     parser.add_argument("--delivery", choices=["queue", "steer"], default="queue",
                         help="C9: queue (each message its own turn) or steer (into a running turn)")
+    parser.add_argument("--idle-window", type=float, default=20.0,
+                        help="seconds over which the open conversations' cost while waiting is measured (0: not)")
     parser.add_argument("--out", help="JSON path (default bench/results/conversation-LABEL.json)")
     args = parser.parse_args()
     os.chdir(BASE_DIR)
@@ -259,7 +301,7 @@ def main() -> int:
     try:
         with scratch_service(args.shape, "bench_conv") as (env, _, _):
             report["conversation"] = run_bench(env, open_count=args.open, messages=args.messages,
-                                               delivery=args.delivery)
+                                               delivery=args.delivery, idle_window_s=args.idle_window)
     finally:
         out = report_save(report, Path(args.out or BASE_DIR / "bench" / "results" / f"conversation-{args.label}.json"))
         if "conversation" in report:
