@@ -169,7 +169,7 @@ def measure_idle(server: Server, worker, window_s: float) -> dict:
     """Issue 43: what the open conversations cost while they wait (their first turns
     answered, nothing sent): CPU (% of one core) over ``window_s`` seconds of the worker
     process, of its launchers and stand-in agents (its descendants), and of the daphne."""
-    time.sleep(5.0)  # past the conversations' quiet threshold (QUIET_AFTER_S) and their last receipts
+    time.sleep(float(os.environ.get("BENCH_IDLE_SETTLE_S", "5")))  # past the conversations' quiet threshold (QUIET_AFTER_S) and their last receipts
     top = psutil.Process(worker.pid)
 
     def cpu() -> tuple[float, float]:

@@ -31,8 +31,8 @@ The lease (SPEC L3, L4, L8): the worker writes each grant's and renewal's deadli
 ``renewer.LeasePart.record_deadline``). A worker that lives enforces it itself, from
 ``deadline - kill_grace_s`` on; one that died leaves nobody to, and a live conversation's
 agent waits on its stdin forever. So with ``--inbox`` the launcher watches the file too
-(a one-shot task's agent ends by itself, and a restarted worker stops a leftover, X3) (every
-``LEASE_CHECK_S`` at most, or when the deadline is due) and once the recorded deadline has
+(a one-shot task's agent ends by itself, and a restarted worker stops a leftover, X3) (when
+the deadline is due, and every ``LEASE_LOOK_S`` at most) and once the recorded deadline has
 passed with no newer one, computed as the worker does (``duration_s - margin_s -
 max(monotonic elapsed, wall elapsed)`` since the send times: the same machine's clocks, so
 a sleep never extends it, L7), it ends the agent: its input closed (with ``--inbox``), then
@@ -65,7 +65,11 @@ from machine.settings import env_float  # noqa: E402
 
 INBOX_POLL_S = env_float("RUNSTEAD_INBOX_POLL_S", 1.0, minimum=0)
 BELL = "inbox.bell"  # the FIFO the worker rings after each inbox file (module docstring)
-LEASE_CHECK_S = 0.5  # the longest the lease watch waits before it reads lease.json again
+LEASE_CHECK_S = 0.5  # how often the lease watch looks for a lease.json not written yet
+# With a deadline recorded, the watch sleeps until it is due, reading lease.json again at
+# least this often (a renewal moves the deadline; a wall-clock jump, the machine asleep,
+# counts within this): 100 open conversations do not wake their launchers 200 times a second.
+LEASE_LOOK_S = 5.0
 
 
 class Feed:
@@ -157,7 +161,7 @@ def _watch_lease(op_dir, child, feed, ended, stopped):
     while not ended.is_set():
         got = _lease_left(op_dir)
         if got is None or got[0] > 0:
-            ended.wait(LEASE_CHECK_S if got is None else min(LEASE_CHECK_S, got[0]))
+            ended.wait(LEASE_CHECK_S if got is None else min(LEASE_LOOK_S, got[0]))
             continue
         grace = got[1]
         stopped.set()

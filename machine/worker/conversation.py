@@ -212,6 +212,7 @@ class ConversationPart:
         # agent waits on its stdin (``run.ProcessPart`` then looks less often; a take
         # wakes the run at once).
         self.quiet = False
+        self.files_seen = (-1, -1)  # ``_files()`` at the end of the last step
 
     def take(self, kind: str, message_id: str) -> None:
         """The poller's hand-over (its thread): a ``message``, ``interrupt`` or ``end``
@@ -245,7 +246,11 @@ class ConversationPart:
 
     def step(self, now: float) -> bool:
         """The messages taken, receipts for what was written and answered, then the next
-        item placed. True when any of these found something."""
+        item placed. True when any of these found something. A quiet conversation whose
+        files did not grow, with nothing taken or due, is left as it is (no query of the
+        store: 100 waiting conversations cost next to nothing, issue 43)."""
+        if self.quiet and not self.taken and not self._due(now) and self._files() == self.files_seen:
+            return False
         found = False
         while self.taken:
             kind, message_id = self.taken.popleft()
@@ -255,7 +260,22 @@ class ConversationPart:
         found = self._place() or found
         self.quiet = (not found and not self.taken and now - self.last_activity >= QUIET_AFTER_S
                       and not any(i["state"] in ("received", *OPEN) for i in self._items()))
+        self.files_seen = self._files()
         return found
+
+    def _due(self, now: float) -> bool:
+        return any(d is not None and now >= d for d in (self.idle_due, self.claim_due))
+
+    def _files(self) -> tuple[int, int]:
+        """The sizes of ``written.log`` (the launcher's) and the agent's output: what the
+        launcher and the agent did, at the price of two ``stat`` calls."""
+        sizes = []
+        for path in (self.written_path, self.follower.path):
+            try:
+                sizes.append(os.stat(path).st_size)
+            except OSError:
+                sizes.append(-1)
+        return sizes[0], sizes[1]
 
     def next_due(self, now: float) -> float | None:
         """C5: when an idle conversation ends, if nothing happens first; C10: when an

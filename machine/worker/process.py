@@ -62,13 +62,17 @@ def alive(ref: ProcRef, tolerance_s: float = START_TIME_TOLERANCE_S) -> bool:
     return now is not None and abs(now.create_time - ref.create_time) <= tolerance_s
 
 
-def descendants(ref: ProcRef) -> list[ProcRef]:
-    """Live descendants of a verified process (empty if it is gone or not the same)."""
+def descendants(ref: ProcRef, *, shared: bool = False) -> list[ProcRef]:
+    """Live descendants of a verified process (empty if it is gone or not the same).
+    ``shared``: from the machine's process tree as read at most ``TREE_MAX_AGE_S`` ago
+    by any run of this worker (``_shared_tree``: the runs' L8 snapshots share one scan of
+    every process instead of one each); a stop reads it afresh."""
     if not alive(ref):
         return []
     out = []
     try:
-        for child in psutil.Process(ref.pid).children(recursive=True):
+        children = _children_of(ref.pid, _shared_tree()) if shared else psutil.Process(ref.pid).children(recursive=True)
+        for child in children:
             try:
                 if child.status() != psutil.STATUS_ZOMBIE:
                     out.append(ProcRef(child.pid, child.create_time()))
@@ -76,6 +80,39 @@ def descendants(ref: ProcRef) -> list[ProcRef]:
                 continue
     except psutil.Error:
         pass
+    return out
+
+
+TREE_MAX_AGE_S = 1.0  # how stale the shared process tree of the runs' snapshots may be (L8)
+_tree_lock = threading.Lock()
+_tree: tuple[float, dict[int, list[int]]] = (float("-inf"), {})
+
+
+def _shared_tree() -> dict[int, list[int]]:
+    """``{ppid: [pid, ...]}`` of every process, read at most ``TREE_MAX_AGE_S`` ago
+    (monotonic seconds; one ``/proc`` scan serves every run that asks meanwhile)."""
+    global _tree
+    with _tree_lock:
+        at, tree = _tree
+        now = SYSTEM_CLOCK.monotonic()
+        if now - at > TREE_MAX_AGE_S:
+            tree = {}
+            for proc in psutil.process_iter(["ppid"]):
+                tree.setdefault(proc.info["ppid"], []).append(proc.pid)
+            _tree = (now, tree)
+        return tree
+
+
+def _children_of(pid: int, tree: dict[int, list[int]]) -> list[psutil.Process]:
+    """The descendants of ``pid`` in ``tree`` (``_shared_tree``), as processes."""
+    out, todo = [], list(tree.get(pid, ()))
+    while todo:
+        child = todo.pop()
+        try:
+            out.append(psutil.Process(child))
+        except psutil.Error:
+            continue
+        todo += tree.get(child, ())
     return out
 
 

@@ -12,8 +12,9 @@ renewal was sent (L3) and anchors the new deadline at this request's send time. 
 final for the lease (L5): the agent is stopped with the J6 stop reason and the renewal is
 never retried. Network trouble, 429 and 5xx are retried until the local deadline, which
 the run loop enforces on its own. Renewals carry the agent's last output lines (L10).
-The thread looks every ``check_s`` (a wall-clock jump counts, L3), so it needs no event:
-it ends at its next look once the agent ended or the run let its lease go (``release``).
+The thread sleeps until a renewal is due, looking at least every ``RENEW_LOOK_S`` (a
+wall-clock jump counts, L3), so it needs no event: it ends at its next look once the
+agent ended or the run let its lease go (``release``).
 
 A machine's leases are renewed together (issue 44: its traffic scales with machines, not
 with tasks): the renewal that falls due takes along every other lease of the worker due
@@ -46,7 +47,12 @@ from .wire import refusal_stop_reason
 log = logging.getLogger("runstead.worker")
 
 LEASE_FILE = "lease.json"  # the last deadline, for the launcher (module docstring)
-RENEW_CHECK_S = 0.05  # how often the renewal thread re-checks whether a renewal is due (wall jumps count)
+RENEW_CHECK_S = 0.05  # how often the renewal thread looks again while something is under way (a companion's sync)
+# Until a renewal is due the thread sleeps until it is, looking at least this often (L4's
+# once a second: a wall-clock jump, L3, and the agent's end are seen within it). It looked
+# every RENEW_CHECK_S: 100 open conversations woke their renewal threads 2,000 times a
+# second, a fifth of a core for nothing (issue 43).
+RENEW_LOOK_S = 1.0
 RENEW_TIMEOUT_MIN_S = 0.5  # a renewal request's HTTP timeout: the time left on the lease,
 RENEW_TIMEOUT_MAX_S = 10.0  # ... bounded to this window
 RENEW_RETRY_FRACTION = 0.25  # a failed renewal is retried after renew_every_s * this,
@@ -238,7 +244,7 @@ class LeasePart:
                     continue
                 due_in = self.deadline.terms.renew_every_s - self.deadline.sent.elapsed(clock)
                 if due_in > 0:
-                    clock.wait(None, min(due_in, self.check_s))
+                    clock.wait(None, min(due_in, max(self.check_s, RENEW_LOOK_S)))
                     continue
                 sent = SentAt.now(clock)
                 timeout = max(RENEW_TIMEOUT_MIN_S, min(RENEW_TIMEOUT_MAX_S, self.deadline.remaining(clock)))

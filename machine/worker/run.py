@@ -184,7 +184,7 @@ class ProcessPart:
     def snapshot(self) -> None:
         """L8: record descendants not seen before (a restart stops them too)."""
         changed = False
-        for ref in process.descendants(self.leader):
+        for ref in process.descendants(self.leader, shared=True):
             if ref.pid not in self.known or self.known[ref.pid] != ref:
                 self.known[ref.pid] = ref
                 changed = True

@@ -41,8 +41,8 @@ the ``Clock`` (tests move fake time):
   loop on ``Run.work_arrived`` until the nearest instant a part needs a look
   (``Run.next_due``: the next look at the process, at most ``WATCH_INTERVAL_S`` away);
 - ``renew-<operation>``, one per running agent (``renewer.LeasePart``): the renewals;
-  it looks every ``RENEW_CHECK_S`` and ends once the agent ended or the run released
-  its lease; a refusal asks its run to stop;
+  it sleeps until a renewal is due (looking at least every ``RENEW_LOOK_S``) and ends once the agent ended or the
+  run released its lease; a refusal asks its run to stop;
 - ``integrate-<id>``, one per merge or discard (``integrate.py``).
 
 ``ctx.stop_all`` (second signal, revoked token) asks every run to stop; ``ctx.revoked``
