@@ -322,6 +322,36 @@ def test_l3_a_machines_leases_due_together_are_renewed_in_one_sync(rig):
     wait_for(lambda: result, what="worker exit")
 
 
+def test_l3_l10_renewals_due_together_go_in_syncs_within_the_services_bounds(rig, monkeypatch):
+    """Issue 44, L5: more leases due at once than a sync may carry (``SYNC_ITEMS_MAX``,
+    here 2; the service refuses a larger sync as a whole, 400) go in syncs within the
+    bound, and every lease renews: none is stopped as if its renewal had been refused."""
+    from machine.protocol import shapes
+    from machine.worker import renewer, sender
+
+    for module in (shapes, renewer, sender):
+        monkeypatch.setattr(module, "SYNC_ITEMS_MAX", 2)
+    rig.service.sync_route = True
+    worker = rig.worker()
+    result = rig.start(worker)
+    starts = [rig.submit("long") for _ in range(3)]
+    for start in starts:
+        rig.receipt(start.operation_id, "running")
+    rig.clock.advance(TERMS["renew_every_s"])
+    wait_for(lambda: len(rig.service.calls_to("renew")) == 3, timeout_s=5, what="three renewals",
+             detail=lambda: str([(c.route, c.status, c.args.get("lease_ids")) for c in rig.service.calls[-12:]]))
+    syncs = [c for c in rig.service.calls_to("sync") if c.args.get("lease_ids")]
+    assert syncs and all(len(c.args["lease_ids"]) <= 2 for c in syncs)
+    assert {c.status for c in rig.service.calls_to("sync")} == {200}  # none refused as a whole
+    assert all(rig.service.lease_of(s.operation_id).refused is None for s in starts)
+    assert [len(rig.service.lease_of(s.operation_id).renewals) for s in starts] == [1, 1, 1]
+    for start in starts:
+        rig.service.cancel(start.operation_id)
+    rig.clock.advance(TERMS["renew_every_s"])
+    worker.on_signal()
+    wait_for(lambda: result, what="worker exit")
+
+
 def test_r3_token_revoked_stops_loop(rig, caplog):
     caplog.set_level(logging.ERROR, logger="runstead.worker")
     worker = rig.worker()

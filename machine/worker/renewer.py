@@ -37,7 +37,7 @@ import os
 import threading
 
 from machine.files import write_atomic
-from machine.protocol.shapes import SYNC_PATH
+from machine.protocol.shapes import SYNC_ITEMS_MAX, SYNC_PATH, SYNC_RECEIPT_BYTES_MAX
 
 from . import process
 from .lease import KILL, OK, TERM, Deadline, LeaseTerms, SentAt
@@ -53,6 +53,9 @@ RENEW_CHECK_S = 0.05  # how often the renewal thread looks again while something
 # every RENEW_CHECK_S: 100 open conversations woke their renewal threads 2,000 times a
 # second, a fifth of a core for nothing (issue 43).
 RENEW_LOOK_S = 1.0
+# A sync's renewals stay under the service's body limit as its receipts do (each renewal
+# carries up to OUTPUT_TAIL_MAX_CHARS of the agent's output).
+SYNC_RENEW_BYTES_MAX = SYNC_RECEIPT_BYTES_MAX
 RENEW_TIMEOUT_MIN_S = 0.5  # a renewal request's HTTP timeout: the time left on the lease,
 RENEW_TIMEOUT_MAX_S = 10.0  # ... bounded to this window
 RENEW_RETRY_FRACTION = 0.25  # a failed renewal is retried after renew_every_s * this,
@@ -174,6 +177,25 @@ class LeasePart:
     def _renewal_item(self) -> dict:
         return {"lease_id": self.deadline.terms.lease_id, "output_tail": process.output_tail(self.run.op_dir)}
 
+    def _within_bounds(self, others: list[LeasePart]) -> tuple[list[dict], list[LeasePart]]:
+        """This lease's renewal item and its companions' while the sync stays within
+        ``SYNC_ITEMS_MAX`` items and ``SYNC_RENEW_BYTES_MAX`` bytes (each item carries up to
+        ``OUTPUT_TAIL_MAX_CHARS`` of output, L10); the companions left out are let go to
+        renew on their own threads. Returns (items, the companions kept)."""
+        items, kept = [self._renewal_item()], []
+        size = len(json.dumps(items[0]).encode())
+        for other in others:
+            item = other._renewal_item()
+            size += len(json.dumps(item).encode()) + 2
+            if len(items) >= SYNC_ITEMS_MAX or size > SYNC_RENEW_BYTES_MAX:
+                break
+            items.append(item)
+            kept.append(other)
+        with self.run.ctx.renew_lock:
+            for other in others[len(kept):]:
+                other.renewing = False
+        return items, kept
+
     def _send_renewal(self, service, sent: SentAt, timeout: float) -> Answer | None:
         """Renew this lease, with its companions as one sync; returns this lease's answer,
         having applied each companion's (``apply_renewal``). None: already renewed along
@@ -184,11 +206,14 @@ class LeasePart:
             return None
         try:
             if others:
-                answer = service.send("POST", SYNC_PATH, {"renew": [self._renewal_item()] +
-                                                          [o._renewal_item() for o in others]}, timeout_s=timeout)
+                items, others = self._within_bounds(others)
+                answer = service.send("POST", SYNC_PATH, {"renew": items}, timeout_s=timeout)
                 if answer.kind == "final" and answer.status == 404:
                     log.info("the service has no %s: renewing each lease on its own", SYNC_PATH)
                     ctx.sync_renewals = False
+                elif answer.kind == "final":  # the sync refused as a whole refuses no lease: this one goes alone
+                    log.warning("operation %s: a sync of %d renewals refused (%s): renewing alone",
+                                self.run.operation_id, len(items), answer.status)
                 elif answer.kind != "ok":
                     return answer  # each companion retries on its own thread
                 else:

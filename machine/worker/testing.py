@@ -28,6 +28,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from machine.protocol import shapes
 from machine.protocol.shapes import RECEIPTS_PATH, SYNC_PATH, ProtocolError, check_message, check_receipt
 
 from .client import MAX_POLL_WAIT_S, Answer
@@ -393,9 +394,11 @@ class InMemoryService:
             try:
                 for item in receipts:
                     check_receipt(item)
+                if len(renew) > shapes.SYNC_ITEMS_MAX or len(receipts) > shapes.SYNC_ITEMS_MAX:
+                    raise ProtocolError(f"more than {shapes.SYNC_ITEMS_MAX} items")
             except ProtocolError as exc:
                 self._record("sync", 400, event_ids=[r.get("event_id") for r in receipts])
-                return error(400, "invalid", f"malformed receipt: {exc}")
+                return error(400, "invalid", f"malformed sync: {exc}")
             self._record("sync", 200, event_ids=[r.get("event_id") for r in receipts],
                          lease_ids=[r.get("lease_id") for r in renew])
             leases = []
