@@ -202,10 +202,11 @@ def test_g7_a_task_merged_twice_or_a_discarded_commit_on_the_base_branch_is_repo
     assert checks_of(book) == ["merges"]
 
 
-def conversation(book, received, states):
+def conversation(book, received, states, steer=()):
     lived(book)
     for seq, text in enumerate(("one", "two"), start=1):
-        book.op("message", "POST", "/api/tasks/t1/messages/", status=201, key=f"m{seq}", sent={"text": text},
+        sent = {"text": text, **({"delivery": "steer"} if text in steer else {})}
+        book.op("message", "POST", "/api/tasks/t1/messages/", status=201, key=f"m{seq}", sent=sent,
                 answer={"seq": seq, "text": text, "state": "sent"})
     for text in received:
         book.agent("message", "t1", text=text)
@@ -223,6 +224,16 @@ def test_c2_c3_a_message_twice_out_of_order_or_answered_unseen_is_reported():
         book = Book()
         conversation(book, received, states)
         assert checks_of(book) == ["messages"], received
+
+
+def test_c9_a_steer_may_reach_the_agent_before_a_message_queued_earlier_but_only_once():
+    """C9: a steer joins the running turn, past a message queued for a turn of its own."""
+    book = Book()
+    conversation(book, ["two", "one"], ["answered", "answered"], steer=("two",))
+    assert check(book.lines) == []
+    book = Book()
+    conversation(book, ["two", "one", "two"], ["answered", "answered"], steer=("two",))
+    assert checks_of(book) == ["messages"]
 
 
 def test_c10_t2_a_withdrawn_message_that_reached_its_agent_is_reported():

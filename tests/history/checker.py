@@ -21,7 +21,8 @@ Each check returns ``Violation``s; ``check(lines)`` runs them all. The rules:
   base branch holds a task's commit at most once, and only when a merge may have won;
 - ``messages`` (C2, C3, T2, C10): every message, a conversation's or a session's (T2: the
   Stop hook's block is what its agent receives), reached its agent at most once, in ``seq``
-  order, and one reported ``answered`` reached it; a message whose withdraw won never
+  order (a steer, C9, may pass messages queued for turns of their own), and one reported
+  ``answered`` reached it; a message whose withdraw won never
   reached it, and no later read says it was delivered;
 - ``busy`` (S1, S3): no session read says idle inside a span where a turn ran or a held
   job was pending (``busy_spans``).
@@ -396,7 +397,11 @@ def check_messages(h: History) -> list[Violation]:
                                      [op["id"]] if op else []))
             seq = seq_of.get((task, text))
             if seq is not None:
-                if seq < last_seq:
+                # C9: a steer goes into the running turn, past messages queued for turns of
+                # their own; the order holds among the rest.
+                steered = any((sends.get((task, t)) or {}).get("json", {}).get("delivery") == "steer"
+                              for t in (text, last_text))
+                if seq < last_seq and not steered:
                     out.append(Violation("messages", "C2", f"task {task}: seq {seq} ({text!r}) reached the agent after "
                                          f"seq {last_seq} ({last_text!r})",
                                          [sends[(task, text)]["id"], sends[(task, last_text)]["id"]]))

@@ -109,6 +109,9 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *identity, *args], cwd=repo, check=True, capture_output=True, text=True).stdout
 
 
+STEER_SHARE = 0.3  # of conversation messages sent with "delivery": "steer" (C9)
+
+
 class Machine:
     """One paired worker: its ``LiveSetup``, its partition proxy, its grant."""
 
@@ -311,6 +314,8 @@ class Run:
         path = f"/api/tasks/{task}/messages/"
         while not self.stop.is_set():
             key, sent = uuid.uuid4().hex, {"text": f"claude-msg-{uuid.uuid4().hex[:8]}"}
+            if rng.random() < STEER_SHARE:
+                sent["delivery"] = "steer"
             if rng.random() < 0.3:
                 with self.client() as other:
                     self.race(lambda h, n: self.call(h, n, "message", "POST", path, json=sent, key=key),
@@ -666,6 +671,8 @@ class Run:
             return
         key = uuid.uuid4().hex
         body = {"text": f"msg-{uuid.uuid4().hex[:8]} [[sleep:{rng.choice([0.1, 0.3, 1.0])}]]"}
+        if rng.random() < STEER_SHARE:
+            body["delivery"] = "steer"  # C9: into the running turn, or the next one; never lost, never twice
         with self.lock:
             self.messages.append((task, key, body))
         path = f"/api/tasks/{task}/messages/"
