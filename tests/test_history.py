@@ -293,7 +293,7 @@ HISTORY_SEED = int(os.environ.get("HISTORY_SEED", "42"))
 @pytest.mark.postgres
 @pytest.mark.slow
 @pytest.mark.runs_long
-@pytest.mark.timeout(HISTORY_DURATION_S + 300)  # start-up, settle (45 s at most, and the session messages') and checks
+@pytest.mark.timeout(HISTORY_DURATION_S + 300)  # start-up, settle (120 s at most: it ends once every task is final; and the session messages') and checks
 def test_w3_x4_a2_p_q2_g7_c3_c10_s3_short_seeded_history_under_faults_passes_the_checker(transactional_db, tmp_path):
     """The seeded run (``HISTORY_DURATION_S``, ``HISTORY_SEED``) passes the checker.
     Marked ``runs_long``: collected first, so under ./test it starts at once on one runner
@@ -302,7 +302,7 @@ def test_w3_x4_a2_p_q2_g7_c3_c10_s3_short_seeded_history_under_faults_passes_the
     from tests.history.record import load
     from tests.history.runner import Run
 
-    run = Run(tmp_path, seed=HISTORY_SEED, duration_s=HISTORY_DURATION_S, settle_s=45)
+    run = Run(tmp_path, seed=HISTORY_SEED, duration_s=HISTORY_DURATION_S, settle_s=120)
     record = run.go()
     lines = load(record)
     found = check(lines)
@@ -327,7 +327,7 @@ INJECTED = {"replay_differs": {("A2/A4", "task")}, "message_twice": {("C3", "tas
 
 @pytest.mark.postgres
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # start-up, 6 s of mix, up to 60 s more for its facts, up to 60 s of settle
+@pytest.mark.timeout(300)  # start-up, 6 s of mix, up to 60 s more for its facts, up to 120 s of settle (it ends once every task is final)
 def test_a2_c3_c10_s3_a_service_with_injected_faults_fails_the_checker_on_each(transactional_db, tmp_path):
     """One short real run (one worker, no random faults) of a service with four faults
     injected (``tests/history/inject/sitecustomize.py``): replays one byte longer, each
@@ -345,7 +345,7 @@ def test_a2_c3_c10_s3_a_service_with_injected_faults_fails_the_checker_on_each(t
     # A long lease: no fault here needs a short one, and a lease lost to a loaded machine
     # would end a conversation before its twins reach the agent. The settle ends as soon as
     # every task is final; 60 s at most: at load 20 a worker took 10 s to take a task.
-    run = Run(tmp_path, seed=7, duration_s=6, workers=1, fault_every_s=10_000, settle_s=60, admin=False,
+    run = Run(tmp_path, seed=7, duration_s=6, workers=1, fault_every_s=10_000, settle_s=120, admin=False,
               mix=INJECTED_MIX, service_fault=",".join(INJECTED), until=until, until_s=60, lease_s=20)
     lines = load(run.go())
     print(run.summary())
