@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -47,7 +46,8 @@ class Bridge:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         self.lines: list[str] = []
         self.adapter = OpencodeServe()
-        threading.Thread(target=self._read, daemon=True).start()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
         wait_for(lambda: any('"bridge.ready"' in line for line in self.lines), timeout_s=90, what="the session")
 
     def _read(self):
@@ -70,7 +70,7 @@ class Bridge:
     def close(self, name: str, folder: Path) -> None:
         self.proc.stdin.close()
         self.proc.wait(30)
-        time.sleep(0.2)
+        self.reader.join(10)  # the bridge's last lines read (its stdout ended with it)
         text = "\n".join(self.lines) + "\n"
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / name).write_text(text.replace(str(folder), "/home/dev"))
