@@ -249,7 +249,8 @@ class ConversationPart:
         item placed. True when any of these found something. A quiet conversation whose
         files did not grow, with nothing taken or due, is left as it is (no query of the
         store: 100 waiting conversations cost next to nothing, issue 43)."""
-        if self.quiet and not self.taken and not self._due(now) and self._files() == self.files_seen:
+        due = self.next_due(now)
+        if self.quiet and not self.taken and (due is None or now < due) and self._files() == self.files_seen:
             return False
         found = False
         while self.taken:
@@ -262,9 +263,6 @@ class ConversationPart:
                       and not any(i["state"] in ("received", *OPEN) for i in self._items()))
         self.files_seen = self._files()
         return found
-
-    def _due(self, now: float) -> bool:
-        return any(d is not None and now >= d for d in (self.idle_due, self.claim_due))
 
     def _files(self) -> tuple[int, int]:
         """The sizes of ``written.log`` (the launcher's) and the agent's output: what the
