@@ -85,6 +85,24 @@ def stop_sender(state_dir: Path, timeout_s: float = 5.0) -> None:
     wait_for(stopped, timeout_s=timeout_s, what=f"the sender for {state_dir} to stop")
 
 
+def wrapper_state(state_dir: Path) -> str:
+    """What the terminal wrapper and the hooks under ``state_dir`` left to read when a
+    terminal test fails (T3): each wrapper's ``state.json``, the inbox's files by state,
+    and the tails of the hooks' and the wrapper's logs."""
+    state_dir = Path(state_dir)
+    parts = []
+    for path in sorted((state_dir / "terminals").glob("*/state.json")):
+        parts.append(f"{path.relative_to(state_dir)}: {path.read_text(errors='replace')}")
+    root = state_dir / "inbox"
+    if root.is_dir():
+        parts.append("inbox: " + ", ".join(str(p.relative_to(root)) for p in sorted(root.rglob("*")) if p.is_file()))
+    for name in ("hook.log", "terminal.log"):
+        path = state_dir / name
+        if path.exists():
+            parts.append(f"--- {name} ---\n" + path.read_text(errors="replace")[-3000:])
+    return "\n".join(parts) or f"nothing under {state_dir}"
+
+
 class Board(BoardSocket):
     """The owner's board socket, read per session."""
 

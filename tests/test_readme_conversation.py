@@ -198,8 +198,11 @@ def test_c_o1_readme_conversation_commands_run_as_written_on_a_fresh_clone(tmp_p
                 assert sent["seq"] == 1 and sent["text"] == "also update the changelog", sent
                 wait_for(lambda: messages(api, task_id).get(1) == "answered", timeout_s=60,
                          what="the agent's answer to the message", detail=logs)
-                assert "Done: 'also update the changelog' is handled" in json.dumps(
-                    api.get(f"/api/tasks/{task_id}/entries/").json()), "the reply is in the transcript"
+                # the transcript comes with the run's progress (G4, its own thread, once a second),
+                # the answered state with a receipt: the reply may follow the state by a moment
+                wait_for(lambda: "Done: 'also update the changelog' is handled" in json.dumps(
+                    api.get(f"/api/tasks/{task_id}/entries/").json()), timeout_s=30,
+                    what="the reply in the transcript", detail=logs)
             elif "/messages/" in command:
                 listed = json.loads(printed)["results"]
                 assert [(m["seq"], m["state"]) for m in listed] == [(0, "answered"), (1, "answered")], listed

@@ -19,7 +19,7 @@ from machine.worker import sessions
 from sessions_app.models import Session, SessionMessage
 from tests.agent_clis import cli_bin, offline
 from tests.conftest import machine_api
-from tests.hooks_support import stop_sender
+from tests.hooks_support import stop_sender, wrapper_state
 from tests.model_apis import ResponsesAPI
 from tests.tmux import Terminal
 from tests.wait import wait_for
@@ -52,7 +52,7 @@ def test_t3_real_codex_tui_in_the_wrapper_a_message_is_typed_and_answered_once(l
             assert sent.status_code == 201, sent.text
             for message in machine_api(machine).get("/api/worker/messages/?wait=0").json()["messages"]:
                 sessions.record(message["kind"], message["payload"], state_dir=str(state_dir))
-            term.wait_for("ok: from the phone", timeout=60)
+            term.wait_for("ok: from the phone", timeout=60, detail=lambda: wrapper_state(state_dir))
             wait_for(lambda: SessionMessage.objects.get(pk=sent.json()["id"]).state == "answered", timeout_s=30,
                      what="the message answered")
             asked = [api.conversation(body)[0] for path, body in api.requests if path.startswith("/v1/responses")]

@@ -53,10 +53,11 @@ class Terminal:
         except RuntimeError as error:  # the program exited and the session with it
             return f"<no screen: {error}>"
 
-    def wait_for(self, text: str, timeout: float = 60.0) -> str:
-        """The screen once it shows ``text``; fails with the last screen after ``timeout`` s."""
+    def wait_for(self, text: str, timeout: float = 60.0, detail=None) -> str:
+        """The screen once it shows ``text``; fails with the last screen after ``timeout`` s
+        (and ``detail()``'s text, as ``tests.wait.wait_for``)."""
         return wait_for(self.screen, until=lambda screen: text in screen, timeout_s=timeout, interval_s=0.1,
-                        what=f"{text!r} on the screen")
+                        what=f"{text!r} on the screen", detail=detail)
 
     def type(self, text: str) -> None:
         """Types ``text`` literally (no key names)."""

@@ -90,9 +90,10 @@ def run(argv: list[str]) -> None:
                     outbox.append(writes)
                 if writes or asking:
                     outbox.save_session_state(event.key, state)
-        if os.environ.get(TERMINAL_ENV):
-            terminal_state(os.environ[TERMINAL_ENV], session_id=mapping.session_uuid(agent, event.agent_session_id),
-                           busy=bool(state.get("turn")), agent_session=event.agent_session_id)
+                if os.environ.get(TERMINAL_ENV):  # under the outbox's lock: hooks running at once write in turn
+                    terminal_state(os.environ[TERMINAL_ENV],
+                                   session_id=mapping.session_uuid(agent, event.agent_session_id),
+                                   busy=bool(state.get("turn")), agent_session=event.agent_session_id)
         if writes:
             from machine.hooks import launch
 
