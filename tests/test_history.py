@@ -346,8 +346,7 @@ def test_a2_c3_c10_s3_a_service_with_injected_faults_fails_the_checker_on_each(t
     # would end a conversation before its twins reach the agent. The settle ends as soon as
     # every task is final; 60 s at most: at load 20 a worker took 10 s to take a task.
     run = Run(tmp_path, seed=7, duration_s=6, workers=1, fault_every_s=10_000, settle_s=120, admin=False,
-              mix=INJECTED_MIX, service_fault=",".join(INJECTED), until=until, until_s=60, lease_s=20,
-              steer_share=0)  # steers here left a conversation running past the settle, 2 runs in 3 (open)
+              mix=INJECTED_MIX, service_fault=",".join(INJECTED), until=until, until_s=60, lease_s=20)
     lines = load(run.go())
     print(run.summary())
     assert all(run.facts[f] >= n for f, n in until.items()), run.facts

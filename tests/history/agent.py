@@ -18,7 +18,10 @@ happened on the machine whatever the worker or the service say:
 Shapes, from argv: ``agent.py PROMPT`` (a plain profile: text out, exit status);
 ``... -p ... -- PROMPT`` (the ``claude`` preset headless: stream-json out, one
 ``result``); ``... --input-format stream-json ...`` (the ``claude`` preset live: one turn
-per user line, a ``control_request`` interrupt ends the turn at once, EOF ends the run).
+per user line, a line read during a turn joins it, a ``control_request`` interrupt ends
+the turn at once, EOF ends the run; with ``--replay-user-messages`` each user line is
+echoed as it is read, ``isReplay``, as Claude Code does when it takes one: without the
+echo the worker could not tell a line that joined a turn from one that opened its own).
 Directives in a prompt or message: ``[[sleep:S]]`` (seconds of work), ``[[exit:N]]``,
 ``[[commit:NAME]]`` (write and commit a file in the folder), ``[[ask]]``.
 """
@@ -97,7 +100,7 @@ def headless(argv: list[str], prompt: str, claude: bool) -> int:
     return code
 
 
-def live() -> int:
+def live(replay: bool) -> int:
     session = str(uuid.uuid4())
     out({"type": "system", "subtype": "init", "session_id": session})
     lines: queue.Queue = queue.Queue()
@@ -130,6 +133,9 @@ def live() -> int:
         if event.get("type") == "user":
             text = event["message"]["content"]
             note("message", text=text)
+            if replay:  # Claude Code echoes a user line as it takes it (C9's ``consumed``)
+                out({**event, "session_id": session, "parent_tool_use_id": None,
+                     "uuid": event.get("uuid") or str(uuid.uuid4()), "isReplay": True})
             if turn_end is None:
                 turn_end = time.monotonic() + float(directive(text, "sleep", "0") or 0)
         elif event.get("type") == "control_request":
@@ -143,7 +149,7 @@ def main() -> int:
     argv = sys.argv[1:]
     if "--input-format" in argv:
         note("start", task=os.environ.get("RUNSTEAD_TASK_ID"), prompt=None)
-        return live()
+        return live(replay="--replay-user-messages" in argv)
     prompt = argv[argv.index("--") + 1] if "--" in argv else (argv[0] if argv else "")
     note("start", task=os.environ.get("RUNSTEAD_TASK_ID"), prompt=prompt)
     return headless(argv, prompt, claude="-p" in argv)

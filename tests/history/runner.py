@@ -147,10 +147,8 @@ class Run:
     def __init__(self, tmp: Path, *, seed: int, duration_s: float, workers: int = 2, clients: int = 3,
                  fault_every_s: float = 2.5, settle_s: float = 60.0, claude: bool = False,
                  service_fault: str | None = None, mix: tuple = MIX, admin: bool = True,
-                 until: dict[str, int] | None = None, until_s: float = 60.0, lease_s: float | None = None,
-                 steer_share: float = STEER_SHARE):
+                 until: dict[str, int] | None = None, until_s: float = 60.0, lease_s: float | None = None):
         self.tmp, self.seed, self.duration_s = Path(tmp), seed, duration_s
-        self.steer_share = steer_share  # of conversation messages sent as steers (C9)
         self.n_workers, self.n_clients = workers, clients
         self.fault_every_s, self.settle_s = fault_every_s, settle_s
         self.record_path = self.tmp / f"history-{seed}.jsonl"
@@ -316,7 +314,7 @@ class Run:
         path = f"/api/tasks/{task}/messages/"
         while not self.stop.is_set():
             key, sent = uuid.uuid4().hex, {"text": f"claude-msg-{uuid.uuid4().hex[:8]}"}
-            if rng.random() < self.steer_share:
+            if rng.random() < STEER_SHARE:
                 sent["delivery"] = "steer"
             if rng.random() < 0.3:
                 with self.client() as other:
@@ -673,7 +671,7 @@ class Run:
             return
         key = uuid.uuid4().hex
         body = {"text": f"msg-{uuid.uuid4().hex[:8]} [[sleep:{rng.choice([0.1, 0.3, 1.0])}]]"}
-        if rng.random() < self.steer_share:
+        if rng.random() < STEER_SHARE:
             body["delivery"] = "steer"  # C9: into the running turn, or the next one; never lost, never twice
         with self.lock:
             self.messages.append((task, key, body))
