@@ -22,7 +22,7 @@ from tests.agent_clis import offline
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.worker_harness import BASE_DIR, SHORT_TIMINGS, LiveSetup
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 APIS = {"claude": model_apis.AnthropicAPI, "codex": model_apis.ResponsesAPI, "gemini": model_apis.GeminiAPI,
         "opencode": model_apis.ChatAPI, "aider": model_apis.ChatAPI}

@@ -13,7 +13,7 @@ from machine.hooks.mapping import session_uuid
 from tests.browser import api, chromium, new_page, shot, wait_live  # noqa: F401  (fixtures)
 from tests.live import module_daphne  # noqa: F401  (fixture)
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 PHONE = {"width": 390, "height": 844}
 DESKTOP = {"width": 1280, "height": 900}

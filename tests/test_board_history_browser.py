@@ -8,7 +8,7 @@ import pytest
 from tests.browser import SCREENSHOTS, api, chromium, new_page, shot, wait_live  # noqa: F401  (fixtures)
 from tests.live import live_daphne  # noqa: F401  (fixture)
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
 PAGE_SIZE = 20  # static/history.js

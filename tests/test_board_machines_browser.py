@@ -11,7 +11,7 @@ import pytest
 from tests.browser import chromium, new_page, shot, wait_live  # noqa: F401  (fixtures)
 from tests.live import BASE_DIR, live_daphne  # noqa: F401  (fixture)
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def run_shown_command(command: str, state_dir: Path) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import pytest
 from tests.browser import api, chromium, new_page, shot, wait_live  # noqa: F401  (fixtures)
 from tests.live import live_daphne  # noqa: F401  (fixture)
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 # Wraps the real Notification constructor so the test sees every call the page makes.
 CAPTURE_NOTIFICATIONS = """

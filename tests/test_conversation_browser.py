@@ -14,7 +14,7 @@ from tests.conversation_support import (conversation_setup, fake_claude_setup, o
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.worker_harness import SHORT_TIMINGS
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True}
 LONG_TOOL = '[[bash:python3 -c "import time; time.sleep(60)"; echo slept]] long tool'

@@ -14,7 +14,7 @@ from tests.claude_cli import claude_bin, claude_env, fake_model_api  # noqa: F40
 from tests.hooks_support import BASE_DIR, Board, stop_sender
 from tests.live import live_daphne  # noqa: F401
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

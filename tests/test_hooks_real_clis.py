@@ -31,7 +31,7 @@ from tests.hooks_support import BASE_DIR, Board, stop_sender
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.wait import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 APIS = {"codex": model_apis.ResponsesAPI, "gemini": model_apis.GeminiAPI, "opencode": model_apis.ChatAPI}
 CLI_TIMEOUT_S = 240  # opencode alone takes 30-40 s a run on a loaded 2-core machine

@@ -30,7 +30,7 @@ from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.notify_support import ALL_ON
 from tests.wait import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 CLASS_S, GRACE_S = 4, 2
 SHORT_CLASSES = {

@@ -51,7 +51,7 @@ from tests.model_apis import AnthropicAPI
 from tests.tmux import Terminal
 from tests.wait import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parent.parent
 READY = "manual mode on"
 FEEDBACK = "Stop hook feedback:\nMessage from your phone (RunStead): "

@@ -24,7 +24,7 @@ from tests.model_apis import ResponsesAPI
 from tests.tmux import Terminal
 from tests.wait import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -16,7 +16,7 @@ from tests.browser import api, chromium, new_page, shot  # noqa: F401  (fixtures
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.wait import wait_for
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True}
 

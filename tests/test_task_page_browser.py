@@ -15,7 +15,7 @@ from tests.browser import chromium, new_page  # noqa: F401  (fixtures)
 from tests.wait import wait_for
 from tests.worker_harness import SHORT_TIMINGS, LiveSetup
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.surface, pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 FAKE_CLAUDE = Path(__file__).resolve().parent.parent / "scripts" / "fake_claude.py"
 PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True}
