@@ -211,7 +211,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "tasks_app.auth.MachineAuthentication",
         "tasks_app.auth.TaskCredentialAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
+        "tasks_app.auth.OwnerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tasks_app.auth.IsOwner"],

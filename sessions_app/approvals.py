@@ -15,6 +15,8 @@ The home is ``sessions_app`` because an approval belongs to a session (interacti
 a task (headless): this is the lowest layer that sees both, and the hooks that ask live
 here too. Times are UTC; durations seconds.
 """
+import logging
+import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,6 +46,8 @@ from sessions_app.shapes import approval_dict, approval_event, approval_title
 from tasks_app.models import FINAL_STATES, Task
 from machine.protocol import APPROVAL_INPUT_KEEP_BYTES, cut_json, json_digest
 from tasks_app.services.approvals import task_approval_noted, task_lock
+
+log = logging.getLogger("runstead.approvals")
 
 EXPIRE_BATCH = 200
 _SETTLED_WORDS = {
@@ -159,7 +163,10 @@ def approval_wait(*, approval: Approval, wait_s: float) -> Wait:
     seconds (0 = at once). Each take expires it when past ``expires_at`` (so an expiry is
     seen by the next take: a wake-up or the safety re-check); every way out of pending
     (``_settle``) wakes the waiters after commit, in this process and others. Many
-    hooks may wait on one approval (not exclusive). The caller has authorised the read."""
+    hooks may wait on one approval (not exclusive). Under ASGI the starts of an event
+    loop are read together (``approvals_starts``): ``approval`` (the subject, also the
+    ``empty`` result) is then refreshed in place. The caller has authorised the read;
+    ``approval`` needs only its ``pk`` (the fast path's is a bare ``Approval(pk=...)``)."""
 
     def take(first: bool) -> Approval:
         current = Approval.objects.select_related("owner", "session", "task").get(pk=approval.pk)
@@ -167,7 +174,80 @@ def approval_wait(*, approval: Approval, wait_s: float) -> Wait:
         return current
 
     return Wait(key=approval_key(approval.pk), take=take, timeout_s=wait_s,
-                done=lambda current: current.state != ApprovalState.PENDING, ready=approvals_ready)
+                done=lambda current: current.state != ApprovalState.PENDING, ready=approvals_ready,
+                starts=approvals_starts, subject=approval, empty=approval)
+
+
+def approvals_starts(waits: list[Wait]) -> set[str]:
+    """The starts of approval long-polls (``approval_wait``'s) that began together on one
+    event loop (issue 44: 1,000 waiting hooks, each starting again every ~25 s, cost no
+    transaction each): ONE query reads their approvals (one per 500); each wait's
+    subject, a pending approval not yet past ``expires_at``, is refreshed in place from
+    it and is the wait's first result, without a take. Returns the keys of the others
+    (decided, due to expire, or gone), whose first take reads, expires or fails as
+    without this."""
+    ids = list({str(wait.subject.pk) for wait in waits})
+    rows: dict = {}
+    for start in range(0, len(ids), 500):
+        batch = Approval.objects.select_related("session", "task").in_bulk(ids[start : start + 500])
+        rows.update((str(pk), row) for pk, row in batch.items())
+    now = clock.now()
+    take = set()
+    for wait in waits:
+        row = rows.get(str(wait.subject.pk))
+        if row is None or row.state != ApprovalState.PENDING or row.expires_at <= now:
+            take.add(wait.key)
+        else:
+            _refresh_from(wait.subject, row)
+    return take
+
+
+def _refresh_from(approval: Approval, row: Approval) -> None:
+    """``approval`` (a wait's own instance) made equal to ``row``, its related rows too."""
+    for field in Approval._meta.concrete_fields:
+        setattr(approval, field.attname, getattr(row, field.attname))
+    for name in ("session", "task"):
+        if name in row._state.fields_cache:
+            approval._state.fields_cache[name] = row._state.fields_cache[name]
+
+
+class ApprovalOwners:
+    """This process's approval id -> owner id, for the approval long-poll's fast path
+    (issue 44): an approval's owner never changes, so an entry never goes stale (an
+    approval deleted with its session is found gone by the wait's start). ``warm(ids)``
+    reads the uncached ones in one query; ``owner(id)`` answers without I/O (None: not
+    read yet, or no such approval). At most ``MAX_ENTRIES``, the oldest forgotten first."""
+
+    MAX_ENTRIES = 100_000
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._owners: dict[str, int] = {}
+
+    def owner(self, approval_id: str) -> int | None:
+        with self._lock:
+            return self._owners.get(approval_id)
+
+    def warm(self, approval_ids: list[str]) -> None:
+        with self._lock:
+            missing = [i for i in set(approval_ids) if i not in self._owners]
+        if missing:
+            log.debug("approval owners: %d missed", len(missing))
+        found = {}
+        for start in range(0, len(missing), 500):
+            found.update(Approval.objects.filter(pk__in=missing[start : start + 500]).values_list("pk", "owner_id"))
+        with self._lock:
+            for pk, owner_id in found.items():
+                while len(self._owners) >= self.MAX_ENTRIES:
+                    del self._owners[next(iter(self._owners))]
+                self._owners[str(pk)] = owner_id
+
+    def forget(self) -> None:
+        with self._lock:
+            self._owners.clear()
+
+
+approval_owners = ApprovalOwners()
 
 
 def approvals_ready(keys: list[str]) -> set[str]:

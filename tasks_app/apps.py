@@ -21,6 +21,24 @@ def _forget_deleted_machines_token(sender, instance, **kwargs):
         machine_tokens_changed()
 
 
+def _forget_owner_tokens_on_delete(sender, instance, **kwargs):
+    """K1: a deleted owner token (rotated, its owner deleted) is forgotten by every
+    process's owner-token cache (``tasks_app.auth.owner_tokens_changed``)."""
+    from tasks_app.auth import owner_tokens_changed
+
+    owner_tokens_changed()
+
+
+def _forget_owner_tokens_on_change(sender, instance, created, update_fields=None, raw=False, **kwargs):
+    """K1: an owner changed (made inactive, say) is read again by every process's
+    owner-token cache; a new owner has nothing cached, and a login's ``last_login``
+    changes nothing a token decides."""
+    from tasks_app.auth import owner_tokens_changed
+
+    if not created and not raw and set(update_fields or ()) != {"last_login"}:
+        owner_tokens_changed()
+
+
 class TasksAppConfig(AppConfig):
     name = "tasks_app"
     verbose_name = "Tasks"
@@ -31,3 +49,6 @@ class TasksAppConfig(AppConfig):
 
         post_save.connect(_give_new_owner_a_budget, sender=settings.AUTH_USER_MODEL, dispatch_uid="runstead-budget")
         post_delete.connect(_forget_deleted_machines_token, sender="tasks_app.Machine", dispatch_uid="runstead-tokens")
+        post_delete.connect(_forget_owner_tokens_on_delete, sender="authtoken.Token", dispatch_uid="runstead-owner-tokens")
+        post_save.connect(_forget_owner_tokens_on_change, sender=settings.AUTH_USER_MODEL,
+                          dispatch_uid="runstead-owner-changed")

@@ -122,13 +122,18 @@ def _fresh_rate_limits():
 
 @pytest.fixture(autouse=True)
 def _fresh_machine_tokens():
-    """This process's machine-token cache (``tasks_app.auth.MachineTokenCache``) outlives
-    a test's rolled-back rows; each test starts without it."""
-    from tasks_app.auth import machine_tokens
+    """This process's credential caches (``tasks_app.auth.MachineTokenCache``,
+    ``OwnerTokenCache``, ``sessions_app.approvals.ApprovalOwners``) outlive a test's
+    rolled-back rows; each test starts without them."""
+    from sessions_app.approvals import approval_owners
+    from tasks_app.auth import machine_tokens, owner_tokens
 
-    machine_tokens.forget()
+    caches = (machine_tokens, owner_tokens, approval_owners)
+    for cache in caches:
+        cache.forget()
     yield
-    machine_tokens.forget()
+    for cache in caches:
+        cache.forget()
 
 
 @pytest.fixture(autouse=True)

@@ -70,7 +70,7 @@ def _dispatch(found, scope):
 
 
 def _quick_start(found, scope) -> WaitResponse | None:
-    return quick_start(found.func.view_class, scope)
+    return quick_start(found.func.view_class, scope, found.kwargs)
 
 
 async def _warm(found, scope) -> bool:
@@ -81,7 +81,7 @@ async def _warm(found, scope) -> bool:
     starts makes a few reads, not 1,000 view dispatches. Whether it read (then ask the
     fast path again); a failure is left to the view, which answers it with its errors."""
     view_class = found.func.view_class
-    key = quick_key(view_class, scope)
+    key = quick_key(view_class, scope, found.kwargs)
     if key is None:
         return False
     flush = functools.partial(run_db, quick_warm, view_class)

@@ -21,16 +21,18 @@ class QuickAuth(Protocol):
     """How the fast path authenticates a raw request on the event loop, without I/O
     (``tasks_app.auth.MachineTokenCache`` is one).
 
-    - ``key(authorization: bytes) -> Hashable | None``: the credential of one
-      ``Authorization`` header value, parsed by the same parser as the view's DRF
-      authentication (None: not one this fast path vouches for; the view answers it);
+    - ``key(authorization: bytes, kwargs: dict) -> Hashable | None``: the credential of
+      one ``Authorization`` header value, parsed by the same parser as the view's DRF
+      authentication, with what it is for among the path's ``kwargs`` (the approval's
+      id; the worker's pull has none) (None: not one this fast path vouches for; the
+      view answers it);
     - ``cached(key) -> subject | None``: what it authenticates as, from this process
       alone (None: unknown here, or not to be trusted without a read);
     - ``warm(keys: list)``: read the credentials of a batch of starts at once (called in
       a pool thread; the next ``cached`` of each answers from it).
     """
 
-    def key(self, authorization: bytes) -> Hashable | None: ...
+    def key(self, authorization: bytes, kwargs: dict) -> Hashable | None: ...
 
     def cached(self, key) -> Any: ...
 
@@ -99,14 +101,14 @@ class WaitResponse(Response):
 # --- the fast path: a view's usual request on the event loop ----------------------------
 
 
-def quick_start(view_class: type, scope: dict) -> WaitResponse | None:
+def quick_start(view_class: type, scope: dict, kwargs: dict | None = None) -> WaitResponse | None:
     """What ``view_class`` would answer to ``scope`` (a raw ASGI ``GET``), made on the event
     loop with no I/O, no thread and no DRF dispatch (issue 22: 1,000 idle workers start 40
     pulls a second): only for the usual request (``_usual``) whose credential
     ``long_poll.quick_auth.cached`` knows. None for anything else: the view answers it,
-    errors included."""
+    errors included. ``kwargs``: the path's (its ``ResolverMatch``'s)."""
     declared = getattr(view_class, "long_poll", None)
-    usual = _usual(declared, scope)
+    usual = _usual(declared, scope, kwargs or {})
     subject = None if usual is None else declared.quick_auth.cached(usual[1])
     if subject is None:
         return None
@@ -118,10 +120,10 @@ def quick_start(view_class: type, scope: dict) -> WaitResponse | None:
     return response
 
 
-def quick_key(view_class: type, scope: dict) -> Hashable | None:
+def quick_key(view_class: type, scope: dict, kwargs: dict | None = None) -> Hashable | None:
     """The credential key of a usual request ``quick_start`` did not answer (not cached
     here), for one batched ``quick_warm``; None for any other request."""
-    usual = _usual(getattr(view_class, "long_poll", None), scope)
+    usual = _usual(getattr(view_class, "long_poll", None), scope, kwargs or {})
     return None if usual is None else usual[1]
 
 
@@ -130,7 +132,7 @@ def quick_warm(view_class: type, keys: Iterable) -> None:
     view_class.long_poll.quick_auth.warm(list(keys))
 
 
-def _usual(declared: LongPoll | None, scope: dict) -> tuple | None:
+def _usual(declared: LongPoll | None, scope: dict, kwargs: dict) -> tuple | None:
     """(wait in seconds, credential key) of a view's usual request: only ``?wait=S`` (S as
     the view's query serializer takes it), one ``Authorization`` that ``quick_auth.key``
     parses, and no ``Accept`` or one the JSON renderer answers; None for any other
@@ -150,7 +152,7 @@ def _usual(declared: LongPoll | None, scope: dict) -> tuple | None:
         wait = _wait_field(declared.query).run_validation(value.decode("latin-1"))
     except ValidationError:
         return None
-    key = declared.quick_auth.key(found.get(b"authorization", b""))
+    key = declared.quick_auth.key(found.get(b"authorization", b""), kwargs)
     return None if key is None else (wait, key)
 
 

@@ -14,6 +14,7 @@ Another owner's ids answer 404 everywhere. Input is strict (K3); ``tool_input`` 
 logged (Q7): no view logs bodies, and refusals name the field, never its value.
 """
 import json
+import uuid
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
@@ -34,7 +35,7 @@ from sessions_app import approvals
 from sessions_app.api.serializers import SESSION_AGENTS, absolute_or_blank
 from sessions_app.models import Approval, ApprovalScope, ApprovalState
 from sessions_app.shapes import ApprovalShape, approval_dict
-from tasks_app.auth import IsOwnerOrTaskCredential, request_task_credential
+from tasks_app.auth import IsOwnerOrTaskCredential, owner_tokens, request_task_credential
 from tasks_app.models import IdempotencyRecord
 from machine.protocol import APPROVAL_INPUT_MAX_BYTES, APPROVAL_WAIT_MAX_S, json_bytes
 
@@ -192,15 +193,41 @@ def _visible(request, approval_id) -> Approval:
     return approval
 
 
+class OwnersApproval:
+    """The approval long-poll's fast path authentication (``core.longpoll.QuickAuth``;
+    issue 44: every waiting hook starts again every ~25 s): an owner's token
+    (``tasks_app.auth.owner_tokens``, K1 as for the view) and the approval of the path,
+    which must be that owner's (``approvals.approval_owners``; another owner's is left
+    to the view, which answers 404). A task credential (Q5) always goes to the view."""
+
+    @staticmethod
+    def key(authorization: bytes, kwargs: dict) -> tuple[str, str] | None:
+        token = owner_tokens.key(authorization)
+        return None if token is None or "approval_id" not in kwargs else (token, str(kwargs["approval_id"]))
+
+    @staticmethod
+    def cached(key: tuple[str, str]) -> Approval | None:
+        owner = owner_tokens.cached(key[0])
+        if owner is None or approvals.approval_owners.owner(key[1]) != owner.pk:
+            return None
+        return Approval(pk=uuid.UUID(key[1]), owner_id=owner.pk)
+
+    @staticmethod
+    def warm(keys: list[tuple[str, str]]) -> None:
+        owner_tokens.warm([token for token, _ in keys])
+        approvals.approval_owners.warm([approval_id for _, approval_id in keys])
+
+
 class ApprovalDetail(APIView):
     """``GET /api/approvals/{id}/`` (Q3): the approval, at once; with ``?wait=S`` and
     while it is pending, held until it is decided, expires or S seconds pass (a
     long-poll of ``config.asgi.LONG_POLL_VIEWS``, declared in ``long_poll``: no thread
-    or connection held)."""
+    or connection held; an owner's usual wait starts on the event loop, ``OwnersApproval``)."""
 
     permission_classes = [IsOwnerOrTaskCredential]
     long_poll = LongPoll(
         wait=lambda approval, wait_s: approvals.approval_wait(approval=approval, wait_s=wait_s), render=approval_dict,
+        quick_auth=OwnersApproval, query=ApprovalWaitQuery,
     )
 
     @extend_schema(parameters=[ApprovalWaitQuery], responses={200: shape(ApprovalShape), **errors()})
