@@ -49,6 +49,12 @@ from tasks_app.services.approvals import task_approval_noted, task_lock
 
 log = logging.getLogger("runstead.approvals")
 
+# Issue 44: at most one read of the approval long-polls' starts per second (per event
+# loop). A wait is registered before its start is read, so a decision meanwhile wakes it
+# at once; only a decision made between two waits of a hook waits for the read (< 1 s,
+# Q3's 2 s p99 holds). The worker's pulls batch every RUNSTEAD_LONGPOLL_START_BATCH_S.
+APPROVAL_STARTS_EVERY_S = 1.0
+
 EXPIRE_BATCH = 200
 _SETTLED_WORDS = {
     ApprovalState.ALLOWED: "allowed",
@@ -175,7 +181,7 @@ def approval_wait(*, approval: Approval, wait_s: float) -> Wait:
 
     return Wait(key=approval_key(approval.pk), take=take, timeout_s=wait_s,
                 done=lambda current: current.state != ApprovalState.PENDING, ready=approvals_ready,
-                starts=approvals_starts, subject=approval, empty=approval)
+                starts=approvals_starts, subject=approval, empty=approval, starts_every_s=APPROVAL_STARTS_EVERY_S)
 
 
 def approvals_starts(waits: list[Wait]) -> set[str]:

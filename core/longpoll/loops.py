@@ -65,7 +65,7 @@ class Pump:
         self.joining: set[str] = set()  # keys whose group this loop's channel is yet to join
         self.joiner = False  # whether a task joins them
         self.tasks: set[asyncio.Task] = set()
-        self.starts = Batches(self, self._starts)  # of waits, for ``Wait.starts``
+        self.starts: dict[float | None, Batches] = {}  # Wait.starts_every_s -> its batches of waits (Wait.starts)
         self.batches: dict = {}  # name -> Batches, for ``batch``
         self.superseding = Batches(self, self._send_superseding)  # of [key, started]
         self.supersede_joined = float("-inf")
@@ -77,6 +77,14 @@ class Pump:
         task = self.loop.create_task(coro)
         self.tasks.add(task)  # the loop keeps only a weak reference
         task.add_done_callback(self.tasks.discard)
+
+    def start(self, wait: Wait) -> asyncio.Future:
+        """The future of the keys of ``wait``'s batch of starts (``Wait.starts``) whose first
+        take could find something; batched with the waits of the same ``starts_every_s``."""
+        batches = self.starts.get(wait.starts_every_s)
+        if batches is None:
+            batches = self.starts[wait.starts_every_s] = Batches(self, self._starts, every_s=wait.starts_every_s)
+        return batches.add(wait)
 
     async def _starts(self, batch: list[Wait]) -> set[str]:
         """The keys of ``batch`` whose first take could find something (``Wait.starts``)."""

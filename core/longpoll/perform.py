@@ -39,7 +39,7 @@ async def take_or_wait(wait: Wait, *, first_taken: Callable[[], Any] | None = No
         pump.supersede_elsewhere(wait.key, waiter.started)
     try:
         deadline = time.monotonic() + max(0.0, wait.timeout_s)
-        started = None if wait.starts is None else pump.starts.add(wait)
+        started = None if wait.starts is None else pump.start(wait)
         if started is not None and first_taken is not None:
             first_taken()  # its share of the start is the batch's: let the next one in
             first_taken = None

@@ -55,6 +55,9 @@ class Wait:
       whose first take could find something; only those make it, the others begin
       waiting with ``empty``. A start that raises ends each of those waits with it.
     - ``subject``: what the wait is for, for ``starts`` (the pull's machine).
+    - ``starts_every_s``: at most one ``starts`` call per that many seconds for the waits
+      that share it (None: ``RUNSTEAD_LONGPOLL_START_BATCH_S``); a wait whose first take
+      is only a safety check (a decision made between two waits of a hook) batches longer.
     """
 
     key: str
@@ -67,6 +70,7 @@ class Wait:
     empty: Any = None
     starts: Callable[[list["Wait"]], Iterable[str]] | None = None
     subject: Any = None
+    starts_every_s: float | None = None
 
     def __post_init__(self):
         if not KEY_PATTERN.fullmatch(self.key):
