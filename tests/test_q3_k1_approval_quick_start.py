@@ -21,7 +21,6 @@ from sessions_app.api.approvals import ApprovalDetail, OwnersApproval
 from sessions_app.approvals import approval_wait, approvals_starts
 from sessions_app.models import Approval, ApprovalState
 from tests.conftest import PINNED_AT, owner_api
-from tests.test_approvals import ask, decide
 
 pytestmark = pytest.mark.postgres
 
@@ -44,9 +43,19 @@ def _start(approval_id, *headers, query=b"wait=25"):
 
 
 def _ask(user) -> str:
-    """A new pending approval of ``user``'s, in a session of its own (an approval asked in
-    a session withdraws the one pending there)."""
-    return ask(user, session=str(uuid.uuid4())).json()["id"]
+    """A new pending approval of ``user``'s (Q1), in a session of its own (an approval
+    asked in a session withdraws the one pending there)."""
+    body = {"key": f"k-{uuid.uuid4()}", "session": str(uuid.uuid4()), "agent": "claude", "tool_name": "Bash",
+            "tool_input": {"command": "make"}, "cwd": "/Users/alice/src/shop"}
+    asked = owner_api(user).post("/api/approvals/", body, format="json")
+    assert asked.status_code == 201, asked.content
+    return asked.json()["id"]
+
+
+def _allow(user, approval_id) -> None:
+    decided = owner_api(user).post(f"/api/approvals/{approval_id}/decision/", {"behavior": "allow"}, format="json",
+                                   HTTP_IDEMPOTENCY_KEY=f"d-{uuid.uuid4()}")
+    assert decided.status_code == 200, decided.content
 
 
 def _warmed(user, *approval_ids) -> None:
@@ -153,7 +162,7 @@ def test_q3_starts_read_their_approvals_in_one_query_and_only_the_decided_take(o
     first result (its subject refreshed in place, related rows too), a decided one, one
     past ``expires_at`` and a gone one make their first take."""
     pending, decided, due = (_ask(owner) for _ in range(3))
-    assert decide(owner, decided).status_code == 200
+    _allow(owner, decided)
     Approval.objects.filter(pk=due).update(expires_at=PINNED_AT)  # due now: the take expires it
     gone = "00000000-0000-4000-8000-000000000000"
     waits = [approval_wait(approval=Approval(pk=pk), wait_s=25) for pk in (pending, decided, due, gone)]
