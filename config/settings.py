@@ -209,9 +209,11 @@ RUNSTEAD_BODY_LIMITS = {"/api/worker/receipts/": RECEIPT_MAX_BYTES}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        # The first names the scheme of a 401's WWW-Authenticate: an owner's, but on the
+        # worker's endpoints (tasks_app.api.views.MachineView).
+        "tasks_app.auth.OwnerTokenAuthentication",
         "tasks_app.auth.MachineAuthentication",
         "tasks_app.auth.TaskCredentialAuthentication",
-        "tasks_app.auth.OwnerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tasks_app.auth.IsOwner"],

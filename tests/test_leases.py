@@ -6,6 +6,7 @@ start window 600 s).
 from datetime import timedelta
 
 import pytest
+from rest_framework.test import APIClient
 
 from core import clock
 from tasks_app.models import Budget, Lease, Machine, OutboxMessage, Task, TaskEvent
@@ -148,6 +149,8 @@ def test_l2_grant_refused_for_unpaired_machine(owner, machine, grant, grant_root
     assert exc.value.code == "unpaired"
     resp = grant_lease(machine, task_id)  # through HTTP the old token is refused first
     assert resp.status_code == 401 and resp.json()["error"] == "token_revoked"
+    anonymous = APIClient().post("/api/worker/leases/", {"operation_id": operation_id(task_id)}, format="json")
+    assert anonymous.status_code == 401 and anonymous["WWW-Authenticate"] == "Machine"  # the scheme it takes
 
 
 def test_l1_grant_for_another_machines_operation_is_404(owner, machine, make_machine, grant, grant_root, pinned):

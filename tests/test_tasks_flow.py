@@ -194,7 +194,9 @@ def test_k1_owner_rotates_api_token_and_the_old_one_stops_working(owner):
     old = owner_api(owner)
     rotated = old.post("/api/token/rotate/")
     assert rotated.status_code == 201
-    assert old.get("/api/budget/").status_code == 401
+    refused = old.get("/api/budget/")
+    assert refused.status_code == 401
+    assert refused["WWW-Authenticate"] == "Token"  # the scheme an owner's endpoint takes
     new = APIClient()
     new.credentials(HTTP_AUTHORIZATION=f"Token {rotated.json()['token']}")
     assert new.get("/api/budget/").status_code == 200

@@ -18,7 +18,7 @@ from core.pagination import PageQuery
 from core.strict import EmptyBody, NoQuery, valid_body, valid_query
 from tasks_app.api import serializers as s
 from tasks_app.api.throttling import OwnerAcceptRate
-from tasks_app.auth import IsMachine, machine_tokens, request_machine
+from tasks_app.auth import IsMachine, MachineAuthentication, machine_tokens, request_machine
 from tasks_app.models import Budget, Grant, IdempotencyRecord, Machine, Pool, Task
 from tasks_app.services import (
     acceptance,
@@ -347,6 +347,10 @@ class MachineView(APIView):
 
     permission_classes = [IsMachine]
     heard_by_service = False  # the service records the machine heard itself (the pull's start)
+
+    def get_authenticate_header(self, request):
+        """A 401's ``WWW-Authenticate`` names the machine scheme (owners' endpoints: ``Token``)."""
+        return MachineAuthentication.keyword
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
