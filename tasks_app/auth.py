@@ -148,6 +148,23 @@ class EpochCache:
             self._entries.clear()
             self._epoch = None
 
+    def changed(self, what: str) -> None:
+        """K1: call inside the transaction that invalidates entries (``what`` names it in
+        the log and the refusal), after it locked the rows it changes: every process
+        forgets its entries. Raises ApplicationError 503 ``service_unavailable`` when Redis
+        is configured and does not answer (the transaction then changes nothing: a change
+        the other processes might not see is not made)."""
+        try:
+            epoch.bump(self.NAME)
+        except epoch.EpochUnavailable as exc:
+            log.error("%s: the %s is refused", exc, what)
+            raise ApplicationError("service_unavailable", f"the service cannot tell its other processes of the "
+                                   f"{what} now (Redis): try again", status_code=503) from exc
+        finally:
+            # After the bump: no lookup here can read the old counter again and trust it
+            # (fresh for RUNSTEAD_TOKEN_EPOCH_FRESH_S) with an entry cached under it.
+            self.forget()
+
 
 class MachineTokenCache(EpochCache):
     """This process's machine tokens (digest -> owner, machine) for the worker's pull
@@ -234,20 +251,8 @@ machine_tokens = MachineTokenCache()
 
 def machine_tokens_changed() -> None:
     """K1: call inside the transaction that revokes a machine token or re-pairs a machine,
-    after it locked the machine's row ``FOR UPDATE``: every process forgets its cached
-    tokens (``MachineTokenCache``). Raises ApplicationError 503 ``service_unavailable``
-    when Redis is configured and does not answer (the transaction then changes nothing:
-    a revocation the other processes might not see is not made)."""
-    try:
-        epoch.bump(MachineTokenCache.NAME)
-    except epoch.EpochUnavailable as exc:
-        log.error("%s: the revocation is refused", exc)
-        raise ApplicationError("service_unavailable", "the service cannot tell its other processes of the "
-                               "revocation now (Redis): try again", status_code=503) from exc
-    finally:
-        # After the bump: no lookup here can read the old counter again and trust it
-        # (fresh for RUNSTEAD_TOKEN_EPOCH_FRESH_S) with an entry cached under it.
-        machine_tokens.forget()
+    after it locked the machine's row ``FOR UPDATE`` (``EpochCache.changed``)."""
+    machine_tokens.changed("revocation")
 
 
 def owner_token_key(authorization: bytes) -> str | None:
@@ -332,17 +337,8 @@ owner_tokens = OwnerTokenCache()
 
 def owner_tokens_changed() -> None:
     """K1: call inside the transaction that deletes an owner's token or changes an owner
-    (``tasks_app.apps``' signals): every process forgets its cached owner tokens
-    (``OwnerTokenCache``). Raises ApplicationError 503 ``service_unavailable`` when Redis
-    is configured and does not answer (the transaction then changes nothing)."""
-    try:
-        epoch.bump(OwnerTokenCache.NAME)
-    except epoch.EpochUnavailable as exc:
-        log.error("%s: the change of an owner's token is refused", exc)
-        raise ApplicationError("service_unavailable", "the service cannot tell its other processes of the "
-                               "change (Redis): try again", status_code=503) from exc
-    finally:
-        owner_tokens.forget()
+    (``tasks_app.apps``' signals; ``EpochCache.changed``)."""
+    owner_tokens.changed("change of an owner's token")
 
 
 @dataclass(frozen=True)
