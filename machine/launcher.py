@@ -19,10 +19,11 @@ appends ``n`` to ``op_dir/written.log`` (fsynced) after each. The worker records
 number before it writes the file, and rewrites a recorded file it finds missing: the
 launcher skips nothing and never takes a number twice, so a line reaches the agent at most
 once whatever the worker's crashes. The worker rings ``op_dir/inbox.bell`` (a FIFO,
-``machine.files.bell_ring``) after each file; the launcher waits on that bell, and looks
-for the next file by itself at least every ``RUNSTEAD_INBOX_POLL_S`` seconds (1.0): a ring
-is a wake-up, never the only way a file is found, and a conversation that waits costs
-no polling (issue 43). Before them, ``op_dir/opening`` (when the worker wrote one before the
+``machine.files.bell_ring``) after each file, and once more when it adopts the run after
+a restart (a crash between a file and its ring); the launcher waits on that bell, and
+looks for the next file by itself at least every ``RUNSTEAD_INBOX_POLL_S`` seconds (30.0):
+a ring is a wake-up, never the only way a file is found, and a conversation that waits
+costs no polling (issue 43). Before them, ``op_dir/opening`` (when the worker wrote one before the
 spawn: a CLI's handshake, e.g. Codex app-server's ``initialize`` and ``thread/start``,
 ``machine/worker/live_agents.py``) is written to the agent's stdin as it is, once.
 
@@ -63,7 +64,7 @@ from machine import simulated_sleep  # noqa: E402  (test only: time.monotonic un
 from machine.files import bell_drain, bell_open, write_atomic  # noqa: E402
 from machine.settings import env_float  # noqa: E402
 
-INBOX_POLL_S = env_float("RUNSTEAD_INBOX_POLL_S", 1.0, minimum=0)
+INBOX_POLL_S = env_float("RUNSTEAD_INBOX_POLL_S", 30.0, minimum=0)
 BELL = "inbox.bell"  # the FIFO the worker rings after each inbox file (module docstring)
 LEASE_CHECK_S = 0.5  # how often the lease watch looks for a lease.json not written yet
 # With a deadline recorded, the watch sleeps until it is due, reading lease.json again at

@@ -3,9 +3,16 @@
 a real daphne (SPEC C6, S1, B5, N1, G4): every conversation is a session, busy in each
 turn and idle between, announced once per turn end; each message's turn starts with a
 ``prompt`` entry carrying its ``seq``."""
+import json
+import os
+import signal
+import time
+
 import pytest
 
-from tests.conversation_support import fake_claude_setup, idle_notices, send, session_status, wait_states
+from machine.worker.conversation import QUIET_AFTER_S
+from machine.worker.run import QUIET_WATCH_INTERVAL_S
+from tests.conversation_support import fake_claude_setup, idle_notices, op_dir, send, session_status, wait_states
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.worker_harness import SHORT_TIMINGS, wait_for
 
@@ -75,3 +82,35 @@ def test_g4_c2_each_message_opens_its_turn_in_the_transcript_with_its_seq(live):
     for seq, (a, b) in enumerate(zip(at, at[1:])):
         replies = " ".join(e["text"] for e in got[a + 1:b] if e["kind"] == "message")
         assert f"Done: {texts[seq]!r} is handled" in replies, (seq, got[a:b])
+
+
+# Production-like lease timings: with SHORT_TIMINGS the lease's own phases wake the run
+# loop every couple of seconds, and the test below would pass without the coordinator's look.
+LONG_LEASE = {**SHORT_TIMINGS, "RUNSTEAD_LEASE_DURATION_S": "60", "RUNSTEAD_LEASE_RENEW_S": "20",
+              "RUNSTEAD_LEASE_MARGIN_S": "5", "RUNSTEAD_KILL_GRACE_S": "2"}
+
+
+@pytest.fixture
+def live_long_lease(live_daphne, make_owner, tmp_path):  # noqa: F811
+    setup = fake_claude_setup(live_daphne(**LONG_LEASE), make_owner(), tmp_path)
+    yield setup
+    setup.close()
+
+
+def test_l4_a_quiet_conversation_sleeps_yet_its_agent_ending_is_seen_within_the_coordinators_second(live_long_lease):
+    """Issue 43: a conversation waiting between turns wakes none of its threads by itself
+    (its run loop looks every QUIET_WATCH_INTERVAL_S, its renewal thread when a renewal
+    is due); the worker's coordinator looks at every run once a second (``Runner.look``,
+    L4) and wakes the one whose agent ended."""
+    live = live_long_lease
+    task_id = live.submit("fake-claude", prompt="look around the repository", mode="conversation")
+    wait_states(live, task_id, {0: "answered"}, timeout=30)
+    time.sleep(QUIET_AFTER_S + 1.0)  # the worker's own threshold: the conversation is quiet now
+    with open(os.path.join(op_dir(live, task_id), "launcher.json")) as f:
+        agent_pid = json.load(f)["agent_pid"]
+    killed = time.monotonic()
+    os.kill(agent_pid, signal.SIGKILL)
+    task = live.wait_final(task_id, timeout=QUIET_WATCH_INTERVAL_S / 2)
+    seen_s = time.monotonic() - killed
+    assert task["state"] == "failed", task
+    assert seen_s < 5.0, f"the agent's end took {seen_s:.1f} s to reach the service\n{live.log()}"

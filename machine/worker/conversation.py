@@ -212,7 +212,7 @@ class ConversationPart:
         # agent waits on its stdin (``run.ProcessPart`` then looks less often; a take
         # wakes the run at once).
         self.quiet = False
-        self.files_seen = (-1, -1)  # ``_files()`` at the end of the last step
+        self.files_seen = (-1, -1)  # ``files()`` at the end of the last step
 
     def take(self, kind: str, message_id: str) -> None:
         """The poller's hand-over (its thread): a ``message``, ``interrupt`` or ``end``
@@ -234,7 +234,8 @@ class ConversationPart:
         """After a restart (``Runner.adopt``): the messages placed so far to the new
         observer's transcript (it re-reads the output from the start); the device sweep
         closed the markers this device left running (M5), so a turn still open gets a new
-        ``running`` marker."""
+        ``running`` marker; the launcher's bell rung (a file the crash left unrung)."""
+        bell_ring(os.path.join(self.run.op_dir, BELL))
         observer = self.run.process.observer
         for seq, text in placed_prompts(self._items()) if observer is not None else ():
             observer.parser.turn_prompt(seq, text)
@@ -250,7 +251,7 @@ class ConversationPart:
         files did not grow, with nothing taken or due, is left as it is (no query of the
         store: 100 waiting conversations cost next to nothing, issue 43)."""
         due = self.next_due(now)
-        if self.quiet and not self.taken and (due is None or now < due) and self._files() == self.files_seen:
+        if self.quiet and not self.taken and (due is None or now < due) and self.files() == self.files_seen:
             return False
         found = False
         while self.taken:
@@ -261,10 +262,10 @@ class ConversationPart:
         found = self._place() or found
         self.quiet = (not found and not self.taken and now - self.last_activity >= QUIET_AFTER_S
                       and not any(i["state"] in ("received", *OPEN) for i in self._items()))
-        self.files_seen = self._files()
+        self.files_seen = self.files()
         return found
 
-    def _files(self) -> tuple[int, int]:
+    def files(self) -> tuple[int, int]:
         """The sizes of ``written.log`` (the launcher's) and the agent's output: what the
         launcher and the agent did, at the price of two ``stat`` calls."""
         sizes = []

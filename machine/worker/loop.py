@@ -215,6 +215,7 @@ class Worker:
                 return
             self.prune_if_due()
             self.sweep_sessions_if_due()
+            self.runner.look()
             clock.wait(ctx.coordinator_wake, self.options.main_tick_s)
             ctx.coordinator_wake.clear()
 

@@ -12,9 +12,10 @@ renewal was sent (L3) and anchors the new deadline at this request's send time. 
 final for the lease (L5): the agent is stopped with the J6 stop reason and the renewal is
 never retried. Network trouble, 429 and 5xx are retried until the local deadline, which
 the run loop enforces on its own. Renewals carry the agent's last output lines (L10).
-The thread sleeps until a renewal is due, looking at least every ``RENEW_LOOK_S`` (a
-wall-clock jump counts, L3), so it needs no event: it ends at its next look once the
-agent ended or the run let its lease go (``release``).
+The thread sleeps until a renewal is due (``wake``): the coordinator's once-a-second look
+(``Run.look``) wakes it when a wall-clock jump or a sleep made one due early (L3), and
+``release`` when the run let its lease go; it ends once the agent ended or the lease was
+let go.
 
 A machine's leases are renewed together (issue 44: its traffic scales with machines, not
 with tasks): the renewal that falls due takes along every other lease of the worker due
@@ -48,11 +49,12 @@ log = logging.getLogger("runstead.worker")
 
 LEASE_FILE = "lease.json"  # the last deadline, for the launcher (module docstring)
 RENEW_CHECK_S = 0.05  # how often the renewal thread looks again while something is under way (a companion's sync)
-# Until a renewal is due the thread sleeps until it is, looking at least this often (L4's
-# once a second: a wall-clock jump, L3, and the agent's end are seen within it). It looked
-# every RENEW_CHECK_S: 100 open conversations woke their renewal threads 2,000 times a
-# second, a fifth of a core for nothing (issue 43).
-RENEW_LOOK_S = 1.0
+# Until a renewal is due the thread sleeps until it is (on the monotonic clock), woken
+# early by the coordinator's look (``Run.look``, once a second) when the wall clock says
+# it is due, and looking by itself at least this often. It looked every RENEW_CHECK_S,
+# then every second: 100 open conversations woke their renewal threads 2,000, then 100
+# times a second for nothing (issue 43).
+RENEW_LOOK_S = 30.0
 # A sync's renewals stay under the service's body limit as its receipts do (each renewal
 # carries up to OUTPUT_TAIL_MAX_CHARS of the agent's output).
 SYNC_RENEW_BYTES_MAX = SYNC_RECEIPT_BYTES_MAX
@@ -62,6 +64,7 @@ RENEW_RETRY_FRACTION = 0.25  # a failed renewal is retried after renew_every_s *
 RENEW_RETRY_MAX_S = 1.0  # ... at most this
 LOG_EVERY_FAILURES = 20  # a long outage logs its first failure, then every 20th
 COMPANION_FRACTION = 0.5  # a lease due within renew_every_s * this goes along with one due now
+COMPANION_WAIT_S = 1.0  # a lease renewed along with another waits for that sync's end (``wake``) at most this long between looks
 
 
 class LeasePart:
@@ -83,6 +86,7 @@ class LeasePart:
         self.released = False
         self.renewing = False  # a renewal of this lease is in flight (its own, or another's sync)
         self.finished = False  # refused (L5) or the token revoked: nothing more to renew
+        self.wake = threading.Event()  # a renewal is due (``Run.look``) or the lease was let go
 
     # --- the run loop's check (L4) ----------------------------------------------------------------
 
@@ -132,8 +136,17 @@ class LeasePart:
 
     def release(self) -> None:
         """The run is over (its final receipt is queued, or it crashed): the renewal
-        thread ends at its next look."""
+        thread ends."""
         self.released = True
+        self.wake.set()
+
+    def renewal_due(self, clock) -> bool:
+        """True when this lease's renewal is due (L3's elapsed time: the larger of the
+        monotonic and wall clocks' since the last grant or renewal was sent) and not under
+        way or over."""
+        deadline = self.deadline
+        return (deadline is not None and not self.renewing and not self.finished and not self.released
+                and deadline.terms.renew_every_s - deadline.sent.elapsed(clock) <= 0)
 
     def _running(self) -> bool:
         return not self.released and not self.finished and self.run.process.proc.poll() is None
@@ -194,6 +207,7 @@ class LeasePart:
         with self.run.ctx.renew_lock:
             for other in others[len(kept):]:
                 other.renewing = False
+                other.wake.set()
         return items, kept
 
     def _send_renewal(self, service, sent: SentAt, timeout: float) -> Answer | None:
@@ -228,6 +242,7 @@ class LeasePart:
                 self.renewing = False
                 for other in others:
                     other.renewing = False
+                    other.wake.set()  # its thread, waiting for this answer, looks again
 
     def apply_renewal(self, answer: Answer, sent: SentAt) -> bool:
         """Apply a renewal's answer sent at ``sent``: a new deadline (``ok``), or stop the
@@ -269,13 +284,15 @@ class LeasePart:
                     continue
                 due_in = self.deadline.terms.renew_every_s - self.deadline.sent.elapsed(clock)
                 if due_in > 0:
-                    clock.wait(None, min(due_in, max(self.check_s, RENEW_LOOK_S)))
+                    clock.wait(self.wake, min(due_in, max(self.check_s, RENEW_LOOK_S)))
+                    self.wake.clear()
                     continue
                 sent = SentAt.now(clock)
                 timeout = max(RENEW_TIMEOUT_MIN_S, min(RENEW_TIMEOUT_MAX_S, self.deadline.remaining(clock)))
                 answer = self._send_renewal(service, sent, timeout)
-                if answer is None:  # being renewed along with another lease: its answer comes
-                    clock.wait(None, self.check_s)
+                if answer is None:  # being renewed along with another lease: its answer comes (``wake``)
+                    clock.wait(self.wake, COMPANION_WAIT_S)
+                    self.wake.clear()
                     continue
                 if run.process.proc.poll() is not None:
                     return

@@ -35,11 +35,14 @@ log = logging.getLogger("runstead.worker")
 
 WATCH_INTERVAL_S = 0.2  # the agent's exit and output are looked at this often (L4 asks >= once a second)
 # A live conversation between turns (nothing placed, written or taken: the agent waits on
-# its stdin) is looked at only this often; a message taken wakes it at once (issue 43:
-# an open conversation that waits costs next to nothing).
-QUIET_WATCH_INTERVAL_S = 1.0
+# its stdin) sleeps: a message taken wakes it, and so does the coordinator's once-a-second
+# look (``Run.look``) when its deadline phase, its launcher or its files change; it looks
+# by itself only this often (issue 43: an open conversation that waits costs nothing).
+QUIET_WATCH_INTERVAL_S = 30.0
 DESCENDANT_SNAPSHOT_S = 1.0  # L8: how often descendants are recorded
-QUIET_DESCENDANT_SNAPSHOT_S = 5.0  # ... while the agent waits on its stdin between turns
+# ... while the agent waits on its stdin between turns: on a grid of this many monotonic
+# seconds, so the quiet runs of a worker share one process-tree scan (``process._shared_tree``)
+QUIET_DESCENDANT_SNAPSHOT_S = 30.0
 
 
 class RunHooks:
@@ -79,6 +82,24 @@ class Run:
         self.stop_reason: str | None = None
         self.work_arrived = threading.Event()  # something to do for this run: a stop, a message
         self.lock = threading.Lock()
+
+    def look(self) -> None:
+        """The coordinator's look at this run, once a second (``Runner.look``: SPEC L4's
+        check for every run at once, so no run's threads wake each second for nothing,
+        issue 43): a renewal due (by the larger of the monotonic and wall time elapsed,
+        L3: a sleep counts) wakes the renewal thread; a quiet conversation's run loop is
+        woken when its lease reached its next phase, its launcher ended, or the launcher's
+        ``written.log`` or the agent's output grew."""
+        lease, agent, conversation = self.lease, self.process, self.conversation
+        if lease.deadline is None or agent.proc is None:
+            return
+        clock = self.ctx.clock
+        if lease.renewal_due(clock):
+            lease.wake.set()
+        if conversation is not None and conversation.quiet and (
+                lease.deadline.phase(clock) != lease.seen or agent.proc.poll() is not None
+                or conversation.files() != conversation.files_seen):
+            self.work_arrived.set()
 
     def request_stop(self, reason: str, at: SentAt | None = None) -> None:
         """Ask the run loop to stop the agent with J1 ``stop_reason`` ``reason``; the first
@@ -163,7 +184,8 @@ class ProcessPart:
             more = self.observer.offset - offset >= MAX_READ_PER_POLL
         if self.next_snapshot is None or now >= self.next_snapshot:
             quiet = self.run.conversation is not None and self.run.conversation.quiet
-            self.next_snapshot = now + max(self.snapshot_every_s, QUIET_DESCENDANT_SNAPSHOT_S if quiet else 0.0)
+            self.next_snapshot = (now + self.snapshot_every_s if not quiet else
+                                  (now // QUIET_DESCENDANT_SNAPSHOT_S + 1) * QUIET_DESCENDANT_SNAPSHOT_S)
             self.snapshot()
         return more
 

@@ -27,7 +27,10 @@ slow service or a slow stop never delays another's work (W8); every wait goes th
 the ``Clock`` (tests move fake time):
 
 - main (``loop.Worker.run``): the coordinator; waits on ``ctx.coordinator_wake`` (set when
-  a run or integration ends, a signal comes, the sender sends) or ``main_tick_s``;
+  a run or integration ends, a signal comes, the sender sends) or ``main_tick_s``; once a
+  second it looks at every run (``Runner.look``, ``Run.look``: L4's check), waking a
+  renewal thread whose renewal is due and a quiet conversation's run loop that has
+  something to see, so a run that waits wakes none of its threads each second;
 - ``poller``: the long-poll (``poller.py``); it asks a run to stop (cancel:
   ``Run.request_stop``) and hands a conversation message to the run's conversation part
   (``ConversationPart.take``); both set the run's ``work_arrived``; it waits between
@@ -39,9 +42,10 @@ the ``Clock`` (tests move fake time):
 - ``run-<operation>``, one per run: steps 1-5 above; it waits for a slot on
   ``Runner.slot_released``, between grant attempts on ``ctx.draining``, and in its run
   loop on ``Run.work_arrived`` until the nearest instant a part needs a look
-  (``Run.next_due``: the next look at the process, at most ``WATCH_INTERVAL_S`` away);
+  (``Run.next_due``: the next look at the process, at most ``WATCH_INTERVAL_S`` away,
+  ``QUIET_WATCH_INTERVAL_S`` for a quiet conversation, which the coordinator wakes);
 - ``renew-<operation>``, one per running agent (``renewer.LeasePart``): the renewals;
-  it sleeps until a renewal is due (looking at least every ``RENEW_LOOK_S``) and ends once the agent ended or the
+  it sleeps on ``LeasePart.wake`` until a renewal is due and ends once the agent ended or the
   run released its lease; a refusal asks its run to stop;
 - ``integrate-<id>``, one per merge or discard (``integrate.py``).
 
@@ -76,6 +80,7 @@ LEASE_RETRY_CAP_S = 5.0  # a grant request that met network trouble is retried w
 REAP_TIMEOUT_S = 5.0  # how long the exit status of a stopped launcher is awaited
 NATURAL_EXIT_STOP_GRACE_S = 2.0  # leftovers of an agent that exited by itself: SIGTERM grace cap
 FAULT_WHILE_RUNNING_AFTER_S = 0.3  # crash tests: "while_agent_runs" fires this long after spawn
+LOOK_EVERY_S = 1.0  # L4: the coordinator looks at every run this often (``Runner.look``)
 
 
 class Runner:
@@ -95,6 +100,24 @@ class Runner:
         self.idle_guard = idle_guard or process.IdleSleepGuard(enabled=ctx.config.prevent_idle_sleep)
         self.slots = threading.BoundedSemaphore(ctx.config.max_concurrent)
         self.slot_released = threading.Event()  # a run gave its slot back (W8)
+        self.next_look: float | None = None  # monotonic; None: at the first ``look``
+
+    def look(self) -> None:
+        """SPEC L4 for every run at once, from the coordinator's thread: at most every
+        ``LOOK_EVERY_S`` (monotonic seconds), ``Run.look`` for each run in flight, which
+        wakes the threads that have something to do (issue 43: 100 waiting conversations
+        wake no thread each second)."""
+        now = self.ctx.clock.monotonic()
+        if self.next_look is not None and now < self.next_look:
+            return
+        self.next_look = now + LOOK_EVERY_S
+        with self.ctx.runs_lock:
+            runs = list(self.ctx.runs.values())
+        for run in runs:
+            try:
+                run.look()
+            except Exception:  # a run in transition: its own threads still look by themselves
+                log.exception("operation %s: look failed", run.operation_id)
 
     # --- threads ---------------------------------------------------------------------------
 
