@@ -23,7 +23,7 @@ consumed.
 The path measured: acceptance (one transaction: the message, its seq, the outbox row) ->
 the worker's waiting long-poll woken (D1) -> the item committed in the worker's SQLite
 (W2) and acknowledged -> the run's watch thread woken -> its inbox number committed, its
-file written (C3) -> the launcher's inbox poll (``RUNSTEAD_INBOX_POLL_S``, 0.02 s) -> the
+file written (C3) and the launcher's doorbell rung (``machine.files.bell_ring``) -> the
 agent's stdin.
 
 Shapes (``--shape``): ``sqlite`` (default, the embedded default: a scratch SQLite file,
