@@ -14,6 +14,12 @@ Every send goes through K5's guarded client (``notifications.outbound``): an add
 that turned inward since the URL was saved drops the delivery, logged, never retried.
 
 Runs as ``manage.py notify [--once]`` or inside daphne (``config/server_hooks.py``).
+
+When it looks (issue 44: an idle service costs next to no transactions): at once when this
+process committed a delivery or scheduled a retry (``services.wake_loops``); with
+PostgreSQL, at once when any process committed one (``LISTEN``, ``listen_for_deliveries``)
+and otherwise when the earliest pending delivery falls due, at least every
+``LISTEN_POLL_S``; without it (SQLite), every ``interval_s`` as well.
 """
 import asyncio
 import hashlib
@@ -28,7 +34,8 @@ from datetime import datetime, timedelta
 import httpx
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, connection, transaction
+from django.db.models import Min
 
 from core import clock
 from notifications import outbound, services
@@ -38,6 +45,8 @@ from machine.protocol import Backoff
 log = logging.getLogger("runstead.notify")
 
 BATCH = 50
+LISTEN_POLL_S = 30.0  # with PostgreSQL's LISTEN: the loop looks by itself at least this often
+LISTEN_RETRY_S = 5.0  # a listener whose connection failed connects again after this
 SEND_THREADS = 4
 SEND_TIMEOUT_S = 10.0  # per HTTP request (connect + read)
 CLAIM_S = 60.0  # > SEND_TIMEOUT_S: a claimed delivery is not due again before its send ended
@@ -170,6 +179,15 @@ def deliveries_claim(*, now: datetime, batch: int = BATCH) -> list[Delivery]:
     return rows
 
 
+def deliveries_claim_next(*, now: datetime, batch: int = BATCH) -> tuple[list[Delivery], datetime | None]:
+    """``deliveries_claim`` and, in the same transaction, when the earliest delivery still
+    pending after it falls due (None: none pending): the loop sleeps until then."""
+    with transaction.atomic():
+        rows = deliveries_claim(now=now, batch=batch)
+        next_at = Delivery.objects.filter(status=DeliveryStatus.PENDING).aggregate(at=Min("next_attempt_at"))["at"]
+    return rows, next_at
+
+
 def delivery_record(delivery: Delivery, outcome: Outcome, *, now: datetime) -> None:
     """Store one send's outcome, by compare-and-set on the claim (a row claimed again by
     another loop in the meantime is left to it). A ``gone`` push subscription is removed
@@ -178,7 +196,9 @@ def delivery_record(delivery: Delivery, outcome: Outcome, *, now: datetime) -> N
     if outcome.result == "sent":
         claimed.update(status=DeliveryStatus.SENT, sent_at=now, last_error="")
     elif outcome.result == "retry":
-        claimed.update(next_attempt_at=now + timedelta(seconds=BACKOFF.delay(delivery.attempts - 1)), last_error=outcome.error)
+        if claimed.update(next_attempt_at=now + timedelta(seconds=BACKOFF.delay(delivery.attempts - 1)),
+                          last_error=outcome.error):
+            transaction.on_commit(services.wake_loops, robust=True)  # this process's loop sleeps until it is due
     else:
         claimed.update(status=DeliveryStatus.DROPPED, dropped_at=now, last_error=outcome.error)
     if outcome.gone and delivery.subscription_id:
@@ -230,6 +250,7 @@ class Sender:
         self.max_in_flight = max_in_flight
         self.in_flight = 0
         self.lock = threading.Lock()
+        self.next_at: datetime | None = None  # the earliest pending delivery's due time at the last step
 
     def _done(self, _future):
         with self.lock:
@@ -242,9 +263,10 @@ class Sender:
         if room <= 0:
             return 0
         try:
-            rows = deliveries_claim(now=clock.now(), batch=min(BATCH, room))
+            rows, self.next_at = deliveries_claim_next(now=clock.now(), batch=min(BATCH, room))
         except Exception:  # noqa: BLE001 - the loop must outlive one bad pass
             log.exception("notify claim failed")
+            self.next_at = None
             return 0
         finally:
             close_old_connections()
@@ -253,6 +275,13 @@ class Sender:
                 self.in_flight += 1
             self.pool.submit(_send_and_record, row).add_done_callback(self._done)
         return len(rows)
+
+    def wait_s(self, poll_s: float) -> float:
+        """How long the loop may sleep (seconds): until the earliest pending delivery is
+        due, at most ``poll_s``."""
+        if self.next_at is None:
+            return poll_s
+        return max(0.0, min(poll_s, (self.next_at - clock.now()).total_seconds()))
 
     def close(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -269,27 +298,70 @@ def notify_drain(*, max_passes: int = 100) -> int:
     return total
 
 
+listening = threading.Event()  # a listener of this process is connected: the loops may sleep long
+
+
+def listen_for_deliveries(wake, stop: threading.Event) -> None:
+    """PostgreSQL: call ``wake()`` whenever any process commits deliveries
+    (``services.announce_deliveries``), and once after each (re)connection (what was
+    committed while nobody listened), until ``stop`` is set. Runs on its own thread with
+    its own connection (outside Django's pool: it stays checked out for the process's
+    life); a failed connection is retried every ``LISTEN_RETRY_S`` seconds, while the loop
+    falls back to polling every ``interval_s``."""
+    import psycopg  # the PostgreSQL driver; only imported where PostgreSQL is the database
+
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    while not stop.is_set():
+        try:
+            with psycopg.connect(**params, autocommit=True) as conn:
+                conn.execute(f"LISTEN {services.DELIVERIES_CHANNEL}")
+                listening.set()
+                wake()
+                while not stop.is_set():
+                    for _ in conn.notifies(timeout=1.0, stop_after=1):
+                        wake()
+        except Exception:  # noqa: BLE001 - the listener must outlive a database restart
+            log.warning("notify listener lost its connection; polling until it is back", exc_info=True)
+        finally:
+            listening.clear()
+        stop.wait(LISTEN_RETRY_S)
+
+
+
+def _start_listener(wake, stop: threading.Event) -> None:
+    """``listen_for_deliveries`` on a daemon thread, with PostgreSQL only."""
+    if connection.vendor == "postgresql":
+        threading.Thread(target=listen_for_deliveries, args=(wake, stop), name="notify-listen", daemon=True).start()
+
+
+def _poll_s(interval_s: float) -> float:
+    return LISTEN_POLL_S if listening.is_set() else interval_s
+
+
 def notify_forever(stop: threading.Event, interval_s: float) -> None:
-    """The loop of ``manage.py notify``: claim and submit, then wait ``interval_s`` or
-    until woken (a notification committed in this process) or stopped."""
+    """The loop of ``manage.py notify``: claim and submit, then wait until woken (module
+    docstring: a delivery committed, here or, with PostgreSQL, anywhere; a retry due) or
+    stopped, looking by itself every ``interval_s`` (``LISTEN_POLL_S`` while listening)."""
     wake = threading.Event()
     services.add_waker(wake.set)
+    _start_listener(wake.set, stop)
     sender = Sender()
     try:
         while not stop.is_set():
             if sender.step():
                 continue  # more may be due at once
-            wake.wait(interval_s)
+            wake.wait(sender.wait_s(_poll_s(interval_s)))
             wake.clear()
     finally:
+        stop.set()
         services.remove_waker(wake.set)
         sender.close()
 
 
 async def notify_loop(interval_s: float) -> None:
     """The loop as a task on daphne's event loop; each pass runs in a worker thread (sends
-    block on the network, never the server). A notification committed in this process
-    wakes it at once; others are found by the poll every ``interval_s``."""
+    block on the network, never the server). It waits as ``notify_forever`` does."""
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
 
@@ -297,6 +369,8 @@ async def notify_loop(interval_s: float) -> None:
         loop.call_soon_threadsafe(wake.set)
 
     services.add_waker(waker)
+    stop = threading.Event()
+    _start_listener(waker, stop)
     sender = Sender()
     try:
         while True:
@@ -304,10 +378,11 @@ async def notify_loop(interval_s: float) -> None:
             if attempted:
                 continue
             try:
-                await asyncio.wait_for(wake.wait(), timeout=interval_s)
+                await asyncio.wait_for(wake.wait(), timeout=sender.wait_s(_poll_s(interval_s)))
             except TimeoutError:
                 pass
             wake.clear()
     finally:
+        stop.set()
         services.remove_waker(waker)
         sender.close()

@@ -16,7 +16,7 @@ import threading
 import uuid
 from datetime import datetime, timedelta
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from core import clock
 from core.errors import ApplicationError
@@ -162,6 +162,22 @@ _wake_lock = threading.Lock()
 _wakers: list = []
 
 
+# PostgreSQL: new deliveries are announced on this channel (``NOTIFY`` in the transaction
+# that writes them, delivered to listeners when it commits), so the loops of every process
+# send at once and need not poll the table every second (``delivery.listen_for_deliveries``).
+DELIVERIES_CHANNEL = "runstead_deliveries"
+
+
+def announce_deliveries() -> None:
+    """In the current transaction: tell every process's notify loop that deliveries were
+    written (PostgreSQL ``NOTIFY``, sent on commit and dropped on rollback, several in one
+    transaction folded into one). Other databases: nothing (the embedded SQLite default
+    is one process; its loop is woken by ``wake_loops`` and polls)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"NOTIFY {DELIVERIES_CHANNEL}")
+
+
 def add_waker(callback) -> None:
     """Register a callable run after the commit of every new notification (the embedded
     loop uses it to send at once instead of at its next poll)."""
@@ -175,7 +191,9 @@ def remove_waker(callback) -> None:
             _wakers.remove(callback)
 
 
-def _wake() -> None:
+def wake_loops() -> None:
+    """Run this process's wakers (``add_waker``): a delivery is due now or sooner than a
+    loop thought (a new one committed, a retry scheduled)."""
     with _wake_lock:
         callbacks = list(_wakers)
     for callback in callbacks:
@@ -233,7 +251,8 @@ def notification_emit(*, owner_id, kind: str, event_key: str, title: str, body: 
     if prefs is None or prefs.board:
         broadcast(owner_id, notification_event(payload))
     if deliveries:
-        transaction.on_commit(_wake, robust=True)
+        announce_deliveries()
+        transaction.on_commit(wake_loops, robust=True)
     return notification
 
 

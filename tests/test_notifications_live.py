@@ -46,3 +46,42 @@ def test_n3_hanging_webhook_does_not_delay_the_request_and_embedded_loop_sends(l
         assert second_request_s < 1.0, second_request_s
     finally:
         hook.close()
+
+
+@pytest.mark.postgres
+def test_n3_a_delivery_another_process_commits_is_sent_at_once_not_at_the_next_poll(live_daphne, owner):
+    """Issue 44: with PostgreSQL the notify loop LISTENs, so an idle service need not claim
+    every second: the daphne's loop polls here only every 60 s, yet a delivery committed by
+    this test's process (the daphne's in-process waker never hears of it) goes out at once."""
+    from django.db import connection, transaction
+
+    from core import clock
+    from notifications.services import DELIVERIES_CHANNEL, notification_emit
+    from tests.wait import wait_for
+
+    hook = Receiver([200])
+    try:
+        url = live_daphne(RUNSTEAD_EMBEDDED_NOTIFY="1", RUNSTEAD_NOTIFY_INTERVAL_S="60",
+                          RUNSTEAD_OUTBOUND_ALLOW="127.0.0.0/8")
+        with httpx.Client(base_url=url, headers={"Authorization": f"Token {owner.auth_token.key}"}, timeout=10) as api:
+            put = api.put("/api/notifications/settings/", json={
+                "kinds": ALL_ON, "webhook_url": hook.url + "/hook", "board": True, "push": True})
+            assert put.status_code == 200, put.text
+
+        def listening() -> bool:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query = %s AND datname = current_database()",
+                               [f"LISTEN {DELIVERIES_CHANNEL}"])
+                return cursor.fetchone()[0] == 1
+
+        wait_for(listening, timeout_s=20, what="the daphne's notify loop listening")
+        started = time.monotonic()
+        with transaction.atomic():
+            assert notification_emit(owner_id=owner.id, kind="session_idle", event_key=f"test:{uuid.uuid4()}",
+                                     title="idle", body="", url="/", subject={}, now=clock.now()) is not None
+        (sent,) = hook.wait_for(1, timeout_s=20)
+        took_s = time.monotonic() - started
+        assert sent["headers"]["x-runstead-event"] == "session_idle"
+        assert took_s < 5.0, f"sent {took_s:.1f} s after the commit: found by a poll, not announced"
+    finally:
+        hook.close()
