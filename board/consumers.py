@@ -7,6 +7,12 @@ without opening a cross-site hole. Anonymous connections are refused (the handsh
 HTTP 403). The consumer never reads or decides anything: it forwards ``board.event``
 (and ``board.events``) messages sent by ``core.broadcast`` as JSON text, through one
 ``OwnerFeed`` per owner and process (one channel in the owner's group, fanned out here).
+The events (B2; each shape a ``*BoardEvent`` in ``BOARD_EVENTS`` of ``board/schema.py``,
+so ``/api/schema/`` documents them): ``task``, ``task.progress``, ``message``, ``machine``,
+``pool`` (``{"pool": {id, name, machines, created_at, updated_at, version}, "version"}``,
+C8: a machine pool created or changed) and ``pool.deleted`` (``{"pool_id", "version"}``),
+``session.status``, ``marker``, ``session.deleted``, ``notification``, ``approval``,
+``session.message``; each with ``server_time``.
 
 Handshakes are rate-limited (K3, a per-process brake, ``core.throttling.KeyedRate``):
 per client address and per presented credential before authentication (``HandshakeLimit``,

@@ -11,13 +11,22 @@ from sessions_app.shapes import (
     SessionMessageBoardEvent,
     SessionStatusBoardEvent,
 )
-from tasks_app.shapes import MachineBoardEvent, MessageBoardEvent, TaskBoardEvent, TaskProgressBoardEvent
+from tasks_app.shapes import (
+    MachineBoardEvent,
+    MessageBoardEvent,
+    PoolBoardEvent,
+    PoolDeletedBoardEvent,
+    TaskBoardEvent,
+    TaskProgressBoardEvent,
+)
 
 BOARD_EVENTS = (
     TaskBoardEvent,
     TaskProgressBoardEvent,
     MessageBoardEvent,
     MachineBoardEvent,
+    PoolBoardEvent,
+    PoolDeletedBoardEvent,
     SessionStatusBoardEvent,
     MarkerBoardEvent,
     SessionDeletedBoardEvent,

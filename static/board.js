@@ -32,7 +32,8 @@
     machines: new Map(), // id -> machine + version, touched
     approvals: new Map(), // id -> approval (Q6, any state: the inbox shows an answer briefly) + version, touched
     grants: [],
-    pools: [], // C8: the owner's machine pools, by name
+    pools: new Map(), // C8: id -> the owner's machine pool (the task form's choices) + version, touched
+    poolsDeleted: new Map(), // pool id -> {version, seq} of its pool.deleted event
     deleted: new Map(), // session id -> {version, seq} of its session.deleted event
     offsetMs: 0, // server clock - browser clock, from the last server_time (M3)
     graceS: 60,
@@ -175,6 +176,16 @@
       applyRow(board.machines, ev.machine, ev.version);
     } else if (ev.type === "approval" && ev.approval) {
       applyRow(board.approvals, ev.approval, ev.version); // Q6: on create and on every decision
+    } else if (ev.type === "pool" && ev.pool) {
+      // C8: a pool created, renamed or given other machines; the task form follows (render).
+      var poolGone = board.poolsDeleted.get(ev.pool.id);
+      if (poolGone && !(ev.version > poolGone.version)) return;
+      applyRow(board.pools, ev.pool, ev.version);
+    } else if (ev.type === "pool.deleted" && ev.pool_id) {
+      var shownPool = board.pools.get(ev.pool_id);
+      if (shownPool && !isNewer(shownPool, ev.version)) return;
+      board.pools.delete(ev.pool_id);
+      board.poolsDeleted.set(ev.pool_id, { version: ev.version, seq: ++board.seq });
     }
   }
 
@@ -245,7 +256,13 @@
     // answered while this page was not listening (the inbox says so, then drops it).
     board.approvals = mergeRows(board.approvals, snap.approvals || [], startSeq, function (item) { return Object.assign({}, item); });
     board.grants = snap.grants || [];
-    board.pools = snap.pools || [];
+    // C8: as sessions: a snapshot read before a pool.deleted we applied keeps it deleted.
+    var pools = (snap.pools || []).filter(function (item) {
+      var gone = board.poolsDeleted.get(item.id);
+      return !(gone && gone.seq > startSeq && !(item.version > gone.version));
+    });
+    board.poolsDeleted.forEach(function (gone, id) { if (gone.seq <= startSeq) board.poolsDeleted.delete(id); });
+    board.pools = mergeRows(board.pools, pools, startSeq, function (item) { return Object.assign({}, item); });
   }
 
   // ---------------------------------------------------------------- B4 hydration
@@ -668,17 +685,22 @@
     if (!form) return;
     var select = form.elements.machine;
     var paired = machines.filter(function (m) { return m.paired !== false; });
-    var pools = board.pools || [];
+    var pools = Array.from(board.pools.values()).sort(function (a, b) { return String(a.name).localeCompare(String(b.name)); });
     var signature = paired.map(function (m) { return m.id + ":" + m.name; }).join("|") + "#" +
       pools.map(function (p) { return p.name + ":" + p.machines.join(","); }).join("|");
     if (select.dataset.signature !== signature) {
       var chosen = select.value;
+      var chosenOption = select.options[select.selectedIndex];
+      var chosenPool = chosenOption ? chosenOption.getAttribute("data-pool") : null;
       select.textContent = "";
       paired.forEach(function (m) { select.appendChild(el("option", { value: m.id, text: m.name })); });
       // C8: acceptance picks a paired, recently heard machine with the folder's repository and room.
       if (paired.length) select.appendChild(el("option", { value: ANY_MACHINE, text: "any machine" }));
       // C8: or one of the machines of a pool the owner named (its name is the task's "machine").
-      pools.forEach(function (p) { select.appendChild(el("option", { value: p.name, text: "pool " + p.name })); });
+      pools.forEach(function (p) { select.appendChild(el("option", { value: p.name, text: "pool " + p.name, "data-pool": p.id })); });
+      // A chosen pool renamed elsewhere (a pool event) stays chosen under its new name.
+      var renamed = pools.filter(function (p) { return p.id === chosenPool; })[0];
+      if (renamed) chosen = renamed.name;
       var known = chosen === ANY_MACHINE || paired.some(function (m) { return m.id === chosen; }) ||
         pools.some(function (p) { return p.name === chosen; });
       if (chosen && known) select.value = chosen;

@@ -52,6 +52,9 @@ class Pool(models.Model):
     machines = models.ManyToManyField(Machine, related_name="pools", blank=True)
     created_at = models.DateTimeField()
     updated_at = models.DateTimeField()
+    # B2: rises on every change (its name or its machines), and once more on deletion
+    # (the ``pool.deleted`` event), so a board orders the ``pool`` events it receives.
+    version = models.PositiveBigIntegerField(default=1)
 
     class Meta:
         ordering = ["name"]

@@ -176,17 +176,48 @@ class PoolShape(TypedDict):
     machines: Annotated[list[Uuid], Doc("the pool's machine ids, sorted")]
     created_at: Time
     updated_at: Time
+    version: Annotated[int, Doc("rises on every change (B2)")]
 
 
 def pool_dict(pool) -> PoolShape:
-    """Pool of ``/api/pools/`` and of the board snapshot (C8)."""
+    """Pool of ``/api/pools/``, of the board snapshot and of ``pool`` events (C8)."""
     return {
         "id": str(pool.id),
         "name": pool.name,
         "machines": sorted(str(m.pk) for m in pool.machines.all()),
         "created_at": iso(pool.created_at),
         "updated_at": iso(pool.updated_at),
+        "version": pool.version,
     }
+
+
+class PoolBoardEvent(BoardEvent):
+    """The ``pool`` board event (B2, C8): a pool was created, renamed or given other
+    machines; the board's task form offers the owner's pools by name."""
+
+    type: Literal["pool"]
+    pool: PoolShape
+    version: int
+
+
+def pool_event(pool) -> PoolBoardEvent:
+    """The ``pool`` board event of ``pool`` as it is now (C8: on create and every change);
+    ``server_time`` is added by the broadcast."""
+    return {"type": "pool", "pool": pool_dict(pool), "version": pool.version}
+
+
+class PoolDeletedBoardEvent(BoardEvent):
+    """The ``pool.deleted`` board event (B2, C8): open boards drop the pool from the task
+    form. ``version`` is one above the pool's last ``pool`` event."""
+
+    type: Literal["pool.deleted"]
+    pool_id: Uuid
+    version: int
+
+
+def pool_deleted_event(pool_id, *, version: int) -> PoolDeletedBoardEvent:
+    """The ``pool.deleted`` board event; ``server_time`` is added by the broadcast."""
+    return {"type": "pool.deleted", "pool_id": str(pool_id), "version": version}
 
 
 class BudgetShape(TypedDict):

@@ -156,3 +156,31 @@ def test_c8_the_task_form_offers_the_owners_pools_and_submits_one(live_daphne, n
     page.wait_for_function("document.getElementById('form-status').textContent === 'Task accepted.'")
     task = Task.objects.get(owner=owner)
     assert (task.machine_id, task.machine_choice, task.folder) == (machine.id, "desks", grant.path)
+
+
+def test_b2_c8_a_pool_made_changed_and_deleted_elsewhere_reaches_an_open_boards_task_form(
+        live_daphne, new_page, owner, machine):
+    """Issue 44: the owner changes pools from another device (the API); the open board's
+    machine choices follow from the ``pool`` and ``pool.deleted`` events alone (no
+    snapshot is fetched meanwhile); a chosen pool renamed elsewhere stays chosen."""
+    import httpx
+    from playwright.sync_api import expect
+
+    url = live_daphne()
+    page = new_page(url, owner)
+    page.goto(url + "/")
+    wait_live(page)
+    hydrations = page.evaluate("window.runsteadBoard.hydrations")
+    select = page.locator("#task-form select[name=machine]")
+    expect(select.locator("option")).to_have_text([machine.name, "any machine"])
+    other_device = httpx.Client(base_url=url, headers={"Authorization": f"Token {owner.auth_token.key}"}, timeout=10)
+    made = other_device.post("/api/pools/", json={"name": "desks", "machines": [str(machine.id)]})
+    assert made.status_code == 201, made.text
+    expect(select.locator("option")).to_have_text([machine.name, "any machine", "pool desks"])
+    select.select_option("desks")
+    assert other_device.patch(f"/api/pools/{made.json()['id']}/", json={"name": "gpus"}).status_code == 200
+    expect(select.locator("option")).to_have_text([machine.name, "any machine", "pool gpus"])
+    expect(select).to_have_value("gpus")  # the same pool stays chosen under its new name
+    assert other_device.delete(f"/api/pools/{made.json()['id']}/").status_code == 204
+    expect(select.locator("option")).to_have_text([machine.name, "any machine"])
+    assert page.evaluate("window.runsteadBoard.hydrations") == hydrations

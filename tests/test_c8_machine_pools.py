@@ -9,12 +9,15 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from core.broadcast import owner_group
 from machine.worker.repositories import repository_identities, strip_credentials
 from tasks_app.models import Budget, Grant, IdempotencyRecord, Machine, OutboxMessage, Task, TaskEvent
 from tasks_app.services.machine_choice import LOAD_STATES, normalize_remote
 from tests.barrier import race
 from tests.conftest import owner_api
+from tests.factories import table_digest
 from tests.live import module_daphne  # noqa: F401  (fixture)
+from tests.sessions_events import board_events  # noqa: F401  (fixture)
 from tests.wait import wait_for
 
 ROOT_A = "1" * 40
@@ -238,6 +241,94 @@ def test_c8_pools_api_create_list_rename_set_machines_delete(owner, other_owner,
     assert Machine.objects.filter(pk=desktop.pk).exists()
     board = api.get("/api/board/").json()
     assert [p["name"] for p in board["pools"]] == ["other"]  # the owner's pools only
+
+
+# --- live board events of pools (B2, issue 44) ---------------------------------------------
+
+
+def pool_events(board_events, owner) -> list[dict]:
+    return [e for e in board_events.of(owner) if e["type"] in ("pool", "pool.deleted")]
+
+
+@pytest.mark.django_db
+def test_b2_c8_pool_create_change_delete_reach_the_owners_board_group_with_rising_versions(
+        owner, other_owner, make_machine, board_events, django_capture_on_commit_callbacks):
+    """Each change is one event to the owner's group only, after commit, carrying the pool
+    as ``GET /api/pools/{id}/`` shows it (a board rebuilds its task form from it) and a
+    version above the last; deletion says which pool, one version higher still."""
+    api = owner_api(owner)
+    laptop, desktop = make_machine(owner, "laptop"), make_machine(owner, "desktop")
+    board_events.clear()
+    with django_capture_on_commit_callbacks(execute=True) as sent:
+        created = api.post("/api/pools/", {"name": "gpu", "machines": [str(laptop.id)]}, format="json")
+        assert board_events.of(owner) == []  # nothing before commit
+    assert created.status_code == 201 and len(sent) == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        renamed = api.patch(f"/api/pools/{created.json()['id']}/", {"name": "desks"}, format="json")
+    with django_capture_on_commit_callbacks(execute=True):
+        moved = api.patch(f"/api/pools/{created.json()['id']}/", {"machines": [str(desktop.id), str(laptop.id)]},
+                          format="json")
+    shown = api.get(f"/api/pools/{created.json()['id']}/").json()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api.delete(f"/api/pools/{created.json()['id']}/").status_code == 204
+    events = pool_events(board_events, owner)
+    assert [(e["type"], e["version"]) for e in events] == [("pool", 1), ("pool", 2), ("pool", 3), ("pool.deleted", 4)]
+    assert [e["pool"] for e in events[:3]] == [created.json(), renamed.json(), moved.json()]
+    assert events[2]["pool"] == shown
+    assert (shown["name"], shown["machines"]) == ("desks", sorted([str(desktop.id), str(laptop.id)]))
+    assert events[3]["pool_id"] == created.json()["id"]
+    assert all(e["server_time"] for e in events)
+    assert board_events.groups() == {owner_group(owner.pk)}  # K2: never another owner's
+    assert board_events.of(other_owner) == []
+
+
+@pytest.mark.django_db
+def test_k2_another_owners_pool_calls_send_nothing_to_the_victims_board(
+        owner, other_owner, make_machine, board_events, django_capture_on_commit_callbacks):
+    """Mallory's PATCH and DELETE of Alice's pool are 404 and send nothing at all; her own
+    pool's events go to her group only, though it has the same name as Alice's."""
+    alice_pool = make_pool(owner, "desk", [make_machine(owner, "laptop")])
+    theirs = make_machine(other_owner, "theirs")
+    mallory = owner_api(other_owner)
+    board_events.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        assert mallory.patch(f"/api/pools/{alice_pool['id']}/", {"name": "mine"}, format="json").status_code == 404
+        assert mallory.delete(f"/api/pools/{alice_pool['id']}/").status_code == 404
+    assert board_events.groups() == set()
+    with django_capture_on_commit_callbacks(execute=True):
+        mine = make_pool(other_owner, "desk", [theirs])
+    assert board_events.groups() == {owner_group(other_owner.pk)}
+    assert [e["pool"]["id"] for e in pool_events(board_events, other_owner)] == [mine["id"]]
+    assert owner_api(owner).get(f"/api/pools/{alice_pool['id']}/").json() == alice_pool
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("method, body, status, code", [
+    ("post", {"name": "any"}, 400, "invalid"),
+    ("post", {"name": "gpu", "extra": 1}, 400, "invalid"),  # K3: unknown field
+    ("post", {"name": "gpu", "machines": "laptop"}, 400, "invalid"),  # K3: wrong JSON type
+    ("post", {"name": "gpu", "machines": ["THEIRS"]}, 403, "machine_forbidden"),
+    ("post", {"name": "desk"}, 409, "pool_exists"),
+    ("patch", {}, 400, "invalid"),
+    ("patch", {"name": "spare"}, 409, "pool_exists"),
+    ("patch", {"machines": ["THEIRS"]}, 403, "machine_forbidden"),
+    ("patch", {"name": 5}, 400, "invalid"),
+    ("delete", {"force": True}, 400, "invalid"),
+])
+def test_k3_bad_pool_input_changes_nothing_and_sends_nothing(
+        owner, other_owner, make_machine, board_events, django_capture_on_commit_callbacks, method, body, status, code):
+    desk = make_pool(owner, "desk", [make_machine(owner, "laptop")])
+    make_pool(owner, "spare", [])
+    theirs = make_machine(other_owner, "theirs")
+    body = {k: ([str(theirs.id)] if v == ["THEIRS"] else v) for k, v in body.items()}
+    url = "/api/pools/" if method == "post" else f"/api/pools/{desk['id']}/"
+    before = table_digest()
+    board_events.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        resp = getattr(owner_api(owner), method)(url, body, format="json")
+    assert (resp.status_code, resp.json()["error"]) == (status, code), resp.content
+    assert table_digest() == before
+    assert board_events.groups() == set()
 
 
 def test_c8_remote_urls_normalised():
