@@ -3,7 +3,10 @@ each grant's and renewal's deadline to ``op_dir/lease.json`` and the launcher th
 live conversation's agent ends it once that deadline has passed with no renewal; a worker
 that comes back in time adopts the agent as before. Real processes: daphne, ``manage.py
 worker`` killed with SIGKILL, the launcher and the demo's live profile (``fake-claude``,
-scripts/fake_claude.py speaking Claude Code's stream-json input)."""
+scripts/fake_claude.py speaking Claude Code's stream-json input), and the real opencode's
+``opencode serve`` behind machine/opencode_bridge.py, offline against the fake Chat
+Completions API (tests/model_apis.py): the server leads a process group of its own under
+the bridge, and the lease stop ends it too."""
 import json
 import os
 import time
@@ -11,8 +14,9 @@ import time
 import psutil
 import pytest
 
-from tests.conversation_support import fake_claude_setup, op_dir, send, wait_states
+from tests.conversation_support import fake_claude_setup, op_dir, opencode_conversation_setup, send, wait_states
 from tests.live import live_daphne  # noqa: F401  (fixture)
+from tests.model_apis import ChatAPI
 from tests.wait import wait_for
 from tests.worker_harness import SHORT_TIMINGS
 
@@ -29,9 +33,43 @@ def live(live_daphne, make_owner, tmp_path):  # noqa: F811
     setup.close()
 
 
+# The real opencode: a lease that outlives a renewal delayed while the server starts (heavy
+# on 2 shared cores), short enough that the test waits on it only seconds.
+OPENCODE_TIMINGS = {**SHORT_TIMINGS, "RUNSTEAD_LEASE_DURATION_S": "10", "RUNSTEAD_LEASE_RENEW_S": "1"}
+
+
+@pytest.fixture
+def opencode_live(live_daphne, make_owner, tmp_path):  # noqa: F811
+    with ChatAPI() as api:
+        setup = opencode_conversation_setup(live_daphne(**OPENCODE_TIMINGS), make_owner(), tmp_path, api)
+        try:
+            yield setup
+        finally:
+            setup.close()
+            end_leftovers(setup)
+
+
+def end_leftovers(setup) -> None:
+    """SIGKILL whatever still carries the tag of one of the worker's operations: the
+    server leads its own group, which ``LiveSetup.close`` (the launchers' groups) misses
+    when a failing run left it behind."""
+    ops = setup.state_dir / "ops"
+    for operation_id in os.listdir(ops) if ops.is_dir() else ():
+        for proc in tagged(operation_id):
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+
+
 def read_json(setup, task_id, name):
     with open(os.path.join(op_dir(setup, task_id), name)) as f:
         return json.load(f)
+
+
+def output_log(setup, task_id) -> str:
+    with open(os.path.join(op_dir(setup, task_id), "output.log"), errors="replace") as f:
+        return f.read()
 
 
 def deadline_wall(lease: dict) -> float:
@@ -89,3 +127,73 @@ def test_x3_worker_back_in_time_adopts_the_live_agent_and_its_renewals_move_the_
     assert read_json(live, task_id, "launcher.json") == launcher  # the same agent: nothing spawned again
     assert live.api.post(f"/api/tasks/{task_id}/end/").status_code == 200
     assert live.wait_final(task_id, timeout=30)["state"] == "succeeded"
+
+
+def tagged(operation_id: str) -> list[psutil.Process]:
+    """Live processes whose environment carries the operation's tag (L8:
+    ``RUNSTEAD_OPERATION_ID``, set for the launcher and inherited by all it starts)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("RUNSTEAD_OPERATION_ID") == operation_id and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def running(proc: psutil.Process) -> bool:
+    """Whether ``proc`` (that process: pid and start time) still runs; a zombie has ended."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.surface
+def test_l4_l8_worker_killed_the_launcher_ends_the_real_opencode_server_after_the_lease_deadline(opencode_live):
+    setup = opencode_live
+    task_id = setup.submit("opencode", prompt="look around the repository", mode="conversation")
+    wait_states(setup, task_id, {0: "answered"}, timeout=90)  # the bridge now waits on its stdin
+    launcher = read_json(setup, task_id, "launcher.json")
+    operation_id = os.path.basename(op_dir(setup, task_id))
+    launcher_proc, bridge = psutil.Process(launcher["launcher_pid"]), psutil.Process(launcher["agent_pid"])
+    started = [p for p in bridge.children(recursive=True) if p.cmdline()[1:2] == ["serve"]]
+    assert len(started) == 1, started
+    server = started[0]
+    # The server leads a process group of its own (machine/opencode_bridge.py): the
+    # launcher's group signals do not reach it, the bridge has to end it.
+    assert os.getpgid(server.pid) == server.pid != os.getpgid(bridge.pid) == launcher_proc.pid
+    ours = [launcher_proc, bridge, *bridge.children(recursive=True)]  # every process of the run now
+    assert {launcher_proc.pid, bridge.pid, server.pid} <= {p.pid for p in tagged(operation_id)}
+    lease = read_json(setup, task_id, "lease.json")
+    assert (lease["duration_s"], lease["margin_s"], lease["kill_grace_s"]) == (10, MARGIN_S, GRACE_S)
+    setup.stop_workers()  # SIGKILL, and no worker comes back
+    last = read_json(setup, task_id, "lease.json")  # the last renewal the worker recorded
+    deadline = deadline_wall(last)
+    assert deadline > time.time(), last
+
+    def still_running_until_due() -> bool:
+        for proc in (launcher_proc, bridge, server):
+            assert running(proc), f"{proc} ended {deadline - time.time():.2f} s before the lease deadline"
+        return time.time() >= deadline - 0.2
+
+    wait_for(still_running_until_due, timeout_s=20, what="the recorded lease deadline to come near")
+    wait_for(lambda: not any(running(p) for p in (launcher_proc, bridge, server)), timeout_s=20,
+             what="the launcher, the bridge and the opencode server ended by the lease",
+             detail=lambda: f"--- output.log ---\n{output_log(setup, task_id)[-4000:]}")
+    gone_at = time.time()
+    exit_facts = read_json(setup, task_id, "exit.json")
+    assert exit_facts["lease_stop"] is True, exit_facts
+    assert exit_facts["agent_pid"] == bridge.pid
+    # Never before the recorded deadline, and soon after it: the bridge's input closed (it
+    # stops the server), SIGTERM to the launcher's group, SIGKILL to the bridge (the server
+    # dies with it), each ``kill_grace_s`` after the last.
+    assert exit_facts["exit_wall"] >= deadline - 0.05, (exit_facts, last)
+    assert gone_at - deadline < 2 * GRACE_S + 2.0, (gone_at, exit_facts, last)
+    # The bridge stopped the server itself: on its input's close (0), or on the launcher's
+    # SIGTERM when the server took longer than ``kill_grace_s`` to go (143); never SIGKILLed.
+    assert (exit_facts["exit_code"], exit_facts["signal"]) in ((0, None), (143, None)), exit_facts
+    # No process of the operation is left: none seen before the kill, none carrying its tag.
+    wait_for(lambda: not tagged(operation_id) and not any(running(p) for p in ours), timeout_s=5,
+             what="no process of the operation left", detail=lambda: repr(tagged(operation_id)))
