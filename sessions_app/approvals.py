@@ -172,16 +172,27 @@ def approval_wait(*, approval: Approval, wait_s: float) -> Wait:
     hooks may wait on one approval (not exclusive). Under ASGI the starts of an event
     loop are read together (``approvals_starts``): ``approval`` (the subject, also the
     ``empty`` result) is then refreshed in place. The caller has authorised the read;
-    ``approval`` needs only its ``pk`` (the fast path's is a bare ``Approval(pk=...)``)."""
+    ``approval`` needs only its ``pk`` (the fast path's is a bare ``Approval(pk=...)``).
+    A hook's wait that starts again after its previous one timed out, with no wake-up of
+    the approval since, begins from that wait's result without a read (``Wait.resume``)."""
 
     def take(first: bool) -> Approval:
         current = Approval.objects.select_related("owner", "session", "task").get(pk=approval.pk)
         approval_expire_due(current, now=clock.now())
         return current
 
+    def resume(last: Approval) -> Approval | None:
+        # The hook's previous wait timed out on a pending approval and nothing woke it since
+        # (every decision does, ``_settle``): it is still pending, unless now past its expiry.
+        if last.state != ApprovalState.PENDING or last.expires_at <= clock.now():
+            return None
+        _refresh_from(approval, last)
+        return approval
+
     return Wait(key=approval_key(approval.pk), take=take, timeout_s=wait_s,
                 done=lambda current: current.state != ApprovalState.PENDING, ready=approvals_ready,
-                starts=approvals_starts, subject=approval, empty=approval, starts_every_s=APPROVAL_STARTS_EVERY_S)
+                starts=approvals_starts, subject=approval, empty=approval, starts_every_s=APPROVAL_STARTS_EVERY_S,
+                resume=resume)
 
 
 def approvals_starts(waits: list[Wait]) -> set[str]:

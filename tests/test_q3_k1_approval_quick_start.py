@@ -175,3 +175,40 @@ def test_q3_starts_read_their_approvals_in_one_query_and_only_the_decided_take(o
     with CaptureQueriesContext(connection) as queries:
         assert first.session.title is not None  # read with it: rendering needs no query
     assert len(queries) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_q3_d1_a_hook_waiting_again_after_a_quiet_timeout_reads_nothing_until_a_decision_wakes_it(owner):
+    """Issue 44: a hook's long-poll that timed out on a pending approval, with no wake-up of
+    the approval since, starts its next wait from that result (``Wait.resume``): no read
+    (``approvals_starts`` not called) and the same approval; a decision wakes the key, so
+    the start after it reads and answers the decision at once."""
+    from dataclasses import replace
+
+    from asgiref.sync import sync_to_async
+
+    from core.longpoll import take_or_wait
+
+    approval_id = _ask(owner)
+    reads = []
+
+    def counted(waits):
+        reads.append(len(waits))
+        return approvals_starts(waits)
+
+    def wait(seconds):
+        return replace(approval_wait(approval=Approval(pk=approval_id), wait_s=seconds), starts=counted)
+
+    async def hook():
+        first = await take_or_wait(wait(0.3))
+        again = await take_or_wait(wait(0.3))
+        seen = list(reads)
+        await sync_to_async(_allow, thread_sensitive=False)(owner, approval_id)
+        decided = await take_or_wait(wait(5))
+        return first, again, seen, decided
+
+    first, again, seen, decided = asyncio.run(hook())
+    assert first.state == again.state == ApprovalState.PENDING
+    assert (str(again.pk), again.tool_name, again.session.title) == (approval_id, "Bash", first.session.title)
+    assert seen == [1], "the second start read the approval although nothing had happened"
+    assert reads == [1, 1] and decided.state == ApprovalState.ALLOWED

@@ -96,6 +96,12 @@ class Pump:
             keys.update(await run_db(starts, waits))
         return keys
 
+    def hears(self, key: str) -> bool:
+        """Whether a wake-up of ``key`` from any process reaches this loop now: always with
+        a layer local to this process; with Redis, while its channel is in the key's group
+        (joined or being joined since a wait of it began here)."""
+        return not self.remote or key in self.joined
+
     def watch(self, key: str) -> None:
         """A wait of ``key`` began on this loop: its channel joins the key's group."""
         if self.remote and key not in self.joined:

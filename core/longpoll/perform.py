@@ -12,7 +12,7 @@ from typing import Any
 from django.db import connections
 
 from core.longpoll.loops import pump_for
-from core.longpoll.registry import Wait, Waiter, register, run_db, set_waiting, unregister
+from core.longpoll.registry import Wait, Waiter, quiet, register, run_db, set_waiting, take_quiet, unregister
 
 log = logging.getLogger("runstead.waiting")
 
@@ -32,40 +32,53 @@ async def take_or_wait(wait: Wait, *, first_taken: Callable[[], Any] | None = No
     called once the first take is over, or once the wait joined a batch of
     ``wait.starts`` (the router's admission of wait starts). Implements D1, D2 (Q3)."""
     loop = asyncio.get_running_loop()
-    waiter = register(wait, loop)
     pump = pump_for(loop)
+    resumed = None
+    if wait.starts is not None and wait.resume is not None and pump.hears(wait.key):
+        last = take_quiet(wait.key)
+        resumed = None if last is None else wait.resume(last)
+    waiter = register(wait, loop)
     pump.watch(wait.key)
     if wait.exclusive:
         pump.supersede_elsewhere(wait.key, waiter.started)
     try:
         deadline = time.monotonic() + max(0.0, wait.timeout_s)
-        started = None if wait.starts is None else pump.start(wait)
+        wakes_seen = 0  # ``waiter.wakes`` when the last take (or read) began: none before the first
+        started = None if wait.starts is None or resumed is not None else pump.start(wait)
         if started is not None and first_taken is not None:
             first_taken()  # its share of the start is the batch's: let the next one in
             first_taken = None
         try:
-            if started is None or wait.key in await asyncio.shield(started):
+            if resumed is not None:
+                result = resumed  # the previous wait's last result: nothing happened since
+            elif started is None or wait.key in await asyncio.shield(started):
                 result = await _take(wait, True)
             else:
                 result = wait.empty
         finally:
             if first_taken is not None:
                 first_taken()
+        timed_out = False
         while not wait.done(result) and not waiter.final:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                timed_out = True
                 break
             set_waiting(waiter, True)
             try:
                 await asyncio.wait_for(waiter.event.wait(), remaining)
             except TimeoutError:
+                timed_out = True
                 break
             finally:
                 set_waiting(waiter, False)
             if waiter.final:
                 break
+            wakes_seen = waiter.wakes
             waiter.event.clear()  # before the take: a wake-up during it is not lost
             result = await _take(wait, False)
+        if timed_out:
+            quiet(waiter, result, wakes_seen)
         if _superseded_holding(waiter, result):
             await run_db(_give_back, wait, result)
             return wait.empty

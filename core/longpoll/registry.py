@@ -58,6 +58,12 @@ class Wait:
     - ``starts_every_s``: at most one ``starts`` call per that many seconds for the waits
       that share it (None: ``RUNSTEAD_LONGPOLL_START_BATCH_S``); a wait whose first take
       is only a safety check (a decision made between two waits of a hook) batches longer.
+    - ``resume(last) -> first result | None``: optional, with ``starts``: a start of a key
+      whose previous wait in this process ended by its timeout, not done, with no wake-up
+      of the key since (and this event loop still in the key's group: it would have
+      heard one) begins from that wait's last result instead of joining ``starts``'s
+      batch: no database read at all (issue 44: a hook waiting again). Called on the
+      event loop (no I/O); None: go through ``starts`` after all.
     """
 
     key: str
@@ -71,6 +77,7 @@ class Wait:
     starts: Callable[[list["Wait"]], Iterable[str]] | None = None
     subject: Any = None
     starts_every_s: float | None = None
+    resume: Callable[[Any], Any] | None = None
 
     def __post_init__(self):
         if not KEY_PATTERN.fullmatch(self.key):
@@ -106,7 +113,7 @@ class Waiter:
     """One wait in progress: ``loop`` is None when a thread waits (the sync form).
     ``reason`` says why it was last woken; ``waiting`` whether it waits for a wake-up now."""
 
-    __slots__ = ("wait", "loop", "event", "reason", "waiting", "started")
+    __slots__ = ("wait", "loop", "event", "reason", "waiting", "started", "wakes")
 
     def __init__(self, wait: Wait, loop):
         self.wait = wait
@@ -115,6 +122,7 @@ class Waiter:
         self.event = threading.Event() if loop is None else asyncio.Event()
         self.reason = None
         self.waiting = False
+        self.wakes = 0  # wake-ups counted by ``wake`` under the registry's lock (``quiet``)
 
     @property
     def final(self) -> bool:
@@ -136,6 +144,11 @@ class Waiter:
 _lock = threading.Lock()
 _waiters: dict[str, set[Waiter]] = {}
 _stopping = False
+# Keys whose last wait here ended by its timeout with no wake-up since: key -> its last
+# result, for the next start's ``Wait.resume`` (``quiet``, ``take_quiet``); a wake-up of
+# the key forgets it. At most QUIET_MAX keys (the oldest go first).
+_quiet: dict[str, Any] = {}
+QUIET_MAX = 100_000
 
 
 def register(wait: Wait, loop) -> Waiter:
@@ -187,9 +200,38 @@ def waiting(key: str | None = None) -> int:
 
 def wake(key: str, reason: str = "notified", *, loop=...) -> None:
     """Wake this process's waiters of ``key`` (of one event loop's only, if given), from
-    any thread: each takes again."""
-    for waiter in snapshot(str(key), loop):
+    any thread: each takes again. The key is no longer quiet (``quiet``)."""
+    key = str(key)
+    with _lock:
+        _quiet.pop(key, None)
+        waiters = [w for w in _waiters.get(key, ()) if loop is ... or w.loop is loop]
+        for waiter in waiters:
+            waiter.wakes += 1
+    for waiter in waiters:
         waiter.wake(reason)
+
+
+def quiet(waiter: Waiter, last, wakes_seen: int) -> None:
+    """``waiter``'s wait ended by its timeout with ``last`` as its result, not done: when
+    nothing woke it since its last take began (``wakes_seen``, its ``wakes`` then) and its
+    wait can resume, the next start of its key may begin from ``last`` (``take_quiet``).
+    Call it while the waiter is still registered."""
+    if waiter.wait.resume is None:
+        return
+    with _lock:
+        if waiter.wakes != wakes_seen:
+            return
+        _quiet.pop(waiter.wait.key, None)
+        _quiet[waiter.wait.key] = last
+        while len(_quiet) > QUIET_MAX:
+            del _quiet[next(iter(_quiet))]
+
+
+def take_quiet(key: str):
+    """The last result of ``key``'s previous wait if it ended quiet (``quiet``), else None;
+    forgotten either way (one start resumes from it)."""
+    with _lock:
+        return _quiet.pop(key, None)
 
 
 def supersede_older(key: str, started: float, *, loop=...) -> None:
