@@ -249,8 +249,8 @@ class AbortGate:
 
     ``prompted()`` when a prompt is about to be written; ``abort()`` when an abort is asked:
     True to send it now, False when it is held (a prompt was written and its turn has not
-    started); ``see(event)`` for each event of the session: True when a held abort is due
-    now. A turn has started at the first ``session.status`` busy or retry, or assistant
+    started); ``see(event)`` for each event of the session (and each ``bridge.error``):
+    the seconds the held abort waited when it is due now (send it), else None. A turn has started at the first ``session.status`` busy or retry, or assistant
     ``message.updated``, after its prompt (opencode sets busy when its loop for the
     prompt begins, and an abort from then on ends the turn; before it, on a fresh home's
     first turn, the server answers ``200`` and nothing happens: docs/opencode-server.md).
@@ -298,9 +298,6 @@ class AbortGate:
             self.waiting = False
             held, self.held = self.held, None
         return None if held is None else max(0.0, self.clock() - held)
-
-
-REPLIES = ("once", "always", "reject")
 
 
 def permission_reply(approval: dict | None) -> dict:
