@@ -38,23 +38,31 @@ def codex_conversation_setup(url: str, owner, tmp_path, api: ResponsesAPI) -> Li
     return _offline_setup("codex", url, owner, tmp_path, api)
 
 
-def opencode_conversation_setup(url: str, owner, tmp_path, api: ChatAPI) -> LiveSetup:
+def opencode_conversation_setup(url: str, owner, tmp_path, api: ChatAPI, *, options: str = "",
+                                env: dict | None = None) -> LiveSetup:
     """A paired worker whose ``opencode`` profile is the real opencode offline against
     ``api`` (``conversation`` live by its preset: ``opencode serve`` behind
-    machine/opencode_bridge.py, C11); returns once the service knows the profile can
-    converse live."""
-    return _offline_setup("opencode", url, owner, tmp_path, api)
+    machine/opencode_bridge.py, C11), with the profile's TOML lines ``options`` (e.g.
+    ``approvals = "ask"``) and more ``env`` (e.g. ``OPENCODE_CONFIG_CONTENT``); returns
+    once the service knows the profile can converse live."""
+    return _offline_setup("opencode", url, owner, tmp_path, api, options=options, env=env)
 
 
-def _offline_setup(preset: str, url: str, owner, tmp_path, api) -> LiveSetup:
+# opencode's own configuration (merged over the offline one, docs/opencode-server.md): its
+# bash tool asks for permission (``permission.asked``) instead of running at once.
+OPENCODE_BASH_ASKS = {"OPENCODE_CONFIG_CONTENT": json.dumps({"permission": {"bash": "ask"}})}
+
+
+def _offline_setup(preset: str, url: str, owner, tmp_path, api, *, options: str = "",
+                   env: dict | None = None) -> LiveSetup:
     """A paired worker whose profile ``preset`` (of that preset) is the real CLI offline
     against ``api`` (tests/agent_clis.py), once the service knows it can converse live."""
     setup = LiveSetup(url, owner, tmp_path)
     subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
     profile = offline(preset, tmp_path / "home", api).profile()
-    env = ", ".join(f"{key} = {json.dumps(value)}" for key, value in profile["env"].items())
+    env = ", ".join(f"{key} = {json.dumps(value)}" for key, value in {**profile["env"], **(env or {})}.items())
     setup.config.write_text(f'allowed_roots = ["{setup.root}"]\n[profiles.{preset}]\npreset = "{preset}"\n'
-                            f'binary = {json.dumps(profile["binary"])}\nenv = {{ {env} }}\n')
+                            f'binary = {json.dumps(profile["binary"])}\nenv = {{ {env} }}\n{options}')
     setup.start_worker()
     wait_live_profile(setup)
     return setup

@@ -2,7 +2,7 @@
 bridge (machine/opencode_bridge.py), for SPEC C11 (docs/opencode-server.md), into
 tests/fixtures/opencode_serve/*.jsonl (the bridge's stdout, one JSON object a line).
 
-    .venv/bin/python tests/record_opencode_serve.py
+    .venv/bin/python tests/record_opencode_serve.py [NAME ...]   (default: all of them)
 
 The bridge runs the real server against the fake Chat Completions API (tests.model_apis.
 ChatAPI), offline (tests.agent_clis.offline). Written to its stdin, one at a time, each
@@ -10,7 +10,10 @@ after the previous turn's end (a terminal assistant ``message.updated``):
 
 - ``three_turns.jsonl``: "first", a tool call (``[[bash:echo hi]]``), "third";
 - ``abort.jsonl``: a long tool call, ``{"abort": true}`` while it runs, then "after";
-- ``refused.jsonl``: a prompt the fake API refuses (``[[error:400]]``).
+- ``refused.jsonl``: a prompt the fake API refuses (``[[error:400]]``);
+- ``permission_rejected.jsonl``: opencode's bash asks for permission
+  (``OPENCODE_CONFIG_CONTENT`` ``{"permission": {"bash": "ask"}}``), a tool call
+  (``[[bash:echo hi]]``), which the bridge (no task credential) rejects, then "after".
 
 ``listing.json`` (``GET /session/{id}/message`` after one answered prompt "hi", what the
 bridge prints again after its event stream came back) was taken by hand the same way.
@@ -40,8 +43,8 @@ OUT = BASE_DIR / "tests" / "fixtures" / "opencode_serve"
 
 
 class Bridge:
-    def __init__(self, home: Path, folder: Path, api: ChatAPI):
-        env = {**os.environ, **offline("opencode", home, api).env}
+    def __init__(self, home: Path, folder: Path, api: ChatAPI, env: dict | None = None):
+        env = {**os.environ, **offline("opencode", home, api).env, **(env or {})}
         self.proc = subprocess.Popen([sys.executable, "-I", str(BRIDGE), cli_bin("opencode")], cwd=folder, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
         self.lines: list[str] = []
@@ -76,30 +79,42 @@ class Bridge:
         (OUT / name).write_text(text.replace(str(folder), "/home/dev"))
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
+    def wanted(name: str) -> bool:
+        return not names or name in names
+
     with tempfile.TemporaryDirectory() as tmp, ChatAPI() as api:
         home, folder = Path(tmp) / "home", Path(tmp) / "dev"
         folder.mkdir()
-        bridge = Bridge(home, folder, api)
-        for text in ("first", "[[bash:echo hi]] a tool", "third"):
-            bridge.turn(text)
-        bridge.close("three_turns.jsonl", folder)
+        if wanted("three_turns"):
+            bridge = Bridge(home, folder, api)
+            for text in ("first", "[[bash:echo hi]] a tool", "third"):
+                bridge.turn(text)
+            bridge.close("three_turns.jsonl", folder)
 
-        bridge = Bridge(home, folder, api)
+        if wanted("abort"):
+            bridge = Bridge(home, folder, api)
 
-        def abort_when_running(b):
-            wait_for(lambda: any('"status":"running"' in line and "sleep 30" in line for line in b.lines),
-                     timeout_s=60, what="the long command runs")
-            b.write({"abort": True})
+            def abort_when_running(b):
+                wait_for(lambda: any('"status":"running"' in line and "sleep 30" in line for line in b.lines),
+                         timeout_s=60, what="the long command runs")
+                b.write({"abort": True})
 
-        bridge.turn("[[bash:sleep 30]] long", then=abort_when_running)
-        bridge.turn("after")
-        bridge.close("abort.jsonl", folder)
+            bridge.turn("[[bash:sleep 30]] long", then=abort_when_running)
+            bridge.turn("after")
+            bridge.close("abort.jsonl", folder)
 
-        bridge = Bridge(home, folder, api)
-        bridge.turn("[[error:400]] refused")
-        bridge.close("refused.jsonl", folder)
+        if wanted("refused"):
+            bridge = Bridge(home, folder, api)
+            bridge.turn("[[error:400]] refused")
+            bridge.close("refused.jsonl", folder)
+
+        if wanted("permission_rejected"):
+            bridge = Bridge(home, folder, api, {"OPENCODE_CONFIG_CONTENT": json.dumps({"permission": {"bash": "ask"}})})
+            bridge.turn("[[bash:echo hi]] a tool")
+            bridge.turn("after")
+            bridge.close("permission_rejected.jsonl", folder)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

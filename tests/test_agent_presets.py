@@ -249,6 +249,21 @@ def test_q5_profile_approvals_is_validated_and_off_by_default():
         parse_profile("p", {"preset": "claude", "argv": ["/usr/bin/claude", "-p", "{prompt}"], "approvals": "ask"})
 
 
+def test_q5_opencode_asks_in_its_live_conversation_only_through_the_environment():
+    """opencode takes no per-run hook: its bridge answers ``permission.asked`` (the task's
+    credential in the environment), so ``approvals = "ask"`` asks in a live conversation
+    and adds nothing to the argv; a headless ``opencode run`` rejects by itself, so it
+    does not ask (no credential is requested); a profile's own argv has no bridge."""
+    profile = parse_profile("p", {"preset": "opencode", "approvals": "ask"})
+    assert profile.asks_owner(live=True) and not profile.asks_owner(live=False)
+    assert not profile.asks_through_settings()
+    assert not parse_profile("p", {"preset": "opencode"}).asks_owner(live=True)
+    claude = parse_profile("p", {"preset": "claude", "approvals": "ask"})
+    assert claude.asks_owner(live=True) and claude.asks_owner(live=False) and claude.asks_through_settings()
+    with pytest.raises(ConfigError, match="asks only in opencode's live conversation"):
+        parse_profile("p", {"preset": "opencode", "approvals": "ask", "argv": ["{binary}", "run"]})
+
+
 def test_q5_the_run_settings_go_right_after_the_executable_and_hold_no_secret():
     from machine.worker import approvals
 

@@ -27,6 +27,7 @@ PROMPTS = {
     "three_turns": ["first", "[[bash:echo hi]] a tool", "third"],
     "abort": ["[[bash:sleep 30]] long", "after"],
     "refused": ["[[error:400]] refused"],
+    "permission_rejected": ["[[bash:echo hi]] a tool", "after"],
 }
 
 
@@ -76,6 +77,85 @@ def test_c4_abort_ends_the_turn_once_though_session_idle_comes_twice_and_keeps_t
     tool = [e["properties"]["part"] for e in stream if e["type"] == "message.part.updated"
             and e["properties"]["part"]["type"] == "tool"][-1]
     assert tool["state"]["status"] == "error"  # opencode ends the running command with the turn
+
+
+def test_q5_c11_a_loop_stopped_by_a_rejected_permission_ends_its_turn_at_idle_once():
+    """opencode's bash asks (``permission.asked``), the bridge (no task credential) rejects
+    it: the tool part ends ``error``, the assistant message completes with ``finish``
+    ``tool-calls`` and no other follows; the session going idle ends that turn, once
+    (``session.status`` idle and ``session.idle`` both come), and the next prompt is a
+    turn of its own."""
+    stream = events("permission_rejected")
+    asked = [e["properties"] for e in stream if e["type"] == "permission.asked"]
+    replied = [e["properties"] for e in stream if e["type"] == "permission.replied"]
+    assert [(a["permission"], a["patterns"], a["metadata"]["command"]) for a in asked] == \
+        [("bash", ["echo hi"], "echo hi")]
+    assert [(r["requestID"], r["reply"]) for r in replied] == [(asked[0]["id"], "reject")]
+    assert adapter_events("permission_rejected") == [("result", None)] * 2
+    parser = make_parser("opencode_serve")
+    stream_lines = lines("permission_rejected")
+    cut = next(i for i, line in enumerate(stream_lines) if '"session.idle"' in line)
+    for line in stream_lines[:cut + 1]:
+        parser.feed_line(line)
+    assert parser.turns == 1
+    assert parser.facts()["agent_result"] == {"is_error": False, "subtype": "tool-calls", "summary": ""}
+    for line in stream_lines[cut + 1:]:
+        parser.feed_line(line)
+    assert parser.facts()["agent_result"] == {"is_error": False, "subtype": "stop", "summary": "ok: after"}
+
+
+def test_c4_the_bridge_holds_an_abort_until_its_prompts_turn_has_started():
+    """Issue 43: an abort between a prompt and its turn's start (busy, or an assistant
+    message) waits for that start; with no prompt waiting it goes at once; a prompt the
+    server refused drops it; a prompt while the session is busy joins the running turn."""
+    now = [100.0]
+    gate = opencode_bridge.AbortGate(clock=lambda: now[0])
+
+    def status(kind):
+        return {"type": "session.status", "properties": {"sessionID": "ses_x", "status": {"type": kind}}}
+
+    assert gate.abort() is True  # nothing waiting: sent (the server answers 200, nothing happens)
+    gate.prompted()
+    assert gate.abort() is False and gate.abort() is False  # held, once
+    now[0] = 101.5
+    user = {"type": "message.updated", "properties": {"sessionID": "ses_x", "info": {"role": "user"}}}
+    assert gate.see(user) is None and gate.see(status("idle")) is None
+    assert gate.see(status("busy")) == 1.5  # the turn began: send it now
+    assert gate.see(status("busy")) is None and gate.abort() is True  # a turn runs: at once
+    assert gate.see(status("idle")) is None
+    gate.prompted()
+    assert gate.abort() is False
+    refused = {"type": "bridge.error", "properties": {"sessionID": "ses_x", "request": "prompt", "status": 400}}
+    assert gate.see(refused) is None and gate.see(status("busy")) is None  # no turn: dropped
+    gate.prompted()  # while busy: the prompt joins the running loop
+    assert gate.abort() is True
+    gate.see(status("idle"))
+    gate.prompted()
+    assert gate.abort() is False
+    assistant = {"type": "message.updated", "properties": {"sessionID": "ses_x", "info": {"role": "assistant"}}}
+    assert gate.see(assistant) == 0.0
+
+
+def test_q5_the_bridge_replies_to_opencode_as_the_owner_answered():
+    reply = opencode_bridge.permission_reply
+    assert reply({"state": "allowed", "scope": "once"}) == {"reply": "once"}
+    assert reply({"state": "allowed", "scope": "session"}) == {"reply": "always"}
+    assert reply({"state": "denied", "message": "no"}) == {"reply": "reject", "message": "no"}
+    assert reply({"state": "denied", "message": ""}) == {"reply": "reject"}
+    for unanswered in ({"state": "expired"}, {"state": "withdrawn"}, {"state": "pending"}, None, "junk"):
+        assert reply(unanswered) == {"reply": "reject"}  # no answer: what headless opencode does
+    asked = {"id": "per_1", "sessionID": "ses_x", "permission": "bash", "patterns": ["ls"],
+             "metadata": {"command": "ls"}, "always": ["ls *"], "tool": {"messageID": "msg_1", "callID": "c"}}
+    assert opencode_bridge.ask_payload(asked, "/w") == {
+        "session_id": "ses_x", "prompt_id": "msg_1", "tool_name": "bash",
+        "tool_input": {"patterns": ["ls"], "metadata": {"command": "ls"}}, "cwd": "/w"}
+
+
+def test_q5_w5_the_servers_environment_never_holds_the_task_credential():
+    env = opencode_bridge.serve_env({"RUNSTEAD_TASK_CREDENTIAL": "secret", "RUNSTEAD_TASK_ID": "t", "PATH": "/bin"},
+                                    "pw")
+    assert "RUNSTEAD_TASK_CREDENTIAL" not in env and env["RUNSTEAD_TASK_ID"] == "t"
+    assert env["OPENCODE_SERVER_PASSWORD"] == "pw" and env["OPENCODE_SERVER_USERNAME"] == "opencode"
 
 
 def test_c11_a_turn_refused_by_the_model_api_ends_its_turn():

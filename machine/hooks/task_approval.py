@@ -43,21 +43,21 @@ COUNTS_FILE = "approval-counts.json"
 KEY_MAX = 255
 
 
-def request_key(payload: dict, *, hook_dir: str | None) -> str:
+def request_key(payload: dict, *, hook_dir: str | None, agent: str = "claude") -> str:
     """Q1's key, ``task:`` and the interactive hook's (``approval.approval_key``: agent
     session id, prompt id, tool input digest, and the number of such requests in that
     turn, counted in ``hook_dir``: ``_claim``); a uuid5 of it past the API's 255
     characters."""
-    return _key(payload, _claim(hook_dir, _base(payload)) if hook_dir else 1)
+    return _key(payload, _claim(hook_dir, _base(payload)) if hook_dir else 1, agent)
 
 
 def _base(payload: dict) -> str:
     return f"{payload.get('session_id')}:{payload.get('prompt_id')}:{json_digest(_tool_input(payload))}"
 
 
-def _key(payload: dict, n: int) -> str:
+def _key(payload: dict, n: int, agent: str = "claude") -> str:
     digest = json_digest(_tool_input(payload))
-    key = "task:" + approval.approval_key("claude", payload.get("session_id"), payload.get("prompt_id"), digest, n)
+    key = "task:" + approval.approval_key(agent, payload.get("session_id"), payload.get("prompt_id"), digest, n)
     return key if len(key) <= KEY_MAX else f"task:{uuid5(key)}"
 
 
@@ -87,6 +87,22 @@ def _claim(hook_dir: str, base: str) -> int:
 def ask(payload: dict, environ, *, send=None, clock=None, sleep=None) -> str | None:
     """Ask the owner (module docstring); returns the output to print, or None. ``send``,
     ``clock`` and ``sleep`` as for ``approval.Asker`` (tests)."""
+    final = decide(payload, environ, send=send, clock=clock, sleep=sleep)
+    return approval.decision_output(final, payload) if final is not None else None
+
+
+def decide(payload: dict, environ, *, agent: str = "claude", send=None, clock=None, sleep=None) -> dict | None:
+    """Ask the owner for one request of ``agent`` (a ``SESSION_AGENTS`` name: ``claude``
+    for this hook, ``opencode`` for machine/opencode_bridge.py's ``permission.asked``)
+    and wait for the answer, as the module docstring says; ``payload`` in Claude Code's
+    ``PermissionRequest`` shape (``session_id``, ``prompt_id``, ``tool_name``,
+    ``tool_input``, ``cwd``, ``permission_suggestions``). Returns the approval as the API
+    shapes it once it is no longer pending (``state``: ``allowed``, ``denied``,
+    ``expired``, ...), or None: no credential in ``environ`` (``approvals = "off"``),
+    refused, no answer within the wait, the service unreachable for 10 s. Never raises
+    for what the network or the service does (a bad ``RUNSTEAD_HOOK_*`` variable:
+    ``machine.settings.SettingError``). ``send``, ``clock`` and ``sleep`` as for
+    ``approval.Asker`` (tests)."""
     credential, server, task_id = environ.get(CREDENTIAL_ENV), environ.get(SERVER_ENV), environ.get(TASK_ENV)
     if not (credential and server and task_id):
         return None  # approvals = "off": the CLI decides (headless: denied)
@@ -95,7 +111,7 @@ def ask(payload: dict, environ, *, send=None, clock=None, sleep=None) -> str | N
     cwd = payload.get("cwd") if isinstance(payload.get("cwd"), str) else ""
     tool_name = payload.get("tool_name") if isinstance(payload.get("tool_name"), str) else ""
     body = {
-        "key": request_key(payload, hook_dir=hook_dir), "task": task_id, "agent": "claude",
+        "key": request_key(payload, hook_dir=hook_dir, agent=agent), "task": task_id, "agent": agent,
         "tool_name": (tool_name or "unknown")[:200], "tool_input": sent_input,
         "cwd": cwd[:1024] if cwd.startswith("/") else "", "suggestions": approval._suggestions(payload),
     }
@@ -105,7 +121,7 @@ def ask(payload: dict, environ, *, send=None, clock=None, sleep=None) -> str | N
 
     timing = {k: v for k, v in (("clock", clock), ("sleep", sleep)) if v is not None}
     asker = approval.Asker(Path(hook_dir or os.devnull), server=server, token="", settings=approval.load_settings({}, environ),
-                           session_key="", send=send or with_credential, **timing)
+                           session_key="", send=send or with_credential, agent=agent, **timing)
     if hook_dir is None:
         asker.log = lambda message: None  # nowhere of its own to write
     try:
@@ -116,4 +132,4 @@ def ask(payload: dict, environ, *, send=None, clock=None, sleep=None) -> str | N
     except approval.Refused as error:  # a final task (401), a bad request: the CLI decides
         asker.log(f"{error}; the CLI decides")
         return None
-    return approval.decision_output(final, payload) if final is not None else None
+    return final

@@ -12,6 +12,11 @@ The credential comes with the lease (``approval_credential`` in the grant reques
 goes into the agent's environment only (never into argv, which other local users can
 read, nor into the worker's database or log), beside the service URL and the run's hook
 folder. The machine token never does (W5: ``process.agent_env``).
+
+A profile of the opencode preset with ``approvals = "ask"`` asks in its live conversation
+only (``Preset.live_asks``): no ``--settings``; the same environment goes to the bridge
+(``machine/opencode_bridge.py``), which answers opencode's ``permission.asked`` through
+``task_approval.decide`` and keeps the credential out of the server's environment.
 """
 from __future__ import annotations
 

@@ -101,7 +101,12 @@ def check_profiles(config: WorkerConfig, *, path: str | None, probe_versions: bo
             lines.append(f"  version:    {version}")
         lines.append(f"  argv:       {json.dumps(profile.command(prompt='{prompt}', folder='{folder}', binary=found))}")
         lines.append(f"  prompt_via: {info['prompt_via']}")
-        asks = " (the owner answers: PermissionRequest hook through --settings, Q5)" if profile.approvals == "ask" else ""
+        if profile.approvals != "ask":
+            asks = ""
+        elif profile.asks_through_settings():
+            asks = " (the owner answers: PermissionRequest hook through --settings, Q5)"
+        else:
+            asks = " (the owner answers in live conversations: the bridge asks, Q5; headless runs reject)"
         lines.append(f"  approvals:  {profile.approvals}{asks}")
         lines.append(f"  resume:     {json.dumps(info['resume']) if info['resume'] is not None else 'unsupported'}")
         if info["env"]:

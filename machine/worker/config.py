@@ -109,6 +109,22 @@ class Profile:
                       agent_session_id=agent_session_id, inline=self.from_preset,
                       record=self.record_path(op_dir) or "{record}", after_binary=after_binary)
 
+    def asks_owner(self, *, live: bool) -> bool:
+        """Q5: whether a run of this profile asks its owner (``approvals = "ask"``): every
+        run of a preset whose CLI takes a per-run hook (``Preset.asks``: Claude Code), or
+        the live conversation (C1) of one whose bridge asks (``Preset.live_asks``: opencode;
+        its headless ``run`` rejects by itself)."""
+        preset = PRESETS.get(self.preset or "")
+        if self.approvals != "ask" or preset is None:
+            return False
+        return preset.asks or (live and preset.live_asks and self.live_argv is not None)
+
+    def asks_through_settings(self) -> bool:
+        """Q5: whether asking adds the CLI's per-run settings to the argv (``Preset.asks``;
+        otherwise the environment alone carries it: ``approvals.asking_env``)."""
+        preset = PRESETS.get(self.preset or "")
+        return preset is not None and preset.asks
+
     def record_path(self, op_dir: str | None) -> str | None:
         """Where the agent writes its run record (the preset's ``record``) for an
         operation directory, or None (no record, or no directory given)."""
@@ -205,10 +221,14 @@ def parse_profile(name: str, spec: dict) -> Profile:
     approvals = spec.get("approvals", "off")
     if approvals not in APPROVALS:
         raise ConfigError(f"profiles.{name}.approvals must be \"off\" or \"ask\"")
-    if approvals == "ask" and not (preset is not None and preset.asks):
+    if approvals == "ask" and not (preset is not None and (preset.asks or preset.live_asks)):
         able = ", ".join(n for n, p in PRESETS.items() if p.asks)
+        live = ", ".join(n for n, p in PRESETS.items() if p.live_asks)
         raise ConfigError(f"profiles.{name}: approvals = \"ask\" needs a preset whose CLI takes a per-run "
-                          f"permission hook ({able})")
+                          f"permission hook ({able}) or whose live conversation asks ({live})")
+    if approvals == "ask" and not preset.asks and argv is not None:
+        raise ConfigError(f"profiles.{name}: approvals = \"ask\" asks only in {preset.name}'s live conversation, "
+                          "which a profile's own argv does not have")
     if approvals == "ask" and argv is not None and "{binary}" not in argv:
         raise ConfigError(f"profiles.{name}: approvals = \"ask\" needs the element \"{{binary}}\" in argv "
                           "(the per-run settings go right after it)")

@@ -236,7 +236,10 @@ class OpencodeServe:
     not ``tool-calls`` (the model is done) or that carries an ``error`` (aborted, API
     error), counted once per ``parentID`` (the user message; its updates repeat, and
     ``session.idle`` is no turn end: after an abort it came twice, observed); a prompt
-    the server refused (``bridge.error``) makes no turn, so it ends one too. opencode
+    the server refused (``bridge.error``) makes no turn, so it ends one too. A loop that
+    stops after a tool call (a rejected permission, Q5: the last assistant message
+    completed with ``finish`` ``tool-calls`` and none follows, observed) ends its turn
+    when the session goes idle (``session.status`` idle or ``session.idle``). opencode
     merges prompts sent during a turn into one (observed), so one message goes at a time
     (C3 queues) and none is steered. Closing the bridge's stdin stops the server, a
     running turn with it, hence ``end_waits_for_turn``."""
@@ -247,6 +250,7 @@ class OpencodeServe:
     def __init__(self):
         self.turns_ended = 0
         self.answered: set[str] = set()  # user message ids whose turn ended
+        self.last: str | None = None  # the parentID of the latest completed assistant message
 
     def opening(self, folder: str) -> str:
         return ""
@@ -259,12 +263,22 @@ class OpencodeServe:
         if kind == "bridge.error" and props.get("request") == "prompt":
             self.turns_ended += 1
             return ("result", None)
+        status = props.get("status") if isinstance(props.get("status"), dict) else {}
+        if kind == "session.idle" or (kind == "session.status" and status.get("type") == "idle"):
+            parent, self.last = self.last, None
+            if parent is None or parent in self.answered:
+                return None
+            self.answered.add(parent)  # the loop stopped after a tool call (docstring)
+            self.turns_ended += 1
+            return ("result", None)
         if kind != "message.updated" or not isinstance(info := props.get("info"), dict):
             return None
         time_ = info.get("time") if isinstance(info.get("time"), dict) else {}
         parent = info.get("parentID")
-        if info.get("role") != "assistant" or not isinstance(parent, str) or parent in self.answered \
-                or not time_.get("completed"):
+        if info.get("role") != "assistant" or not isinstance(parent, str):
+            return None
+        self.last = parent if time_.get("completed") else None
+        if parent in self.answered or not time_.get("completed"):
             return None
         if not info.get("error") and info.get("finish") in ("tool-calls", "tool_calls", None):
             return None

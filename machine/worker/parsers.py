@@ -895,6 +895,10 @@ class OpencodeServeParser(OpencodeParser):
     ``tool-calls``, or an ``error``; the same rule as ``live_agents.OpencodeServe``), the
     verdict so far: an error ``MessageAbortedError`` (C4) -> ``interrupted``, no error;
     another error -> ``is_error`` with its name and message; else success (``finish``).
+    A turn whose loop stopped after a tool call (a rejected permission, Q5: the last
+    assistant message completed with ``finish`` ``tool-calls`` and no other follows) ends
+    when the session goes idle (``session.status`` idle or ``session.idle``), its verdict
+    success with that ``finish``.
     ``session.error`` events are error entries (but for the abort); a prompt the server
     refused (``bridge.error``) ends its turn as an error. The user's messages are the
     conversation's (``turn_prompt``), not read from the stream."""
@@ -904,6 +908,7 @@ class OpencodeServeParser(OpencodeParser):
     def __init__(self, prompt: str | None = None) -> None:
         super().__init__(prompt)
         self._seen: dict = {}  # part ids and turn keys already handled, the last CALLS_KEPT
+        self._last: dict = {}  # the latest assistant message's info (a turn the session's idle ends)
 
     def _once(self, key) -> bool:
         if not isinstance(key, str) or key in self._seen:
@@ -941,6 +946,10 @@ class OpencodeServeParser(OpencodeParser):
         if kind == "message.updated":
             self._assistant(_dict(props.get("info")))
             return True
+        if kind in ("session.idle", "session.status"):
+            if kind == "session.idle" or _dict(props.get("status")).get("type") == "idle":
+                self._idle()
+            return True
         if kind == "session.error":
             error = _dict(props.get("error"))
             if error.get("name") != "MessageAbortedError":
@@ -954,6 +963,7 @@ class OpencodeServeParser(OpencodeParser):
             return
         if self._once(f"turn:{parent}"):
             self.turns += 1
+        self._last = info
         terminal = _dict(info.get("time")).get("completed") and (
             info.get("error") or info.get("finish") not in ("tool-calls", "tool_calls", None))
         if not terminal or not self._once(f"end:{parent}"):
@@ -967,6 +977,17 @@ class OpencodeServeParser(OpencodeParser):
                             summary=str(_dict(error.get("data")).get("message") or ""))
         else:
             self.set_result(is_error=False, subtype=str(info.get("finish") or "stop"), summary=self.last_message)
+        self.flush_message()
+
+    def _idle(self) -> None:
+        """The session went idle: a turn whose last assistant message completed without a
+        terminal ``finish`` (the loop stopped after a tool call) ends here."""
+        info, self._last = self._last, {}
+        parent = info.get("parentID")
+        if not _dict(info.get("time")).get("completed") or not self._once(f"end:{parent}"):
+            return
+        self.turn_ended()
+        self.set_result(is_error=False, subtype=str(info.get("finish") or "stop"), summary=self.last_message)
         self.flush_message()
 
 

@@ -52,6 +52,7 @@ class Preset:
     env: dict = field(default_factory=dict)
     doc: str = ""
     asks: bool = False  # Q5: the CLI takes a per-run PermissionRequest hook (approvals = "ask")
+    live_asks: bool = False  # Q5: its live conversation asks the owner (no per-run argv: the environment)
     live_argv: tuple[str, ...] | None = None
 
     @property
@@ -141,6 +142,10 @@ PRESETS: dict[str, Preset] = {
         # stdout; docs/opencode-server.md; live_agents.OpencodeServe). The profile's
         # extra_args are run's flags: not given.
         live_argv=(sys.executable, "-I", OPENCODE_BRIDGE, "{binary}"),
+        # Q5: the bridge answers each `permission.asked` of its session: the owner decides
+        # (the task's credential in its environment) or, without it, rejected at once.
+        # `opencode run` rejects by itself (no hook): a headless task does not ask.
+        live_asks=True,
     ),
     # aider: `aider --message PROMPT --yes` runs one instruction and exits 0 whatever
     # happened, API errors included; plain text. Its `--analytics-log` (kept local with

@@ -228,11 +228,11 @@ class Runner:
         try:
             if ctx.draining.is_set():
                 return  # stays 'received': the next worker start takes it up
-            asks = profile.approvals == "ask"
+            asks = profile.asks_owner(live=live)
             if not self.acquire_lease(run, asks=asks):
                 return
             if asks:
-                argv, env = self.asking(run, argv, env, command)
+                argv, env = self.asking(run, argv, env, command if profile.asks_through_settings() else None)
             self.spawn_and_watch(run, argv, folder, profile.prompt_via == "stdin" and not live, env, live=live)
         finally:
             self.slots.release()
@@ -333,7 +333,8 @@ class Runner:
     def asking(self, run: Run, argv: list[str], env: dict, command) -> tuple[list[str], dict]:
         """Q5: the argv and environment of a run whose owner answers its permission
         prompts: ``--settings`` with the ``PermissionRequest`` hook (``command(after_binary)``
-        rebuilds the argv with it), and the credential
+        rebuilds the argv with it; ``command`` None: the argv stays, as for opencode's
+        bridge, which asks itself), and the credential
         of the lease answer in the environment (``approvals.py``). A service that sent
         no credential (older than Q5) gets the run as with ``approvals = "off"``."""
         approval = run.lease.approval or {}
@@ -344,7 +345,7 @@ class Runner:
         wait_s = float(approval.get("wait_s") or 600)
         env = {**env, **approvals.asking_env(credential=approval["credential"], server=self.ctx.server,
                                              op_dir=run.op_dir, wait_s=wait_s)}
-        return command(approvals.settings_args(wait_s=wait_s)), env
+        return (command(approvals.settings_args(wait_s=wait_s)) if command is not None else argv), env
 
     # --- the agent (X1, X2, L4, L8, J1) --------------------------------------------------------
 
