@@ -383,9 +383,12 @@ def test_c11_c6_the_bridge_calls_with_its_password_and_a_dropped_event_stream_lo
         watchdog.cancel()
         bridge.stdin.close()
         assert bridge.wait(20) == 0
-    assert [r[:2] for r in requests] == [["GET", "/event"], ["POST", "/session"], ["GET", "/event"],
-                                         ["GET", "/session/ses_fake/message"]]
-    assert all(ok for _, _, ok in requests)
+    calls = [r[:2] for r in requests]
+    assert calls[:4] == [["GET", "/event"], ["POST", "/session"], ["GET", "/event"], ["GET", "/session/ses_fake/message"]]
+    # The resync's later reads (the status, pending permissions) may or may not have gone
+    # out when the turn's end was read; the stand-in does not serve them.
+    assert all(call in (["GET", "/session/status"], ["GET", "/permission"]) for call in calls[4:]), calls
+    assert all(ok for _, _, ok in requests)  # the password on every request
     assert json.loads(out[0]) == {"type": "bridge.ready", "properties": {"sessionID": "ses_fake"}}
     assert agent.turns_ended == 1
     assert parser.facts()["agent_result"] == {"is_error": False, "subtype": "stop", "summary": "ok: hi"}
