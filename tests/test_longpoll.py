@@ -106,6 +106,25 @@ def test_d1_blackholed_pull_connection_delivers_within_seconds_of_the_next_pull(
         proxy.close()
 
 
+def test_d1_a_waiting_answer_carries_the_security_headers_every_api_answer_has(live_daphne, owner, machine, grant):
+    """The router answers ``?wait=`` requests without Django's middleware (its thread would
+    be held for the whole wait), but not without its headers: an answer at once, one that
+    began with keep-alives, and the same route without ``?wait=`` (through the middleware)
+    say the same ``X-Frame-Options``, ``nosniff``, ``Referrer-Policy`` and COOP."""
+    url = live_daphne(RUNSTEAD_LONGPOLL_KEEPALIVE_S="0.3")
+    plain = httpx.get(f"{url}/api/worker/messages/", headers={"Authorization": f"Machine {machine.test_token}"},
+                      timeout=10)
+    at_once, streamed = _pull(url, machine.test_token, wait=0), _pull(url, machine.test_token, wait=1)
+    assert streamed.content.startswith(b" "), "the keep-alive began this answer"
+    names = ("x-frame-options", "x-content-type-options", "referrer-policy", "cross-origin-opener-policy")
+    expected = {name: plain.headers.get(name) for name in names}
+    assert expected == {"x-frame-options": "DENY", "x-content-type-options": "nosniff",
+                        "referrer-policy": "same-origin", "cross-origin-opener-policy": "same-origin"}
+    for answer in (at_once, streamed):
+        assert answer.status_code == 200
+        assert {name: answer.headers.get(name) for name in names} == expected
+
+
 def test_d1_waiting_pull_sends_a_space_every_keepalive_interval(live_daphne, owner, machine, grant):
     """While it waits, the pull's body is spaces, one per keep-alive interval (0.3 s here),
     then the JSON: a client reading with an inactivity timeout shorter than the wait keeps

@@ -156,3 +156,19 @@ def test_o4_follow_exits_2_on_unknown_with_a_spinner_on_a_terminal(setup):
     text = output.decode(errors="replace")
     assert "\x1b[2K" in text and any(frame in text for frame in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")  # the spinner line
     assert "[unknown]" in text and "outcome unknown" in text
+
+
+def test_k1_submit_task_with_a_rotated_token_says_not_signed_in_not_task_refused(live_daphne, owner):  # noqa: F811
+    """A token rotated since it was saved (``var/demo.json`` keeps the old one) is a login
+    failure, not a refusal of the task: the command says so and what to do."""
+    import httpx
+
+    url = live_daphne()
+    old = owner.auth_token.key
+    assert httpx.post(f"{url}/api/token/rotate/", headers={"Authorization": f"Token {old}"}, timeout=10).status_code == 201
+    done = subprocess.run([sys.executable, "manage.py", "submit_task", "--server", url, "--token", old, "--machine",
+                           "00000000-0000-4000-8000-000000000000", "--folder", "/tmp/repo", "--agent", "demo", "p"],
+                          cwd=BASE_DIR, env=manage_env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "not signed in (authentication_failed)" in done.stderr and "task refused" not in done.stderr, done.stderr
+    assert "--token" in done.stderr

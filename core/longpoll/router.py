@@ -12,6 +12,9 @@ from urllib.parse import parse_qs
 
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpResponse
+from django.middleware.clickjacking import XFrameOptionsMiddleware
+from django.middleware.security import SecurityMiddleware
 from django.urls import Resolver404, resolve
 
 from core.longpoll.loops import batch
@@ -93,8 +96,33 @@ async def _warm(found, scope) -> bool:
     return True
 
 
-async def _send(send, response) -> None:
+def security_headers(scope) -> list[tuple[bytes, bytes]]:
+    """The headers Django's ``SecurityMiddleware`` and ``XFrameOptionsMiddleware`` add to
+    an answer to this request (``X-Content-Type-Options``, ``Referrer-Policy``,
+    ``Cross-Origin-Opener-Policy``, ``X-Frame-Options``, and ``Strict-Transport-Security``
+    when the request is secure, as the settings say), as ``(name, value)`` byte pairs: the
+    answers this router sends skip Django's middleware, not its headers (K: the same
+    headers on every answer of the API)."""
+    forwarded = next((v for k, v in scope.get("headers", ()) if k == b"x-forwarded-proto"), b"")
+    return _security_headers(scope.get("scheme", "http"), forwarded)
+
+
+@functools.lru_cache(maxsize=16)
+def _security_headers(scheme: str, forwarded_proto: bytes) -> list[tuple[bytes, bytes]]:
+    """Made by the two middlewares themselves, on an empty answer to a request that is
+    secure as this one is (its scheme, or the proxy's ``X-Forwarded-Proto``)."""
+    scope = {"type": "http", "method": "GET", "path": "/", "query_string": b"", "scheme": scheme,
+             "headers": [(b"x-forwarded-proto", forwarded_proto)] if forwarded_proto else []}
+    request, response = ASGIRequest(scope, io.BytesIO(b"")), HttpResponse()
+    for middleware in (SecurityMiddleware, XFrameOptionsMiddleware):
+        response = middleware(lambda _request: response).process_response(request, response)
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in response.items() if k.lower() != "content-type"]
+
+
+async def _send(send, response, scope) -> None:
     headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.items()]
+    given = {k.lower() for k, _ in headers}
+    headers += [(k, v) for k, v in security_headers(scope) if k not in given]
     headers.append((b"content-length", str(len(response.content)).encode()))
     await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": response.content})
@@ -125,10 +153,11 @@ class _Streaming:
     authorised, so the status is known; no length, so the server sends it chunked and a
     proxy flushes each write)."""
 
-    __slots__ = ("send", "status", "started", "sending")
+    __slots__ = ("send", "status", "started", "sending", "headers")
 
-    def __init__(self, send, status: int):
+    def __init__(self, send, status: int, scope):
         self.send, self.status = send, status
+        self.headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store"), *security_headers(scope)]
         self.started = False  # the response has begun: only the body may follow
         self.sending = False
 
@@ -136,8 +165,7 @@ class _Streaming:
         self.sending = True
         try:
             if not self.started:
-                headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
-                await self.send({"type": "http.response.start", "status": self.status, "headers": headers})
+                await self.send({"type": "http.response.start", "status": self.status, "headers": self.headers})
                 self.started = True
             await self.send({"type": "http.response.body", "body": b" ", "more_body": True})
         finally:
@@ -236,7 +264,7 @@ async def _long_poll(found, scope, receive, send, admission: _Admission, respons
         else:
             admission.release()
         if waiting is not None:
-            streaming, keepalive = _Streaming(send, response.status_code), _KeepAlive.here()
+            streaming, keepalive = _Streaming(send, response.status_code, scope), _KeepAlive.here()
             keepalive.add(streaming)
             try:
                 await asyncio.wait({waiting, disconnect}, return_when=asyncio.FIRST_COMPLETED)
@@ -259,7 +287,7 @@ async def _long_poll(found, scope, receive, send, admission: _Admission, respons
         if streaming is not None and streaming.started:
             await send({"type": "http.response.body", "body": response.content})
         else:
-            await _send(send, response)
+            await _send(send, response, scope)
     finally:
         disconnect.cancel()
         if waiting is not None and not waiting.done():  # this request itself was cancelled

@@ -100,6 +100,9 @@ class Command(BaseCommand):
             self.stdout.write(printable(f"HTTP {response.status_code} {detail}"[:2000]))
         if not accepted:
             error = answer.get("error") if isinstance(answer, dict) else None
+            if response.status_code == 401:  # not a refusal of the task: the token was not taken
+                raise CommandError(f"not signed in ({error or 401}): the token was rotated or revoked; pass --token "
+                                   f"(or restart ./run, which writes the current one to var/demo.json)")
             raise CommandError(f"task refused: {error or response.status_code}")
         if not follow:
             return
