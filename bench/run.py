@@ -360,7 +360,8 @@ async def _wave(server: Daphnes, data: dict, n: int, cycles: int) -> dict:
 
 
 BUSY_TASKS = 2  # tasks each busy machine runs at once
-BUSY_RAMP_MAX_S = 900.0  # every machine's tasks running before the window, or this long at most
+BUSY_RAMP_MAX_S = 900.0  # every machine's tasks running before the window, or this long at most,
+BUSY_RAMP_STALL_S = 60.0  # ... or until no more ran for this long
 
 
 def section_busy(n: int, env: dict, dbname: str, window_s: float) -> dict:
@@ -383,7 +384,7 @@ def section_busy(n: int, env: dict, dbname: str, window_s: float) -> dict:
     real = ShortTasks(server, data, env)
     try:
         real.start()
-        row = asyncio.run(_busy(server, data, n, dbname, window_s))
+        row = asyncio.run(_busy(server, data, n, dbname, window_s, real.go))
         real.stop.set()
         real.join()
     finally:
@@ -413,6 +414,7 @@ class ShortTasks(threading.Thread):
 
         super().__init__(daemon=True)
         self.stop, self.server, self.token = threading.Event(), server, data["token"]
+        self.go, self.submit_errors = threading.Event(), 0  # set once the busy machines run
         self.state = Path(tempfile.mkdtemp(prefix="bench-busy-worker-"))
         api = {"Authorization": f"Token {self.token}"}
         code = httpx.post(server.url + "/api/machines/pairing-codes/", json={"name": "real"}, headers=api).json()["code"]
@@ -437,11 +439,15 @@ class ShortTasks(threading.Thread):
         import httpx
 
         api = {"Authorization": f"Token {self.token}"}
+        self.go.wait()  # the busy machines' ramp is over: this measures the steady state
         with httpx.Client(base_url=self.server.url, headers=api, timeout=30) as client:
             while not self.stop.wait(1 / self.RATE):
-                client.post("/api/tasks/", headers={"Idempotency-Key": uuid.uuid4().hex}, json={
-                    "machine": self.machine, "folder": str(self.state), "agent": "short", "prompt": "p",
-                    "exclusive": False})
+                try:
+                    client.post("/api/tasks/", headers={"Idempotency-Key": uuid.uuid4().hex}, json={
+                        "machine": self.machine, "folder": str(self.state), "agent": "short", "prompt": "p",
+                        "exclusive": False})
+                except httpx.HTTPError:
+                    self.submit_errors += 1
         from django.db import connection
 
         from tasks_app.models import Task
@@ -467,7 +473,7 @@ class ShortTasks(threading.Thread):
             facts = receipt.body["facts"]
             if receipt.task_id in started and facts.get("runtime_s") is not None:
                 lags["final"].append(receipt.received_at.timestamp() - started[receipt.task_id] - facts["runtime_s"])
-        return {"tasks": mine.count(),
+        return {"tasks": mine.count(), "submit_errors": self.submit_errors,
                 "states_after": dict(mine.values_list("state").annotate(n=Count("id")).values_list("state", "n")),
                 "passed_through_unknown": TaskEvent.objects.filter(task__in=mine, new_state="unknown").count(),
                 "running_receipt_lag": lat(lags["running"]), "final_receipt_lag": lat(lags["final"])}
@@ -478,7 +484,7 @@ class ShortTasks(threading.Thread):
         stop_process(self.worker)
 
 
-async def _busy(server: Server, data: dict, n: int, dbname: str, window_s: float) -> dict:
+async def _busy(server: Server, data: dict, n: int, dbname: str, window_s: float, ramped: threading.Event) -> dict:
     owners = [Conn(server.port) for _ in range(8)]
     submitted = []
 
@@ -495,7 +501,7 @@ async def _busy(server: Server, data: dict, n: int, dbname: str, window_s: float
     await asyncio.gather(*(submit_all(c, range(k, n, len(owners))) for k, c in enumerate(owners)))
     for conn in owners:
         conn.close()
-    figures = {"running": 0, "refused": 0, "sync_errors": 0}
+    figures = {"running": 0, "refused": 0, "sync_errors": 0, "errors": {}}
     lag: dict[str, list[float]] = {"start": [], "renew": [], "final": []}
     syncs: list[float] = []
     stop, window = asyncio.Event(), {"open": False}
@@ -508,10 +514,15 @@ async def _busy(server: Server, data: dict, n: int, dbname: str, window_s: float
     # about 6 requests a machine on this 2-core machine: it is waited out before the window,
     # which measures the steady state (renewals, the real worker's short tasks).
     ramp0 = time.perf_counter()
-    deadline = ramp0 + BUSY_RAMP_MAX_S
+    deadline, last, grew = ramp0 + BUSY_RAMP_MAX_S, -1, ramp0
     while figures["running"] < n * BUSY_TASKS and time.perf_counter() < deadline:
+        if figures["running"] != last:
+            last, grew = figures["running"], time.perf_counter()
+        elif time.perf_counter() - grew > BUSY_RAMP_STALL_S:
+            break  # no machine got further for a while: measure what runs (the errors say why)
         await asyncio.sleep(0.5)
     ramp_s, running_before = time.perf_counter() - ramp0, figures["running"]
+    ramped.set()
     await asyncio.sleep(20.0)  # past the first renewal of every machine: the steady state
     window["open"] = True
     cpu0, x0, t0 = server.cpu_s(), xact_commit(dbname), time.perf_counter()
@@ -529,8 +540,14 @@ async def _busy(server: Server, data: dict, n: int, dbname: str, window_s: float
         "db_xact_per_s": round((x1 - x0) / elapsed, 1),
         "sync_in_window": lat(syncs),
         "receipt_lag_start": lat(lag["start"]), "renewal_lag": lat(lag["renew"]), "receipt_lag_final": lat(lag["final"]),
-        "renewals_refused": figures["refused"], "sync_errors": figures["sync_errors"],
+        "renewals_refused": figures["refused"], "sync_errors": figures["sync_errors"], "errors": figures["errors"],
     }
+
+
+def _count_error(figures: dict, where: str, exc: BaseException) -> None:
+    """How many of each error (its first words) a busy machine met, by where."""
+    key = f"{where}: {type(exc).__name__}: {str(exc)[:80]}"
+    figures["errors"][key] = figures["errors"].get(key, 0) + 1
 
 
 async def _busy_machine(server: Server, data: dict, i: int, figures: dict, lag: dict, syncs: list,
@@ -555,8 +572,9 @@ async def _busy_machine(server: Server, data: dict, i: int, figures: dict, lag: 
         queued = time.perf_counter()
         try:
             answer = await post(sync, "/api/worker/sync/", body)
-        except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+        except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
             figures["sync_errors"] += 1
+            _count_error(figures, "sync", exc)
             return {"leases": [], "receipts": []}
         took = time.perf_counter() - queued
         if window["open"]:
@@ -567,11 +585,17 @@ async def _busy_machine(server: Server, data: dict, i: int, figures: dict, lag: 
     try:
         operations = []
         while len(operations) < BUSY_TASKS and not stop.is_set():
-            status, body = await pull.request("GET", f"/api/worker/messages/?wait={WAIT_S}", headers, timeout=WAIT_S + 15)
+            try:
+                status, body = await pull.request("GET", f"/api/worker/messages/?wait={WAIT_S}", headers,
+                                                  timeout=WAIT_S + 15)
+            except TimeoutError as exc:  # a slow answer in the wave: pull again, as the worker does
+                _count_error(figures, "pull (retried)", exc)
+                continue
             for message in json.loads(body)["messages"] if status == 200 else []:
                 await post(pull, f"/api/worker/messages/{message['id']}/ack/", {})
                 if message["kind"] == "start":
                     operations.append(message["payload"]["operation_id"])
+        granted = time.perf_counter()  # the first renewal is due renew_every_s after the grant, as the worker's
         leases = {op: (await post(sync, "/api/worker/leases/", {"operation_id": op})) for op in operations}
         began = time.time()
         answer = await send({"receipts": [r for op, lease in leases.items() for r in (
@@ -579,11 +603,13 @@ async def _busy_machine(server: Server, data: dict, i: int, figures: dict, lag: 
             receipt(op, "running", {"pid": 10_000 + i, "pgid": 10_000 + i, "process_start_time": began}))]}, lag["start"])
         figures["running"] += sum(1 for a in answer["receipts"][1::2] if a["status"] < 300)
         every = next(iter(leases.values()))["renew_every_s"] if leases else WAIT_S
-        await asyncio.wait_for(stop.wait(), random.uniform(0, every))  # machines renew spread over the interval
-    except TimeoutError:
-        pass
-    except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError):
+        try:  # the renewal thread of a real worker does not wait for the receipts (W8)
+            await asyncio.wait_for(stop.wait(), max(0.0, granted + every - time.perf_counter()))
+        except TimeoutError:
+            pass
+    except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
         figures["sync_errors"] += 1
+        _count_error(figures, "ramp", exc)
         return
     while not stop.is_set():
         answer = await send({"renew": [{"lease_id": lease["lease_id"]} for lease in leases.values()]}, lag["renew"])
