@@ -26,7 +26,9 @@ from tests.live import DaphneServer, live_daphne  # noqa: F401  (fixture)
 from tests.wait import wait_for
 from tests.worker_harness import SHORT_TIMINGS
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# surface: what the real CLI does through the worker; the SQLite pass proves it (the service side
+# of conversations has its own tests in both passes: test_conversation_live, test_c10_withdraw_live).
+pytestmark = [pytest.mark.surface, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 LONG_TOOL = '[[bash:python3 -c "import time; time.sleep(60)"; echo slept]] long tool'
 # Leases long enough for a worker or a daphne to restart inside one (the restart tests).

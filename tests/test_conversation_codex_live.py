@@ -22,7 +22,9 @@ from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.model_apis import ResponsesAPI
 from tests.wait import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# surface: what the real CLI does through the worker; the SQLite pass proves it (the service side
+# of conversations has its own tests in both passes: test_conversation_live, test_c10_withdraw_live).
+pytestmark = [pytest.mark.surface, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 # Runs until the test writes ``steer-go`` in the folder (20 s at most, within the tool's
 # first wait, so a failure does not hang).

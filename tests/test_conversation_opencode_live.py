@@ -30,7 +30,9 @@ from machine.worker.parsers import make_parser
 from tests.model_apis import ChatAPI
 from tests.wait import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+# surface: what the real CLI does through the worker; the SQLite pass proves it (the service side
+# of conversations has its own tests in both passes: test_conversation_live, test_c10_withdraw_live).
+pytestmark = [pytest.mark.surface, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture
@@ -177,7 +179,6 @@ def test_c11_opencode_serve_three_messages_in_order_a_worker_kill_and_an_interru
     assert servers(setup.repo) == []
 
 
-@pytest.mark.surface  # what opencode does through the bridge: the SQLite pass proves it
 def test_c4_an_interrupt_sent_while_opencodes_first_turn_still_loads_ends_that_turn_interrupted(opencode_live):
     """Issue 43: on a fresh home opencode's first turn loads its plugins before it begins
     (seconds to tens of seconds); an abort then is answered 200 and does nothing. The
@@ -202,7 +203,6 @@ def test_c4_an_interrupt_sent_while_opencodes_first_turn_still_loads_ends_that_t
     assert task["agent_result"] == {"is_error": False, "subtype": "stop", "summary": "ok: after the interrupt"}
 
 
-@pytest.mark.surface  # what opencode does through the bridge: the SQLite pass proves it
 def test_q5_opencode_live_conversation_with_approvals_off_rejects_a_permission_request_and_the_turn_ends(
         opencode_live_with):
     """Q5 ``approvals = "off"`` (the default): a tool opencode's configuration makes ask
@@ -229,7 +229,6 @@ def test_q5_opencode_live_conversation_with_approvals_off_rejects_a_permission_r
 DENY_WORDS = "Not on this machine: use the staging database instead."
 
 
-@pytest.mark.surface  # what opencode does through the bridge: the SQLite pass proves it
 def test_q5_opencode_live_conversation_asks_the_owner_and_runs_the_tool_once_allowed_and_rejects_it_once_denied(
         opencode_live_with):
     """Q5 with ``approvals = "ask"``: the bridge (the task's credential in its environment
