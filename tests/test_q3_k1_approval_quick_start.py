@@ -12,7 +12,7 @@ import re
 import uuid
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
 from core.longpoll.router import _dispatch, _resolve, _warm
@@ -203,9 +203,15 @@ def test_q3_d1_a_hook_waiting_again_after_a_quiet_timeout_reads_nothing_until_a_
         first = await take_or_wait(wait(0.3))
         again = await take_or_wait(wait(0.3))
         seen = list(reads)
-        await sync_to_async(_allow, thread_sensitive=False)(owner, approval_id)
+        await sync_to_async(_decide_and_close, thread_sensitive=False)(owner, approval_id)
         decided = await take_or_wait(wait(5))
         return first, again, seen, decided
+
+    def _decide_and_close(user, pk):
+        try:
+            _allow(user, pk)
+        finally:
+            connections.close_all()  # this thread's connection goes back to the pool (the test client keeps it)
 
     first, again, seen, decided = asyncio.run(hook())
     assert first.state == again.state == ApprovalState.PENDING
