@@ -23,6 +23,15 @@ from rest_framework.test import APIClient
 settings.WHITENOISE_AUTOREFRESH = True
 
 
+# The pytest process's own pool (PostgreSQL pass) only, never a daphne's (they read
+# RUNSTEAD_DB_POOL_MAX): test threads that end with a connection never given back keep it
+# from the pool; at 40 a late test of that xdist worker found none within 30 s (this
+# session's CI, test_production_shape; the leaking test is not found yet: closing note).
+_POOL = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
+if isinstance(_POOL, dict):
+    _POOL["max_size"] = max(int(_POOL.get("max_size", 40)), 100)
+
+
 
 def _flush_retrying_a_deadlock():
     """A transactional test's flush (one TRUNCATE of every table) can deadlock with a
