@@ -19,7 +19,7 @@ Each gets the documented refusal: 401 ``not_authenticated`` / ``token_revoked`` 
 ``authentication_failed``, 403 ``permission_denied`` (wrong kind of credential), 404
 ``not_found`` for another owner's ids (K2), always with the ``{"error", "detail"}`` shape;
 and a digest of every table's rows, taken once before the matrix, is unchanged after every
-refused cell. Where a route acts only on the caller's own rows ("self": lists, settings,
+route's cells. Where a route acts only on the caller's own rows ("self": lists, settings,
 rotate), another owner's call is answered for the caller alone: the victim's ids appear
 nowhere in the answer, and the victim's own view of the service is unchanged (that cell
 runs inside a rolled-back savepoint so it cannot disturb the next one).
@@ -558,7 +558,7 @@ def _form(body) -> str:
     return urlencode(body or {})
 
 
-def check_cell(w, baseline, route, pattern, row, identity, method) -> str | None:
+def check_cell(w, route, pattern, row, identity, method) -> str | None:
     """Run one cell; returns a description of what went wrong, or None."""
     want = expected(row, identity, method)
     if want is None:
@@ -572,7 +572,7 @@ def check_cell(w, baseline, route, pattern, row, identity, method) -> str | None
     label = f"{identity} {method} {path}"
     if want[0] == "self":
         # The victim's view where the last "self" cell left it: every cell since changed
-        # no row (its digest says so; one that did drops this) and the clock is pinned.
+        # no row (the routes' digests say so; a change drops this) and the clock is pinned.
         # About a third of the matrix's requests were a second reading of the same view.
         before = w.get("victim_view") or victim_view(w)
         sid = transaction.savepoint()
@@ -619,32 +619,38 @@ def check_cell(w, baseline, route, pattern, row, identity, method) -> str | None
         location = response.get("Location", "")
         if response.status_code != 302 or not location.startswith(want[1]):
             problems.append(f"{label}: {response.status_code} {location!r} (want a redirect to {want[1]})")
-    after = table_digest()
-    if after != baseline:
-        changed = sorted(t for t in after if after[t] != baseline.get(t))
-        baseline.clear()
-        baseline.update(after)  # report this cell, not every cell after it
-        w.pop("victim_view", None)
-        problems.append(f"{label}: the database changed: {changed}")
     return "; ".join(problems) or None
 
 
 def run_matrix(w, routes) -> tuple[int, list[str]]:
+    """Every cell of ``routes``; then, once per route (all its methods and identities),
+    the digest of every table against the one before: a change names the route and the
+    tables. Per route, not per cell: the digests were 40 % of the matrix's time on
+    PostgreSQL (3,580 admin cells), and a route's cells share one row of the table."""
     baseline = table_digest()
     cells, failures = 0, []
     for route, pattern in routes:
         row = row_for(route)
+        tried = []
         for method in allowed_methods(pattern) or list(row.methods):
             for identity in IDENTITIES:
                 try:
-                    outcome = check_cell(w, baseline, route, pattern, row, identity, method)
+                    outcome = check_cell(w, route, pattern, row, identity, method)
                 except KeyError as exc:
                     outcome = f"{route} {method} {identity}: the row lacks {exc}"
                 if outcome == "n/a":
                     continue
                 cells += 1
+                tried.append(f"{identity} {method}")
                 if outcome:
                     failures.append(outcome)
+        after = table_digest()
+        if after != baseline:
+            changed = sorted(t for t in after if after[t] != baseline.get(t))
+            baseline.clear()
+            baseline.update(after)  # report this route, not every route after it
+            w.pop("victim_view", None)
+            failures.append(f"{route} (one of {', '.join(tried)}): the database changed: {changed}")
     return cells, failures
 
 

@@ -70,7 +70,9 @@ def test_t2_worker_records_before_ack_and_a_redelivery_is_recognised(live, tmp_p
     assert "already known" in live.log()
     # an interrupt (T5) is recorded the same way
     assert live.api.post(f"/api/sessions/{session_id}/interrupt/").status_code == 202
-    wait_for(lambda: any(n.startswith("intr-") for n in files(hook_dir, session_id)), what="interrupt recorded")
+    # the record is written to ``intr-<id>.json.<pid>.tmp`` and renamed: wait for the renamed file
+    wait_for(lambda: any(n.startswith("intr-") and n.endswith(".json") for n in files(hook_dir, session_id)),
+             what="interrupt recorded")
     assert inbox.take_interrupt(str(hook_dir), session_id) and not inbox.take_interrupt(str(hook_dir), session_id)
     assert os.stat(inbox.inbox_root(str(hook_dir))).st_mode & 0o777 == 0o700
     second.send_signal(signal.SIGTERM)
