@@ -111,3 +111,40 @@ def test_k3_a_malformed_sync_is_refused_whole_and_changes_nothing(owner, machine
                            body(machine, task_id, "final", {"process_started": "perhaps"}, "bad-1")])
     assert mixed.status_code == 400
     assert table_digest() == before
+
+
+def test_l2_a_renewal_sync_runs_as_many_statements_for_eight_leases_as_for_one(owner, machine, grant, pinned):
+    """Issue 44: a machine's traffic scales with machines, not tasks. The renewals of one
+    sync share one transaction and one statement per kind of row (machine, grants, budget,
+    tasks, leases, the renewal's write), so eight leases cost what one does."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    leases = [leased(owner, machine, grant.path)[1] for _ in range(8)]
+    pinned.shift(10)
+    sync(machine, renew=[{"lease_id": leases[0]}])  # the machine's first word records it heard (P2)
+    counts = []
+    for renew in ([{"lease_id": leases[0]}], [{"lease_id": lease} for lease in leases]):
+        with CaptureQueriesContext(connection) as queries:
+            got = sync(machine, renew=renew)
+        assert [a["status"] for a in got.json()["leases"]] == [200] * len(renew)
+        counts.append(len(queries))
+    assert counts[0] == counts[1], counts
+    assert sorted(Lease.objects.filter(pk__in=leases).values_list("renewals", flat=True)) == [1] * 7 + [3]
+
+
+def test_l6_an_expired_lease_in_a_sync_expires_alone_and_the_others_are_renewed(owner, machine, grant, pinned):
+    """One lease of the sync is past ``expires_at``: it is refused ``expired`` and its task
+    becomes ``unknown`` (L6); the other lease, granted later, is renewed from now (L2), in
+    the same request."""
+    old_task, old_lease = leased(owner, machine, grant.path)
+    pinned.shift(40)
+    young_task, young_lease = leased(owner, machine, grant.path)
+    pinned.shift(21)  # the old lease (60 s) is past its end, the young one has 39 s left
+    got = sync(machine, renew=[{"lease_id": old_lease}, {"lease_id": young_lease}]).json()
+    assert [(a["status"], a.get("error")) for a in got["leases"]] == [(409, "expired"), (200, None)]
+    assert Task.objects.get(pk=old_task).state == "unknown"
+    assert Lease.objects.get(pk=old_lease).end_reason == "expired"
+    young = Lease.objects.get(pk=young_lease)
+    assert (young.renewals, young.expires_at.timestamp()) == (1, clock.now().timestamp() + 60)
+    assert Task.objects.get(pk=young_task).state in ("starting", "running")

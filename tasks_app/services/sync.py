@@ -1,18 +1,19 @@
 """One request per machine for its leases and receipts (issue 44: a machine's traffic
 scales with machines, not with tasks).
 
-``machine_sync`` renews every lease a worker lists and applies a batch of its receipts,
-each exactly as its own request would (L2, L5, L6, L10 through ``leases.lease_renew``;
-R1-R3 through ``receipts.receipt_apply``), each in its own transaction: one refused
-renewal or one stale receipt changes nothing for the others, and a receipt delivered
-again (alone or in another sync) gets its first answer (R1).
+``machine_sync`` renews every lease a worker lists, in one transaction, and applies a
+batch of its receipts, each in its own: every item gets the answer its own request would
+get (L2, L5, L6, L10 through ``leases.leases_renew``; R1-R3 through
+``receipts.receipt_apply``); one refused renewal or one stale receipt changes nothing for
+the others, and a receipt delivered again (alone or in another sync) gets its first
+answer (R1).
 """
 import json
 from datetime import datetime
 
 from core.errors import ApplicationError
 from tasks_app.models import Machine
-from tasks_app.services.leases import lease_renew
+from tasks_app.services.leases import leases_renew
 from tasks_app.services.receipts import receipt_apply
 from tasks_app.shapes import SyncAnswerShape, lease_dict
 
@@ -24,14 +25,11 @@ def machine_sync(*, machine: Machine, renew: list[dict], receipts: list[dict], n
     Returns ``{"leases": [{status: 200, lease} | {status: 404|409, error, detail}],
     "receipts": [{event_id, status, answer}]}``, each list in the order given."""
     leases = []
-    for item in renew:
-        try:
-            lease = lease_renew(machine=machine, lease_id=item["lease_id"], output_tail=item.get("output_tail"),
-                                now=now)
-        except ApplicationError as refusal:  # 404 not this machine's, 409 an L5 reason
-            leases.append({"status": refusal.status_code, "error": refusal.code, "detail": refusal.detail})
+    for answer in leases_renew(machine=machine, items=renew, now=now) if renew else ():
+        if isinstance(answer, ApplicationError):  # 404 not this machine's, 409 an L5 reason
+            leases.append({"status": answer.status_code, "error": answer.code, "detail": answer.detail})
         else:
-            leases.append({"status": 200, "lease": lease_dict(lease)})
+            leases.append({"status": 200, "lease": lease_dict(answer)})
     answers = []
     for receipt in receipts:
         status, body = receipt_apply(machine=machine, receipt=receipt, now=now)
