@@ -153,7 +153,11 @@ if DATABASE_URL:
         raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL")
     # Under ASGI each request runs in its own thread, so persistent connections do not
     # apply; a psycopg pool saves the connection setup per request instead.
-    DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": 2, "max_size": int(env_str("RUNSTEAD_DB_POOL_MAX", "40"))}}
+    # A request that waits longer than RUNSTEAD_DB_POOL_TIMEOUT_S for a connection is
+    # answered 503 ``service_busy`` with Retry-After (core/exception_handler.py).
+    _POOL_MAX = int(env_str("RUNSTEAD_DB_POOL_MAX", "40"))
+    DATABASES["default"]["OPTIONS"] = {"pool": {"min_size": min(2, _POOL_MAX), "max_size": _POOL_MAX,
+                                                "timeout": env_seconds("RUNSTEAD_DB_POOL_TIMEOUT_S", 30)}}
     # With a pool, Django passes this on as the pool's ``check``: a connection is tested
     # (one empty query) before it is handed out, so one PostgreSQL closed (restart,
     # pg_terminate_backend) is replaced instead of failing the request that gets it.

@@ -7,6 +7,7 @@ imports the authentication classes that import ``core.errors``.
 import math
 
 from django.core.exceptions import RequestDataTooBig
+from django.db import OperationalError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -23,13 +24,19 @@ def exception_handler(exc, context):
     ``not_authenticated`` (401), ``authentication_failed`` (401), ``permission_denied``
     (403), ``method_not_allowed`` (405), ``not_acceptable`` (406),
     ``unsupported_media_type`` (415); ``rate_limited`` (429, with ``retry_after_s`` and a
-    ``Retry-After`` header, whole seconds) for a throttle (core/throttling.py)."""
+    ``Retry-After`` header, whole seconds) for a throttle (core/throttling.py);
+    ``service_busy`` (503, ``Retry-After: 1``) when the database connection pool had no
+    connection to give within its timeout (``psycopg_pool.PoolTimeout``): the process is
+    overloaded, not broken, and the request changed nothing (D; a worker tries again)."""
     if isinstance(exc, ApplicationError):
         return Response(exc.body(), status=exc.status_code, headers=exc.headers)
     if isinstance(exc, exceptions.Throttled):
         wait = max(1, math.ceil(exc.wait or 1))
         return Response(ErrorShape(error="rate_limited", detail=f"too many requests, retry in {wait} s", retry_after_s=wait),
                         status=429, headers={"Retry-After": str(wait)})
+    if isinstance(exc, OperationalError) and _pool_timeout(exc):
+        return Response(ErrorShape(error="service_busy", detail="the service is busy, try again in 1 s",
+                                   retry_after_s=1), status=503, headers={"Retry-After": "1"})
     if isinstance(exc, RequestDataTooBig):
         return Response(ErrorShape(error="body_too_large", detail=str(exc)), status=413)
     response = drf_exception_handler(exc, context)
@@ -48,6 +55,15 @@ def exception_handler(exc, context):
     detail = response.data.get("detail", "") if isinstance(response.data, dict) else ""
     response.data = ErrorShape(error=code, detail=str(detail))
     return response
+
+
+def _pool_timeout(exc: BaseException) -> bool:
+    """Whether ``exc`` (a Django ``OperationalError``) is the pool's ``PoolTimeout``."""
+    try:
+        from psycopg_pool import PoolTimeout
+    except ImportError:  # SQLite only: no pool
+        return False
+    return isinstance(exc.__cause__, PoolTimeout) or isinstance(exc, PoolTimeout)
 
 
 def _first_problem(detail, path: str = "") -> str:
