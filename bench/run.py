@@ -17,8 +17,8 @@ prefix on that Redis. Sections (``--sections``, comma separated; all by default)
   (POST -> 201) and delivery latency (POST sent -> the simulated worker's pull answers
   with it).
   ``--processes P`` runs P daphne processes on the same database and Redis (D1), worker
-  ``i`` on process ``i % P``; CPU, threads and RSS are their sums (the ``wave`` section
-  takes it too).
+  ``i`` on process ``i % P``; CPU, threads and RSS are their sums (the ``wave``
+  and ``busy`` sections take it too).
 - ``busy``: ``--busy-workers`` simulated workers, each running two long tasks at the
   service's lease timings, beside one real worker running short tasks four at a time
   (``section_busy``, ``ShortTasks``; issue 44).
@@ -180,7 +180,7 @@ class Daphnes:
         except BaseException:
             self.stop()
             raise
-        self.port = self.servers[0].port
+        self.port, self.url = self.servers[0].port, self.servers[0].url
 
     def port_of(self, i: int) -> int:
         return self.servers[i % len(self.servers)].port
@@ -364,7 +364,7 @@ BUSY_RAMP_MAX_S = 900.0  # every machine's tasks running before the window, or t
 BUSY_RAMP_STALL_S = 60.0  # ... or until no more ran for this long
 
 
-def section_busy(n: int, env: dict, dbname: str, window_s: float) -> dict:
+def section_busy(n: int, env: dict, dbname: str, window_s: float, processes: int = 1) -> dict:
     """``n`` simulated busy workers at the service's lease timings (production's unless
     ``env`` says otherwise), each running ``BUSY_TASKS`` long tasks (issue 44): pull and
     ack its start messages, grant a lease per task, send both tasks' ``starting`` and
@@ -380,7 +380,7 @@ def section_busy(n: int, env: dict, dbname: str, window_s: float) -> dict:
     from tasks_app.models import Task, TaskEvent
 
     data = setup_data(n)
-    server = Server("daphne", env)
+    server = Daphnes(processes, env)
     real = ShortTasks(server, data, env)
     try:
         real.start()
@@ -409,7 +409,7 @@ class ShortTasks(threading.Thread):
 
     RATE = 2.5
 
-    def __init__(self, server: Server, data: dict, env: dict):
+    def __init__(self, server: "Daphnes", data: dict, env: dict):
         import httpx
 
         super().__init__(daemon=True)
@@ -484,7 +484,7 @@ class ShortTasks(threading.Thread):
         stop_process(self.worker)
 
 
-async def _busy(server: Server, data: dict, n: int, dbname: str, window_s: float, ramped: threading.Event) -> dict:
+async def _busy(server: "Daphnes", data: dict, n: int, dbname: str, window_s: float, ramped: threading.Event) -> dict:
     owners = [Conn(server.port) for _ in range(8)]
     submitted = []
 
@@ -533,7 +533,7 @@ async def _busy(server: Server, data: dict, n: int, dbname: str, window_s: float
     stop.set()
     await asyncio.gather(*machines, return_exceptions=True)
     return {
-        "machines": n, "tasks_per_machine": BUSY_TASKS, "accepted": submitted.count(201),
+        "machines": n, "processes": len(server.servers), "tasks_per_machine": BUSY_TASKS, "accepted": submitted.count(201),
         "ramp_s": round(ramp_s, 1), "running_before_window": running_before,
         "running_receipts_answered": figures["running"],
         "cpu_pct": round(100 * (cpu1 - cpu0) / elapsed, 1),
@@ -550,12 +550,12 @@ def _count_error(figures: dict, where: str, exc: BaseException) -> None:
     figures["errors"][key] = figures["errors"].get(key, 0) + 1
 
 
-async def _busy_machine(server: Server, data: dict, i: int, figures: dict, lag: dict, syncs: list,
+async def _busy_machine(server: "Daphnes", data: dict, i: int, figures: dict, lag: dict, syncs: list,
                         stop: asyncio.Event, window: dict):
     """Busy machine ``i`` of the busy section: its pulls on one connection, its leases and
     receipts (syncs) on another, as ``machine.worker`` keeps them."""
     headers = {"Authorization": f"Machine {data['machine_tokens'][i]}", "Content-Type": "application/json"}
-    pull, sync = Conn(server.port), Conn(server.port)
+    pull, sync = Conn(server.port_of(i)), Conn(server.port_of(i))
 
     async def post(conn: Conn, path: str, body: dict) -> dict:
         status, answer = await conn.request("POST", path, headers, json.dumps(body).encode())
@@ -880,7 +880,7 @@ def table(report: dict) -> str:
                        + ", ".join(r["sql"]))
     if report.get("busy"):
         b = report["busy"]
-        out.append(f"\nbusy: {b['machines']} machines x {b['tasks_per_machine']} tasks | CPU % core | DB xact/s | "
+        out.append(f"\nbusy: {b['machines']} machines x {b['tasks_per_machine']} tasks, {b.get('processes', 1)} daphne(s) | CPU % core | DB xact/s | "
                    f"sync p50/p99 ms | receipt lag start, final p99 ms | renewals refused | through unknown")
         out.append(f"  {b['cpu_pct']} | {b['db_xact_per_s']} | {b['sync_in_window']['p50_ms']}/{b['sync_in_window']['p99_ms']} | "
                    f"{b['receipt_lag_start']['p99_ms']}, {b['receipt_lag_final']['p99_ms']} | {b['renewals_refused']} | "
@@ -904,7 +904,7 @@ def main() -> int:
     parser.add_argument("--wave-workers", type=int, default=1000)
     parser.add_argument("--workers", default="10,100,1000")
     parser.add_argument("--processes", type=int, default=1,
-                        help="daphne processes behind the simulated workers (sections idle, wave; D1)")
+                        help="daphne processes behind the simulated workers (sections idle, wave, busy; D1)")
     parser.add_argument("--busy-workers", type=int, default=1000, help="busy simulated workers (section busy)")
     parser.add_argument("--sockets", default="1,100,500")
     parser.add_argument("--shapes", default="daphne,gunicorn")
@@ -982,7 +982,7 @@ def main() -> int:
 
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.busy_workers + 256)), hard))
-            report["busy"] = section_busy(args.busy_workers, env, dbname, args.window)
+            report["busy"] = section_busy(args.busy_workers, env, dbname, args.window, processes=args.processes)
         if "idle" in sections:
             import resource
 
