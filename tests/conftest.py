@@ -25,16 +25,6 @@ settings.WHITENOISE_AUTOREFRESH = True
 
 
 
-# The pytest process's own pool (PostgreSQL pass) only, never a daphne's (they read
-# RUNSTEAD_DB_POOL_MAX) may grow to 100: with 40, test_production_shape's ``owner`` found no
-# connection within 30 s in three CI runs (never reproduced here). One cause is found and
-# fixed (``_shared_thread_gives_back_its_connection``); the margin stays for any other
-# thread that ends holding a connection.
-_POOL = settings.DATABASES["default"].get("OPTIONS", {}).get("pool")
-if isinstance(_POOL, dict):
-    _POOL["max_size"] = max(int(_POOL.get("max_size", 40)), 100)
-
-
 def _flush_retrying_a_deadlock():
     """A transactional test's flush (one TRUNCATE of every table) can deadlock with a
     transaction of a live daphne that a module shares across tests (``module_daphne``):
@@ -123,9 +113,7 @@ def _shared_thread_gives_back_its_connection():
     connection it took stayed in that thread, out of the pool, from test to test. A test
     that kills the database's other connections (D2's ``pg_terminate_backend``) then left
     it dead for the next async test of that runner ("terminating connection due to
-    administrator command", then "the connection is closed" in every later one), and each
-    such thread's connection counted against the pool's 40 (a late test's ``PoolTimeout``).
-    So after every test that thread gives its connections back (PostgreSQL: to the pool,
+    administrator command", then "the connection is closed" in every later one). So after every test that thread gives its connections back (PostgreSQL: to the pool,
     which drops a dead one; SQLite's in-memory test database ignores a close)."""
     yield
     if connection.vendor == "postgresql":

@@ -5,7 +5,6 @@ answers as usual, with no burst of 500s. And a pool with no connection to give w
 ``RUNSTEAD_DB_POOL_TIMEOUT_S`` answers 503 ``service_busy`` with ``Retry-After``, not 500.
 """
 import concurrent.futures
-
 import uuid
 
 import httpx
@@ -19,10 +18,18 @@ pytestmark = [pytest.mark.postgres]
 
 
 def _terminate_the_servers_connections() -> int:
-    """Ends every other backend on the test database (the daphne's pool); returns how many."""
+    """Ends every backend on the test database but this process's own (the daphne's pool);
+    returns how many. This process's are told by their client ports (psutil): killing them
+    too left its own pool without a connection to give for 30 s in CI (the next test's
+    ``owner`` fixture, a ``PoolTimeout``), and the daphne's pool is this test's subject."""
+    import psutil
+
+    port = int(connection.settings_dict.get("PORT") or 5432)
+    own = [c.laddr.port for c in psutil.Process().net_connections(kind="tcp") if c.raddr and c.raddr.port == port]
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                       "AND NOT (client_port = ANY(%s))", [own])
         return cursor.fetchone()[0]
 
 

@@ -203,7 +203,7 @@ def leases_renew(*, machine: Machine, items: list[dict], now: datetime) -> list:
     by_id = {str(lease.pk): lease for lease in
              Lease.objects.filter(pk__in={str(i["lease_id"]) for i in items}, task__machine=machine)
              .select_related("task")}
-    answers: dict[int, object] = {}
+    answers: list = [None] * len(items)
     with transaction.atomic():
         tasks = {lease.task_id: lease.task for lease in by_id.values()}
         standing = _standing_refusals(machine, list(tasks.values()))
@@ -254,7 +254,7 @@ def leases_renew(*, machine: Machine, items: list[dict], now: datetime) -> list:
             if tail != task.output_tail:
                 Task.objects.filter(pk=task_id).update(output_tail=tail)
                 task_publish(task, now=now)
-    return [answers[index] for index in range(len(items))]
+    return answers
 
 
 def lease_expire(lease: Lease, *, now: datetime) -> bool:
