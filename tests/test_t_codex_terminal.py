@@ -6,6 +6,7 @@
 their hooks run in its own pseudo-terminal's process): a message sent while the session is idle is typed
 at its prompt once and answered; the message ends ``answered``.
 """
+import json
 import os
 import sys
 import uuid
@@ -23,6 +24,14 @@ from tests.hooks_support import stop_sender, wrapper_state
 from tests.model_apis import ResponsesAPI
 from tests.tmux import Terminal
 from tests.wait import wait_for
+
+def wrapped_session(state_dir: Path) -> str | None:
+    """The RunStead session id the terminal wrapper under ``state_dir`` has learned, or None."""
+    for path in (state_dir / "terminals").glob("*/state.json"):
+        if session_id := json.loads(path.read_text()).get("session_id"):
+            return session_id
+    return None
+
 
 pytestmark = [pytest.mark.surface, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,9 +52,12 @@ def test_t3_real_codex_tui_in_the_wrapper_a_message_is_typed_and_answered_once(l
             term.wait_for("Ask Codex to do anything", timeout=60)  # keys typed before are lost to its start-up
             # the wrapper learns the session from the first turn's hooks (SessionStart fires with it)
             term.submit("a desk turn", accepted=lambda: "ok: a desk turn" in term.screen(), settle_s=20)
-            session = wait_for(lambda: Session.objects.filter(owner=owner, agent="codex", channel="terminal",
-                                                              machine=machine).first(),
-                               timeout_s=30, what="a terminal session on the service")
+            # the session the wrapper runs (its state.json): Codex may announce another of its
+            # sessions through the hooks too (once in CI, and this test then sent there)
+            session = wait_for(lambda: Session.objects.filter(pk=wrapped_session(state_dir), owner=owner, agent="codex",
+                                                              channel="terminal", machine=machine).first(),
+                               timeout_s=30, what="the wrapper's terminal session on the service",
+                               detail=lambda: wrapper_state(state_dir))
             sent = httpx.post(f"{live_server.url}/api/sessions/{session.pk}/messages/", json={"text": "from the phone"},
                               headers={"Authorization": f"Token {owner.auth_token.key}",
                                        "Idempotency-Key": str(uuid.uuid4())}, timeout=20)
