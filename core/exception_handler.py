@@ -8,6 +8,7 @@ import math
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import OperationalError
+from psycopg_pool import PoolTimeout
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -34,7 +35,7 @@ def exception_handler(exc, context):
         wait = max(1, math.ceil(exc.wait or 1))
         return Response(ErrorShape(error="rate_limited", detail=f"too many requests, retry in {wait} s", retry_after_s=wait),
                         status=429, headers={"Retry-After": str(wait)})
-    if isinstance(exc, OperationalError) and _pool_timeout(exc):
+    if isinstance(exc, OperationalError) and isinstance(exc.__cause__, PoolTimeout):
         return Response(ErrorShape(error="service_busy", detail="the service is busy, try again in 1 s",
                                    retry_after_s=1), status=503, headers={"Retry-After": "1"})
     if isinstance(exc, RequestDataTooBig):
@@ -55,15 +56,6 @@ def exception_handler(exc, context):
     detail = response.data.get("detail", "") if isinstance(response.data, dict) else ""
     response.data = ErrorShape(error=code, detail=str(detail))
     return response
-
-
-def _pool_timeout(exc: BaseException) -> bool:
-    """Whether ``exc`` (a Django ``OperationalError``) is the pool's ``PoolTimeout``."""
-    try:
-        from psycopg_pool import PoolTimeout
-    except ImportError:  # SQLite only: no pool
-        return False
-    return isinstance(exc.__cause__, PoolTimeout) or isinstance(exc, PoolTimeout)
 
 
 def _first_problem(detail, path: str = "") -> str:

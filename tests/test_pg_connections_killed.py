@@ -51,7 +51,7 @@ def _waiting_on_a_lock() -> int:
         return cursor.fetchone()[0]
 
 
-def test_d_no_pool_connection_within_the_timeout_is_503_service_busy_and_the_waiting_requests_finish(
+def test_d2_no_pool_connection_within_the_timeout_is_503_service_busy_and_the_waiting_requests_finish(
         live_daphne, owner, machine, grant):  # noqa: F811
     """A daphne with a pool of 2 and a 0.5 s pool timeout; the owner's budget row is held
     here, so two acceptances (A5 serializes them on it) each wait holding one of the two

@@ -53,12 +53,14 @@ class LeaseTimings:
         )
 
 
-def _machine_task(machine: Machine, *, operation_id=None, lease_id=None) -> Task:
-    qs = Task.objects.filter(machine=machine)
-    qs = qs.filter(operation__id=operation_id) if operation_id else qs.filter(leases__id=lease_id)
-    task = qs.select_related("grant").first()
+def _not_found() -> ApplicationError:
+    return ApplicationError("not_found", "no such operation or lease for this machine", status_code=404)
+
+
+def _machine_task(machine: Machine, operation_id) -> Task:
+    task = Task.objects.filter(machine=machine, operation__id=operation_id).select_related("grant").first()
     if task is None:
-        raise ApplicationError("not_found", "no such operation or lease for this machine", status_code=404)
+        raise _not_found()
     return task
 
 
@@ -113,7 +115,7 @@ def lease_grant(*, machine: Machine, operation_id, now: datetime) -> tuple[Lease
     because the start window passed also moves the task to ``not_started`` (J5), by
     compare-and-set against the sweep.
     """
-    task = _machine_task(machine, operation_id=operation_id)
+    task = _machine_task(machine, operation_id)
     with transaction.atomic():
         refusal = _standing_refusals(machine, [task])[task.pk]
         lock_budget(task.owner_id)
@@ -214,8 +216,7 @@ def leases_renew(*, machine: Machine, items: list[dict], now: datetime) -> list:
         for index, item in enumerate(items):
             lease = locked.get(str(item["lease_id"]))
             if lease is None:
-                answers[index] = ApplicationError("not_found", "no such operation or lease for this machine",
-                                                  status_code=404)
+                answers[index] = _not_found()
                 continue
             task, refusal = locked_tasks[lease.task_id], standing[lease.task_id]
             if lease.ended_at is None and lease.expires_at <= now:
