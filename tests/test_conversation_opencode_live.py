@@ -102,13 +102,20 @@ def decide(setup, approval_id: str, **body) -> dict:
 
 
 def servers(folder) -> list[psutil.Process]:
-    """The ``opencode serve`` processes running in ``folder`` (the npm package's binary)."""
+    """The ``opencode serve`` processes running in ``folder`` (the npm package's binary).
+    A server's own children between fork and exec (the commands it runs: git, the shell)
+    show the same command line for a moment; they are not a second server and are left
+    out (seen: two such children, parent the server, in one run of the X3 step below)."""
+    def is_server(p: psutil.Process) -> bool:
+        cmdline = p.cmdline()
+        return cmdline[1:2] == ["serve"] and "opencode" in cmdline[0]
+
     found = []
     for p in psutil.process_iter():
         try:
-            if p.cmdline()[1:2] == ["serve"] and "opencode" in p.cmdline()[0] and p.cwd() == str(folder):
+            if is_server(p) and p.cwd() == str(folder) and not is_server(p.parent()):
                 found.append(p)
-        except (psutil.Error, IndexError):
+        except (psutil.Error, IndexError, AttributeError):
             continue
     return found
 
