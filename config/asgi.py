@@ -12,16 +12,18 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
+from core.admission import RequestGate  # noqa: E402
 from board.routing import websocket_application  # noqa: E402
 from config import server_hooks  # noqa: E402
 from core.longpoll import LongPollRouter  # noqa: E402
 from sessions_app.api.approvals import ApprovalDetail  # noqa: E402
 from tasks_app.api.views import WorkerMessages  # noqa: E402
 
-# Long-polls that wait go around Django's handler, so they wait without a thread (D1, D2).
+# Long-polls that wait go around Django's handler, so they wait without a thread (D1, D2);
+# the other requests go in through a bounded number of slots, renewals first (D2, L2).
 LONG_POLL_VIEWS = [WorkerMessages, ApprovalDetail]
 application = ProtocolTypeRouter(
-    {"http": LongPollRouter(django_asgi_app, LONG_POLL_VIEWS), "websocket": websocket_application}
+    {"http": LongPollRouter(RequestGate(django_asgi_app), LONG_POLL_VIEWS), "websocket": websocket_application}
 )
 
 server_hooks.install()

@@ -255,6 +255,11 @@ RUNSTEAD_LONGPOLL_START_SLOTS = max(1, int(env_str("RUNSTEAD_LONGPOLL_START_SLOT
 # D1: the pull starts of an event loop are checked together (one transaction) at most this
 # often (seconds); a start after a quiet spell is checked at once (core/longpoll/).
 RUNSTEAD_LONGPOLL_START_BATCH_S = env_seconds("RUNSTEAD_LONGPOLL_START_BATCH_S", 0.25)
+# D2, issue 44: HTTP requests in Django's handler at once per daphne event loop; the rest
+# wait on the event loop, a machine's lease renewals first, and one that waited
+# RUNSTEAD_REQUEST_QUEUE_S seconds is answered 503 service_busy (core/admission.py).
+RUNSTEAD_REQUEST_SLOTS = max(1, int(env_str("RUNSTEAD_REQUEST_SLOTS", "8")))
+RUNSTEAD_REQUEST_QUEUE_S = env_seconds("RUNSTEAD_REQUEST_QUEUE_S", 30)
 # D1: the listen backlog of daphne's TCP sockets (config/server_hooks.py): 1,000 workers
 # reconnecting at once after a restart are queued by the kernel, not dropped (Twisted's
 # default, 50, drops the rest, and each retries its SYN a second or more later).

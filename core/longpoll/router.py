@@ -135,7 +135,7 @@ async def _disconnected(receive) -> None:
             return
 
 
-def _of_running_loop(registry: dict, make):
+def of_running_loop(registry: dict, make):
     """``registry[loop]`` of the running event loop, made by ``make(loop)`` the first
     time; entries of closed loops are dropped (each test has its own loop)."""
     loop = asyncio.get_running_loop()
@@ -188,7 +188,7 @@ class _KeepAlive:
 
     @classmethod
     def here(cls) -> "_KeepAlive":
-        return _of_running_loop(cls._loops, cls)
+        return of_running_loop(cls._loops, cls)
 
     def add(self, response: _Streaming) -> None:
         self.responses.add(response)
@@ -221,7 +221,7 @@ class _Admission:
     _semaphores: "dict[asyncio.AbstractEventLoop, asyncio.Semaphore]" = {}
 
     def __init__(self):
-        self.semaphore = _of_running_loop(self._semaphores,
+        self.semaphore = of_running_loop(self._semaphores,
                                           lambda loop: asyncio.Semaphore(settings.RUNSTEAD_LONGPOLL_START_SLOTS))
         self.held = False
 

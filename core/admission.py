@@ -1,0 +1,135 @@
+"""Admission to Django's request handler under daphne (issue 44; SPEC D2, L2).
+
+Django's ASGI handler runs every request in a thread of its own and lets in as many as
+arrive: a burst of 1,000 machines' syncs becomes 1,000 threads fighting over the
+interpreter and the connection pool, and a machine's lease renewal waits behind the
+grants, acknowledgements and submissions that came before it, until its lease expires
+(L6) and a healthy agent is stopped (L4).
+
+``RequestGate`` wraps Django's ASGI app (the long-polls go around both, ``core/longpoll``):
+at most ``RUNSTEAD_REQUEST_SLOTS`` HTTP requests are in Django at once per event loop; the
+others wait on the event loop (no thread, no connection), renewals first (a renewal keeps
+a running agent alive; the rest can wait), then in order of arrival. A request that
+waited ``RUNSTEAD_REQUEST_QUEUE_S`` without a slot is answered 503 ``service_busy`` with
+``Retry-After: 1`` and never performed (the worker tries again, as for any 5xx).
+
+Production's ``/api/`` runs under gunicorn (SPEC D3), whose fixed threads bound it already;
+this gate serves the embedded default and the daphnes of D1.
+"""
+import asyncio
+import heapq
+import itertools
+import json
+import logging
+
+from django.conf import settings
+
+from core.errors import ErrorShape
+from core.longpoll.router import of_running_loop, security_headers
+
+log = logging.getLogger("runstead.admission")
+
+RENEWAL, OTHER = 0, 1  # admission classes, lowest first
+
+
+def admission_class(scope) -> int:
+    """``RENEWAL`` for a machine's lease renewals (``POST /api/worker/sync/``, which also
+    carries its receipts, and ``POST /api/worker/leases/<id>/renew/``), ``OTHER`` for the
+    rest."""
+    if scope["method"] == "POST":
+        path = scope["path"]
+        if path == "/api/worker/sync/" or (path.startswith("/api/worker/leases/") and path.endswith("/renew/")):
+            return RENEWAL
+    return OTHER
+
+
+class Slots:
+    """``free`` slots of one event loop and the requests waiting for one, a heap of
+    ``[class, arrival, future]``. Event loop only."""
+
+    _loops: "dict[asyncio.AbstractEventLoop, Slots]" = {}
+
+    def __init__(self, size: int):
+        self.free = size
+        self.waiting: list = []
+        self.arrivals = itertools.count()
+
+    @classmethod
+    def here(cls) -> "Slots":
+        """This event loop's slots, ``RUNSTEAD_REQUEST_SLOTS`` of them."""
+        return of_running_loop(cls._loops, lambda _loop: cls(settings.RUNSTEAD_REQUEST_SLOTS))
+
+    def take(self) -> bool:
+        """A slot at once, if one is free and nobody waits for one."""
+        if self.free and not self.waiting:
+            self.free -= 1
+            return True
+        return False
+
+    async def wait(self, klass: int, timeout_s: float) -> bool:
+        """Wait until ``release`` hands this request a slot (lowest class, then first
+        arrived): True; False after ``timeout_s`` seconds without one."""
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self.waiting, [klass, next(self.arrivals), future])
+        try:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.shield(future)
+            return True
+        except TimeoutError:
+            return self._gave_up(future)
+        except asyncio.CancelledError:
+            if self._gave_up(future):
+                self.release()
+            raise
+
+    def _gave_up(self, future: asyncio.Future) -> bool:
+        """Whether the slot reached ``future`` after all (handed over in the same turn of
+        the loop as the timeout); otherwise it is marked cancelled and skipped."""
+        if future.done():
+            return True
+        future.cancel()
+        return False
+
+    def release(self) -> None:
+        """Give the slot to the first request still waiting, else back to ``free``."""
+        while self.waiting:
+            future = heapq.heappop(self.waiting)[2]
+            if not future.done():
+                future.set_result(None)
+                return
+        self.free += 1
+
+
+BUSY_BODY = json.dumps(ErrorShape(error="service_busy", detail="the service is busy, try again in 1 s",
+                                  retry_after_s=1)).encode()
+
+
+class RequestGate:
+    """ASGI app: ``app``'s HTTP requests go in through this event loop's ``Slots``
+    (see the module docstring); WebSockets and lifespan pass straight through."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        slots = Slots.here()
+        if not slots.take():
+            klass = admission_class(scope)
+            log.debug("%s %s waits for a slot (class %s)", scope["method"], scope["path"], klass)
+            if not await slots.wait(klass, settings.RUNSTEAD_REQUEST_QUEUE_S):
+                return await _busy(scope, send)
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            slots.release()
+
+
+async def _busy(scope, send) -> None:
+    """503 ``service_busy`` with ``Retry-After: 1`` and the API's error shape (as the
+    exception handler answers a ``PoolTimeout``), with the security headers."""
+    headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"),
+               (b"content-length", str(len(BUSY_BODY)).encode()), *security_headers(scope)]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": BUSY_BODY})
