@@ -369,7 +369,8 @@ def section_busy(n: int, env: dict, dbname: str, window_s: float, processes: int
     ``env`` says otherwise), each running ``BUSY_TASKS`` long tasks (issue 44): pull and
     ack its start messages, grant a lease per task, send both tasks' ``starting`` and
     ``running`` receipts in one sync, then one sync per renewal interval renewing both
-    leases (L2, as ``machine.worker.renewer`` does), and once the window is over the
+    leases (L2, as ``machine.worker.renewer`` does), and once the window is over and the
+    real worker's last tasks ended (the steady state throughout), the
     ``final`` receipts in one sync. Reported: service CPU (% of one core) and database
     transactions/s over ``window_s`` seconds of steady state, the sync's latency, the
     receipt lag (queued -> answered, seconds) p50/p99, renewals refused, and the tasks
@@ -384,9 +385,7 @@ def section_busy(n: int, env: dict, dbname: str, window_s: float, processes: int
     real = ShortTasks(server, data, env)
     try:
         real.start()
-        row = asyncio.run(_busy(server, data, n, dbname, window_s, real.go))
-        real.stop.set()
-        real.join()
+        row = asyncio.run(_busy(server, data, n, dbname, window_s, real))
     finally:
         real.stop.set()
         real.close()
@@ -484,7 +483,7 @@ class ShortTasks(threading.Thread):
         stop_process(self.worker)
 
 
-async def _busy(server: "Daphnes", data: dict, n: int, dbname: str, window_s: float, ramped: threading.Event) -> dict:
+async def _busy(server: "Daphnes", data: dict, n: int, dbname: str, window_s: float, real: ShortTasks) -> dict:
     owners = [Conn(server.port) for _ in range(8)]
     submitted = []
 
@@ -522,7 +521,7 @@ async def _busy(server: "Daphnes", data: dict, n: int, dbname: str, window_s: fl
             break  # no machine got further for a while: measure what runs (the errors say why)
         await asyncio.sleep(0.5)
     ramp_s, running_before = time.perf_counter() - ramp0, figures["running"]
-    ramped.set()
+    real.go.set()
     await asyncio.sleep(20.0)  # past the first renewal of every machine: the steady state
     window["open"] = True
     cpu0, x0, t0 = server.cpu_s(), xact_commit(dbname), time.perf_counter()
@@ -530,6 +529,8 @@ async def _busy(server: "Daphnes", data: dict, n: int, dbname: str, window_s: fl
     elapsed = time.perf_counter() - t0
     cpu1, x1 = server.cpu_s(), xact_commit(dbname)
     window["open"] = False
+    real.stop.set()  # the real worker's last tasks end while the machines still only renew
+    await asyncio.to_thread(real.join)
     stop.set()
     await asyncio.gather(*machines, return_exceptions=True)
     return {
@@ -559,6 +560,10 @@ async def _busy_machine(server: "Daphnes", data: dict, i: int, figures: dict, la
 
     async def post(conn: Conn, path: str, body: dict) -> dict:
         status, answer = await conn.request("POST", path, headers, json.dumps(body).encode())
+        while status == 503:  # service_busy: again after its Retry-After (1 s), as the worker does
+            _count_error(figures, "503 (retried)", ValueError(path))
+            await asyncio.sleep(1.0)
+            status, answer = await conn.request("POST", path, headers, json.dumps(body).encode())
         if status >= 300:
             raise ValueError(f"{path}: {status} {answer[:200]!r}")
         return json.loads(answer)
