@@ -560,3 +560,30 @@ def test_i7_a_tool_hook_reads_the_outbox_when_its_session_has_no_snapshot(state_
     with store.Outbox(state_dir) as outbox:
         assert outbox.pending() == before
     assert not os.path.exists(store.snapshot_path(state_dir, "claude:light-1"))  # a read writes nothing
+
+
+def test_t3_codex_title_thread_notify_makes_no_session_and_leaves_the_wrappers_session(state_dir, tmp_path):
+    """Codex 0.169's terminal UI names the user's thread with a hidden thread of its own
+    after a user message; only its ``notify`` fires (payloads from a real run offline,
+    trimmed). It is no session of the user's: nothing queued, and the terminal wrapper's
+    ``state.json`` still names the user's session (T3: a phone message goes there)."""
+    terminal = tmp_path / "terminal"
+    terminal.mkdir()
+    env = hook_env(state_dir, RUNSTEAD_TERMINAL=str(terminal))
+    turn = {"type": "agent-turn-complete", "cwd": "/work", "client": "codex-tui", "last-assistant-message": "done."}
+    user = {**turn, "thread-id": "01a24904-768c-7d52-9b1e-5f3c1a2b4c6d", "turn-id": "01a24904-81ee-7a01-b2c3-d4e5f6a7b8c9",
+            "input-messages": ["run [[bash:echo hi]]"]}
+    title = {**turn, "thread-id": "01a24904-8349-7cf0-a5b6-ca0f6d5b64df", "turn-id": "01a24904-835f-70b3-8712-3002aadb844c",
+             "input-messages": ["Generate a concise, single-line task title of at most 36 characters and under five "
+                                "words where possible. Do not answer the request.\n\nUser prompt:\nrun [[bash:echo hi]]"]}
+    assert run_hook("codex", user, state_dir, argv_payload=True, env=env).returncode == 0
+    with store.Outbox(state_dir) as outbox:
+        queued = outbox.pending()
+    wrapped = json.loads((terminal / "state.json").read_text())
+    assert queued > 0 and wrapped["agent_session"] == user["thread-id"]
+    result = run_hook("codex", title, state_dir, argv_payload=True, env=env)
+    assert (result.returncode, result.stdout) == (0, b"")
+    with store.Outbox(state_dir) as outbox:
+        assert outbox.pending() == queued
+    assert json.loads((terminal / "state.json").read_text()) == wrapped
+    assert not (state_dir / "hook.log").exists()

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from machine.hooks.install import install
+from machine.hooks.mapping import CODEX_TITLE_REQUEST
 from machine.worker import sessions
 from sessions_app.models import Session, SessionMessage
 from tests.agent_clis import cli_bin, offline
@@ -52,8 +53,7 @@ def test_t3_real_codex_tui_in_the_wrapper_a_message_is_typed_and_answered_once(l
             term.wait_for("Ask Codex to do anything", timeout=60)  # keys typed before are lost to its start-up
             # the wrapper learns the session from the first turn's hooks (SessionStart fires with it)
             term.submit("a desk turn", accepted=lambda: "ok: a desk turn" in term.screen(), settle_s=20)
-            # the session the wrapper runs (its state.json): Codex may announce another of its
-            # sessions through the hooks too (once in CI, and this test then sent there)
+            # the session the wrapper runs (its state.json)
             session = wait_for(lambda: Session.objects.filter(pk=wrapped_session(state_dir), owner=owner, agent="codex",
                                                               channel="terminal", machine=machine).first(),
                                timeout_s=30, what="the wrapper's terminal session on the service",
@@ -69,6 +69,10 @@ def test_t3_real_codex_tui_in_the_wrapper_a_message_is_typed_and_answered_once(l
                      what="the message answered")
             asked = [api.conversation(body)[0] for path, body in api.requests if path.startswith("/v1/responses")]
             assert asked.count("from the phone") == 1, asked
+            # Codex's title thread ran after each user turn (the fake's answer is no title, so
+            # it tries again), and its notify made no session: one Codex session, the user's.
+            assert sum(text.startswith(CODEX_TITLE_REQUEST) for text in asked) == 2, asked
+            assert list(Session.objects.filter(owner=owner, agent="codex").values_list("pk", flat=True)) == [session.pk]
         finally:
             term.close()
             stop_sender(state_dir)

@@ -57,6 +57,8 @@ def run(argv: list[str]) -> None:
 
             return answer_permission(task_approval.ask(payload, os.environ) if task_entry else None)
         event = mapping.identify(agent, payload)
+        if mapping.codex_title_thread(event, payload):
+            return
         if agent == "claude" and event.name == "Stop" and not os.environ.get(TERMINAL_ENV):
             from machine.hooks import deliver
 

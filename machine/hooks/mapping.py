@@ -358,6 +358,22 @@ def claude_session_end(w: Writes, p: dict) -> None:
 
 # --- Codex notify (I4) ------------------------------------------------------------------
 
+# Codex 0.169's terminal UI names a thread by running a hidden, ephemeral thread of its own
+# after a user message, until a title is set (tui/src/app/thread_title.rs): no hook fires
+# for it, only ``notify``, whose first input message is this request (observed offline).
+CODEX_TITLE_REQUEST = "Generate a concise, single-line task title"
+
+
+def codex_title_thread(event: Event, payload: dict) -> bool:
+    """Whether ``payload`` is the ``notify`` of Codex's title-generation thread: not a
+    session of the user's (T1: not on the board, not the one the terminal wrapper runs,
+    T3), so the hook writes nothing for it."""
+    if event.agent != "codex" or event.name != "agent-turn-complete":
+        return False
+    messages = payload.get("input-messages")
+    return bool(messages) and isinstance(messages, list) and isinstance(messages[0], str) \
+        and messages[0].startswith(CODEX_TITLE_REQUEST)
+
 
 def codex_notify(w: Writes, p: dict) -> None:
     """``agent-turn-complete``: ``ended`` for its ``turn-id``, preceded by ``running`` when
