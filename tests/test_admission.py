@@ -1,9 +1,10 @@
-"""Admission to Django's handler under daphne (core/admission.py; issue 44, SPEC D2, L2):
-a bounded number of requests in Django at once per event loop, a machine's renewals let
-in before the requests that waited longer, and a request that waits too long answered 503
-``service_busy`` without being performed. A real daphne with one slot; the slot is held
-by an acceptance waiting on the owner's budget row, which the test holds (PostgreSQL: a
-row lock that makes a request wait inside Django)."""
+"""An overloaded daphne (issue 44, SPEC D2, L2): a bounded number of requests in Django
+at once per event loop (core/admission.py), a machine's renewals let in before the
+requests that waited longer, and a request that waits too long for a slot, or for a
+pooled connection, answered 503 ``service_busy`` with ``Retry-After`` without being
+performed. Real daphnes; a slot or a connection is held by an acceptance waiting on the
+owner's budget row, which the test holds (PostgreSQL: a row lock that makes a request
+wait inside Django)."""
 import concurrent.futures
 import re
 import time
@@ -11,13 +12,45 @@ import uuid
 
 import httpx
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from tests.live import live_daphne  # noqa: F401  (the fixture)
-from tests.test_pg_connections_killed import _waiting_on_a_lock
 from tests.wait import wait_for
 
 pytestmark = [pytest.mark.postgres]
+
+
+def _waiting_on_a_lock() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND wait_event_type = 'Lock'")
+        return cursor.fetchone()[0]
+
+
+def test_d2_no_pool_connection_within_the_timeout_is_503_service_busy_and_the_waiting_requests_finish(
+        live_daphne, owner, machine, grant):  # noqa: F811
+    """A daphne with a pool of 2 and a 0.5 s pool timeout; the owner's budget row is held
+    here, so two acceptances (A5 serializes them on it) each wait holding one of the two
+    connections. A third request finds none: 503 ``service_busy``, ``Retry-After: 1``,
+    the error shape. Once the row is free both acceptances are answered 201."""
+    from tasks_app.models import Budget, Task
+
+    url = live_daphne(RUNSTEAD_DB_POOL_MAX="2", RUNSTEAD_DB_POOL_TIMEOUT_S="0.5")
+    api = httpx.Client(base_url=url, headers={"Authorization": f"Token {owner.auth_token.key}"}, timeout=30)
+    body = {"machine": str(machine.id), "folder": grant.path, "agent": "demo", "prompt": "p", "exclusive": False}
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        with transaction.atomic():
+            Budget.objects.select_for_update().get(owner=owner)
+            submits = [pool.submit(api.post, "/api/tasks/", json=body, headers={"Idempotency-Key": str(uuid.uuid4())})
+                       for _ in range(2)]
+            wait_for(_waiting_on_a_lock, until=lambda n: n == 2, timeout_s=20, what="two acceptances on the budget row")
+            busy = api.get("/api/budget/")
+        answers = [f.result(timeout=30) for f in submits]
+    assert busy.status_code == 503, busy.text
+    assert busy.json() == {"error": "service_busy", "detail": "the service is busy, try again in 1 s", "retry_after_s": 1}
+    assert busy.headers["Retry-After"] == "1"
+    assert [a.status_code for a in answers] == [201, 201], [a.text for a in answers]
+    assert Task.objects.filter(owner=owner).count() == 2
 
 
 def _holding_the_slot(live_daphne, owner, machine, grant, pool, **env):  # noqa: F811
