@@ -326,14 +326,21 @@ async def _submit_then_stop(server: Daphnes, data: dict, n: int, delivered: dict
     return accept, delivery, accept_errors, len(submitted) - len(delivery)
 
 
-def section_wave(n: int, env: dict, cycles: int, processes: int = 1) -> dict:
+def section_wave(n: int, env: dict, dbname: str, cycles: int, processes: int = 1) -> dict:
     """``n`` simulated workers start their pulls at the same instant (as after a service
     restart) and keep pulling for ``cycles`` whole pull cycles while a task is submitted
-    every 0.5 s: acceptance and delivery latency through the wave and after it."""
+    every 0.5 s: acceptance and delivery latency through the wave and after it; the
+    daphnes' CPU (% of one core), database transactions/s and RSS (MB, at the end) over
+    the whole run, wave included."""
     data = setup_data(n)
     server = Daphnes(processes, env)
     try:
-        return asyncio.run(_wave(server, data, n, cycles))
+        cpu0, x0, t0 = server.cpu_s(), xact_commit(dbname), time.perf_counter()
+        row = asyncio.run(_wave(server, data, n, cycles))
+        elapsed = time.perf_counter() - t0
+        return {**row, "cpu_pct": round(100 * (server.cpu_s() - cpu0) / elapsed, 1),
+                "db_xact_per_s": round((xact_commit(dbname) - x0) / elapsed, 1), "rss_mb": server.rss_mb(),
+                "threads": server.threads()}
     finally:
         server.stop()
 
@@ -873,6 +880,7 @@ def table(report: dict) -> str:
                    f"delivered p50/p99/max ms (undelivered) | pull errors")
         out.append(f"  {a['p50_ms']}/{a['p99_ms']}/{a['max_ms']} ({a['errors']} err) | "
                    f"{d['p50_ms']}/{d['p99_ms']}/{d['max_ms']} ({d['undelivered']}) | {w['pull_errors']}")
+        out.append(f"  daphne CPU {w.get('cpu_pct')} % of a core, {w.get('db_xact_per_s')} xact/s, RSS {w.get('rss_mb')} MB")
         out.append(f"  the client began its last first pull {w['last_first_pull_s']} s in; deliveries over 0.5 s "
                    f"(submitted s, delivered ms, its machine's first pull s): "
                    + (", ".join(f"{x['submitted_s']}/{x['delivery_ms']}/{x['first_pull_s']}" for x in w["late"]) or "none"))
@@ -966,7 +974,7 @@ def main() -> int:
         if "statements" in sections:
             report["statements"] = section_statements()
         if "wave" in sections:
-            report["wave"] = section_wave(args.wave_workers, env, cycles=2, processes=args.processes)
+            report["wave"] = section_wave(args.wave_workers, env, dbname, cycles=2, processes=args.processes)
         if "http" in sections:
             report["http"] = section_http(args.shapes.split(","), env, args.http_seconds, [int(x) for x in args.connections.split(",")])
         if "board" in sections:

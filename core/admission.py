@@ -9,7 +9,8 @@ grants, acknowledgements and submissions that came before it, until its lease ex
 ``RequestGate`` wraps Django's ASGI app (the long-polls go around both, ``core/longpoll``):
 at most ``RUNSTEAD_REQUEST_SLOTS`` HTTP requests are in Django at once per event loop; the
 others wait on the event loop (no thread, no connection), renewals first (a renewal keeps
-a running agent alive; the rest can wait), then in order of arrival. A request that
+a running agent alive; the rest can wait), then in order of arrival, with one slot kept
+for the rest while they wait (``Slots``). A request that
 waited ``RUNSTEAD_REQUEST_QUEUE_S`` without a slot is answered 503 ``service_busy`` with
 ``Retry-After: 1`` and never performed (the worker tries again, as for any 5xx).
 
@@ -17,10 +18,9 @@ Production's ``/api/`` runs under gunicorn (SPEC D3), whose fixed threads bound 
 this gate serves the embedded default and the daphnes of D1.
 """
 import asyncio
-import heapq
-import itertools
 import json
 import logging
+from collections import deque
 
 from django.conf import settings
 
@@ -44,33 +44,37 @@ def admission_class(scope) -> int:
 
 
 class Slots:
-    """``free`` slots of one event loop and the requests waiting for one, a heap of
-    ``[class, arrival, future]``. Event loop only."""
+    """The ``size`` slots of one event loop: ``free`` ones, the requests inside by class
+    (``inside``), and the requests waiting for one, a queue per class. A freed slot goes to
+    the first renewal waiting, unless renewals already hold ``size - 1`` slots (at least
+    one) and another request waits: that one goes in, so the owner's requests still move
+    when the machines' renewals alone would fill the process. Event loop only."""
 
     _loops: "dict[asyncio.AbstractEventLoop, Slots]" = {}
 
     def __init__(self, size: int):
         self.free = size
-        self.waiting: list = []
-        self.arrivals = itertools.count()
+        self.renewals_max = max(1, size - 1)
+        self.inside = {RENEWAL: 0, OTHER: 0}
+        self.waiting: dict[int, deque] = {RENEWAL: deque(), OTHER: deque()}
 
     @classmethod
     def here(cls) -> "Slots":
         """This event loop's slots, ``RUNSTEAD_REQUEST_SLOTS`` of them."""
         return of_running_loop(cls._loops, lambda _loop: cls(settings.RUNSTEAD_REQUEST_SLOTS))
 
-    def take(self) -> bool:
-        """A slot at once, if one is free and nobody waits for one."""
-        if self.free and not self.waiting:
-            self.free -= 1
+    def take(self, klass: int) -> bool:
+        """A slot at once for a request of ``klass``, if one is free and nobody waits."""
+        if self.free and not self._next():
+            self._enter(klass)
             return True
         return False
 
     async def wait(self, klass: int, timeout_s: float) -> bool:
-        """Wait until ``release`` hands this request a slot (lowest class, then first
-        arrived): True; False after ``timeout_s`` seconds without one."""
+        """Wait until ``release`` hands this request a slot: True; False after
+        ``timeout_s`` seconds without one."""
         future = asyncio.get_running_loop().create_future()
-        heapq.heappush(self.waiting, [klass, next(self.arrivals), future])
+        self.waiting[klass].append(future)
         try:
             async with asyncio.timeout(timeout_s):
                 await asyncio.shield(future)
@@ -79,7 +83,7 @@ class Slots:
             return self._gave_up(future)
         except asyncio.CancelledError:
             if self._gave_up(future):
-                self.release()
+                self.release(klass)
             raise
 
     def _gave_up(self, future: asyncio.Future) -> bool:
@@ -90,14 +94,27 @@ class Slots:
         future.cancel()
         return False
 
-    def release(self) -> None:
-        """Give the slot to the first request still waiting, else back to ``free``."""
-        while self.waiting:
-            future = heapq.heappop(self.waiting)[2]
-            if not future.done():
-                future.set_result(None)
-                return
+    def release(self, klass: int) -> None:
+        """A request of ``klass`` left its slot: hand it over (see the class docstring)."""
+        self.inside[klass] -= 1
         self.free += 1
+        while self.free and (nxt := self._next()) is not None:
+            self._enter(nxt)
+            self.waiting[nxt].popleft().set_result(None)
+
+    def _next(self) -> int | None:
+        """The class whose first waiting request gets the next free slot, or None."""
+        for queue in self.waiting.values():
+            while queue and queue[0].done():  # gave up waiting
+                queue.popleft()
+        renewals, others = self.waiting[RENEWAL], self.waiting[OTHER]
+        if renewals and (self.inside[RENEWAL] < self.renewals_max or not others):
+            return RENEWAL
+        return OTHER if others else None
+
+    def _enter(self, klass: int) -> None:
+        self.free -= 1
+        self.inside[klass] += 1
 
 
 BUSY_BODY = json.dumps(ErrorShape(error="service_busy", detail="the service is busy, try again in 1 s",
@@ -114,16 +131,15 @@ class RequestGate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        slots = Slots.here()
-        if not slots.take():
-            klass = admission_class(scope)
+        slots, klass = Slots.here(), admission_class(scope)
+        if not slots.take(klass):
             log.debug("%s %s waits for a slot (class %s)", scope["method"], scope["path"], klass)
             if not await slots.wait(klass, settings.RUNSTEAD_REQUEST_QUEUE_S):
                 return await _busy(scope, send)
         try:
             return await self.app(scope, receive, send)
         finally:
-            slots.release()
+            slots.release(klass)
 
 
 async def _busy(scope, send) -> None:
