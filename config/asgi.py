@@ -12,9 +12,9 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_asgi_app = get_asgi_application()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
-from core.admission import RequestGate  # noqa: E402
 from board.routing import websocket_application  # noqa: E402
 from config import server_hooks  # noqa: E402
+from core.admission import RequestGate  # noqa: E402
 from core.longpoll import LongPollRouter  # noqa: E402
 from sessions_app.api.approvals import ApprovalDetail  # noqa: E402
 from tasks_app.api.views import WorkerMessages  # noqa: E402

@@ -10,8 +10,8 @@ grants, acknowledgements and submissions that came before it, until its lease ex
 at most ``RUNSTEAD_REQUEST_SLOTS`` HTTP requests are in Django at once per event loop; the
 others wait on the event loop (no thread, no connection), renewals first (a renewal keeps
 a running agent alive; the rest can wait), then in order of arrival, with one slot kept
-for the rest while they wait (``Slots``). A request that
-waited ``RUNSTEAD_REQUEST_QUEUE_S`` without a slot is answered 503 ``service_busy`` with
+for the rest while they wait (``Slots``). A request that waited
+``RUNSTEAD_REQUEST_QUEUE_S`` without a slot is answered 503 ``service_busy`` with
 ``Retry-After: 1`` and never performed (the worker tries again, as for any 5xx).
 
 Production's ``/api/`` runs under gunicorn (SPEC D3), whose fixed threads bound it already;

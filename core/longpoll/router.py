@@ -222,7 +222,7 @@ class _Admission:
 
     def __init__(self):
         self.semaphore = of_running_loop(self._semaphores,
-                                          lambda loop: asyncio.Semaphore(settings.RUNSTEAD_LONGPOLL_START_SLOTS))
+                                         lambda loop: asyncio.Semaphore(settings.RUNSTEAD_LONGPOLL_START_SLOTS))
         self.held = False
 
     async def __aenter__(self):
