@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
 from machine.hooks import launch as hook_launch
 from tests.live import BoardSocket
 from tests.wait import wait_for
@@ -83,6 +85,16 @@ def stop_sender(state_dir: Path, timeout_s: float = 5.0) -> None:
         return False
 
     wait_for(stopped, timeout_s=timeout_s, what=f"the sender for {state_dir} to stop")
+    # A sender a hook launched just before this call may not hold the lock yet: found by
+    # its command line instead (left alone, it retries an undeliverable write for minutes
+    # after the test, as two did in a CI run).
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if "machine.hooks.sender" in cmdline and str(state_dir) in cmdline:
+            try:
+                process.kill()
+            except psutil.NoSuchProcess:
+                pass
 
 
 def wrapper_state(state_dir: Path) -> str:
