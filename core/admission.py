@@ -24,7 +24,7 @@ from collections import deque
 
 from django.conf import settings
 
-from core.errors import ErrorShape
+from core.errors import service_busy
 from core.longpoll.router import of_running_loop, security_headers
 
 log = logging.getLogger("runstead.admission")
@@ -117,8 +117,8 @@ class Slots:
         self.inside[klass] += 1
 
 
-BUSY_BODY = json.dumps(ErrorShape(error="service_busy", detail="the service is busy, try again in 1 s",
-                                  retry_after_s=1)).encode()
+BUSY = service_busy()
+BUSY_BODY = json.dumps(BUSY.body()).encode()
 
 
 class RequestGate:
@@ -143,9 +143,9 @@ class RequestGate:
 
 
 async def _busy(scope, send) -> None:
-    """503 ``service_busy`` with ``Retry-After: 1`` and the API's error shape (as the
-    exception handler answers a ``PoolTimeout``), with the security headers."""
-    headers = [(b"content-type", b"application/json"), (b"retry-after", b"1"),
-               (b"content-length", str(len(BUSY_BODY)).encode()), *security_headers(scope)]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    """``core.errors.service_busy`` (as the exception handler answers a ``PoolTimeout``),
+    with the security headers."""
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(BUSY_BODY)).encode()),
+               *((k.lower().encode(), v.encode()) for k, v in BUSY.headers.items()), *security_headers(scope)]
+    await send({"type": "http.response.start", "status": BUSY.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": BUSY_BODY})

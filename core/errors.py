@@ -53,6 +53,14 @@ class ApplicationError(Exception):
         return {"error": self.code, "detail": self.detail, **self.extra}
 
 
+def service_busy() -> ApplicationError:
+    """503 ``service_busy`` with ``Retry-After: 1`` (D2): the process is overloaded, not
+    broken, and the request changed nothing (no pooled connection in time,
+    ``core.exception_handler``; no slot in time, ``core.admission``)."""
+    return ApplicationError("service_busy", "the service is busy, try again in 1 s", status_code=503,
+                            headers={"Retry-After": "1"}, retry_after_s=1)
+
+
 class StrictJSONParser(JSONParser):
     """DRF's JSON parser, with nesting too deep for the decoder refused as malformed (K3)."""
 

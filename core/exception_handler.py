@@ -13,7 +13,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from core.errors import ApplicationError, ErrorShape
+from core.errors import ApplicationError, ErrorShape, service_busy
 
 
 def exception_handler(exc, context):
@@ -29,15 +29,14 @@ def exception_handler(exc, context):
     ``service_busy`` (503, ``Retry-After: 1``) when the database connection pool had no
     connection to give within its timeout (``psycopg_pool.PoolTimeout``): the process is
     overloaded, not broken, and the request changed nothing (D; a worker tries again)."""
+    if isinstance(exc, OperationalError) and isinstance(exc.__cause__, PoolTimeout):
+        exc = service_busy()
     if isinstance(exc, ApplicationError):
         return Response(exc.body(), status=exc.status_code, headers=exc.headers)
     if isinstance(exc, exceptions.Throttled):
         wait = max(1, math.ceil(exc.wait or 1))
         return Response(ErrorShape(error="rate_limited", detail=f"too many requests, retry in {wait} s", retry_after_s=wait),
                         status=429, headers={"Retry-After": str(wait)})
-    if isinstance(exc, OperationalError) and isinstance(exc.__cause__, PoolTimeout):
-        return Response(ErrorShape(error="service_busy", detail="the service is busy, try again in 1 s",
-                                   retry_after_s=1), status=503, headers={"Retry-After": "1"})
     if isinstance(exc, RequestDataTooBig):
         return Response(ErrorShape(error="body_too_large", detail=str(exc)), status=413)
     response = drf_exception_handler(exc, context)

@@ -17,9 +17,18 @@ async def _queue(slots: Slots, klass: int, order: list, name: str, timeout_s: fl
     order.append(name if got else f"{name} gave up")
 
 
-async def _settle():
-    for _ in range(5):
+async def _until(fact, what: str, turns: int = 100):
+    """Let the event loop run (no clock: each ``sleep(0)`` is one turn) until ``fact()``,
+    at most ``turns`` turns."""
+    for _ in range(turns):
+        if fact():
+            return
         await asyncio.sleep(0)
+    raise AssertionError(f"{what}: not after {turns} turns of the loop")
+
+
+def _waiting(slots: Slots) -> int:
+    return sum(not future.done() for queue in slots.waiting.values() for future in queue)
 
 
 def test_l2_a_freed_slot_goes_to_the_first_renewal_waiting_and_one_is_kept_for_other_requests():
@@ -29,15 +38,15 @@ def test_l2_a_freed_slot_goes_to_the_first_renewal_waiting_and_one_is_kept_for_o
         waiting = [asyncio.create_task(_queue(slots, klass, order, name)) for klass, name in
                    ((OTHER, "read a"), (RENEWAL, "renewal 1"), (OTHER, "read b"), (RENEWAL, "renewal 2"),
                     (RENEWAL, "renewal 3"))]
-        await _settle()
+        await _until(lambda: _waiting(slots) == 5, "five requests waiting")
         for expected in (["renewal 1"], ["renewal 1", "renewal 2"],
                          # renewals hold 2 of the 3 slots: the third goes to the read waiting longest
                          ["renewal 1", "renewal 2", "read a"]):
             slots.release(OTHER)
-            await _settle()
+            await _until(lambda: len(order) == len(expected), "the freed slot handed over")
             assert order == expected
         slots.release(RENEWAL)  # a renewal left: renewal 3 before read b
-        await _settle()
+        await _until(lambda: len(order) == 4, "the freed slot handed over")
         assert order[-1] == "renewal 3"
         slots.release(OTHER)
         await asyncio.gather(*waiting)
@@ -52,9 +61,9 @@ def test_l2_with_one_slot_renewals_go_first():
         assert slots.take(OTHER)
         waiting = [asyncio.create_task(_queue(slots, klass, order, name))
                    for klass, name in ((OTHER, "read"), (RENEWAL, "renewal"))]
-        await _settle()
+        await _until(lambda: _waiting(slots) == 2, "two requests waiting")
         slots.release(OTHER)
-        await _settle()
+        await _until(lambda: len(order) == 1, "the freed slot handed over")
         slots.release(RENEWAL)
         await asyncio.gather(*waiting)
         assert order == ["renewal", "read"]
@@ -70,7 +79,7 @@ def test_d2_a_request_that_waits_too_long_gets_no_slot_and_the_next_one_gets_it(
         await late
         assert order == ["late gave up"]
         later = asyncio.create_task(_queue(slots, OTHER, order, "later"))
-        await _settle()
+        await _until(lambda: _waiting(slots) == 1, "the next request waiting")
         slots.release(OTHER)
         await later
         assert order == ["late gave up", "later"] and slots.free == 0 and slots.inside == {RENEWAL: 0, OTHER: 1}

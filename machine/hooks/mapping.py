@@ -368,20 +368,21 @@ def codex_title_thread(event: Event, payload: dict) -> bool:
     """Whether ``payload`` is the ``notify`` of Codex's title-generation thread: not a
     session of the user's (T1: not on the board, not the one the terminal wrapper runs,
     T3), so the hook writes nothing for it."""
-    if event.agent != "codex" or event.name != "agent-turn-complete":
-        return False
-    messages = payload.get("input-messages")
-    return bool(messages) and isinstance(messages, list) and isinstance(messages[0], str) \
-        and messages[0].startswith(CODEX_TITLE_REQUEST)
+    return (event.agent, event.name) == ("codex", "agent-turn-complete") \
+        and _first_input(payload).startswith(CODEX_TITLE_REQUEST)
+
+
+def _first_input(p: dict) -> str:
+    """A Codex notify's first ``input-messages`` entry (the turn's prompt), or ""."""
+    messages = p.get("input-messages")
+    return messages[0] if isinstance(messages, list) and messages and isinstance(messages[0], str) else ""
 
 
 def codex_notify(w: Writes, p: dict) -> None:
     """``agent-turn-complete``: ``ended`` for its ``turn-id``, preceded by ``running`` when
     that turn was never started (no trusted hooks), carrying ``last-assistant-message``
     (T6: kept on the messages the turn answered)."""
-    messages = p.get("input-messages")
-    first = messages[0] if isinstance(messages, list) and messages and isinstance(messages[0], str) else ""
-    w.ensure_session(cwd=_text(p, "cwd"), title=" ".join(first.split())[:TITLE_MAX])
+    w.ensure_session(cwd=_text(p, "cwd"), title=" ".join(_first_input(p).split())[:TITLE_MAX])
     reply = _text(p, "last-assistant-message")
     turn_id = turn_token(p.get("turn-id"))
     if turn_id is None:
