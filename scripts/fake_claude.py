@@ -14,7 +14,10 @@ Environment (all optional):
   with ``is_error: true`` and exit 0, as some versions do) or ``max_turns``;
 - ``FAKE_CLAUDE_EXIT`` (default 0): the exit code;
 - ``FAKE_CLAUDE_RECORD``: a file; one JSON line ``{"argv", "stdin", "cwd"}`` is appended per run;
-- ``FAKE_CLAUDE_COMMIT`` (default 1): 0 makes the tool call read-only (``git status``).
+- ``FAKE_CLAUDE_COMMIT`` (default 1): 0 makes the tool call read-only (``git status``);
+- ``FAKE_CLAUDE_SLOW_PROMPT``: after the tool call of a conversation message containing
+  this text, the pause is ``FAKE_CLAUDE_SLOW_PAUSE_S`` (default 30), so a test can stop
+  the turn while its tool call shows.
 Standard library only.
 """
 import json
@@ -86,13 +89,15 @@ def tool_call(prompt: str, n: int) -> tuple[str, list[str]]:
              "commit", "-q", "-m", subject, "--", "NOTES.md"])
 
 
-def turn(prompt: str, session_id: str, pause: float, turns: int, *, sleep, max_turns: bool = False) -> None:
+def turn(prompt: str, session_id: str, pause: float, turns: int, *, sleep, max_turns: bool = False,
+         hold_s: float | None = None) -> None:
     """One turn: ``turns`` assistant messages, tool calls between, then the ``result``.
-    ``sleep(seconds)`` returns False when the turn was interrupted (stream-json input)."""
+    ``sleep(seconds)`` returns False when the turn was interrupted (stream-json input);
+    ``hold_s``, when given, is the pause after each tool call instead of ``pause``."""
     tokens_in = tokens_out = 0
     text = ""
     for n in range(1, turns + 1):
-        if not sleep(pause):
+        if not sleep(pause if n == 1 or hold_s is None else hold_s):
             emit({"type": "user", "session_id": session_id, "message": {"role": "user", "content": [
                 {"type": "text", "text": "[Request interrupted by user]"}]}})
             spent[0] += tokens_in * PRICE_IN + tokens_out * PRICE_OUT
@@ -184,9 +189,13 @@ def converse(session_id: str, pause: float, turns: int) -> int:
                 return False
         return True
 
+    slow_prompt = os.environ.get("FAKE_CLAUDE_SLOW_PROMPT", "")
+    slow_pause = float(os.environ.get("FAKE_CLAUDE_SLOW_PAUSE_S", "30"))
     while True:
         while waiting:
-            turn(waiting.pop(0), session_id, pause, turns, sleep=sleep)
+            text = waiting.pop(0)
+            turn(text, session_id, pause, turns, sleep=sleep,
+                 hold_s=slow_pause if slow_prompt and slow_prompt in text else None)
         if ended:
             return 0
         control(lines.get())

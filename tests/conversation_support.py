@@ -113,15 +113,17 @@ def codex_turns_started(api: ResponsesAPI) -> list[str]:
 FAKE_CLAUDE = Path(__file__).resolve().parent.parent / "scripts" / "fake_claude.py"
 
 
-def fake_claude_setup(url, owner, tmp_path, *, pause_s: float = 1.2) -> LiveSetup:
+def fake_claude_setup(url, owner, tmp_path, *, pause_s: float = 1.2, slow_prompt: str = "") -> LiveSetup:
     """The demo's live profile: ``fake-claude`` (the claude preset run by
     scripts/fake_claude.py, which converses over stream-json input as Claude Code does);
-    each turn is two assistant turns ``pause_s`` apart with a read-only tool call."""
+    each turn is two assistant turns ``pause_s`` apart with a read-only tool call; a
+    message containing ``slow_prompt`` holds 30 s after its tool call (a turn to stop)."""
     setup = LiveSetup(url, owner, tmp_path)
     subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
     setup.config.write_text(
         f'allowed_roots = ["{setup.root}"]\n[profiles.fake-claude]\npreset = "claude"\nbinary = "{FAKE_CLAUDE}"\n'
-        f'env = {{ FAKE_CLAUDE_PAUSE_S = "{pause_s}", FAKE_CLAUDE_TURNS = "2", FAKE_CLAUDE_COMMIT = "0" }}\n')
+        f'env = {{ FAKE_CLAUDE_PAUSE_S = "{pause_s}", FAKE_CLAUDE_TURNS = "2", FAKE_CLAUDE_COMMIT = "0", '
+        f'FAKE_CLAUDE_SLOW_PROMPT = "{slow_prompt}" }}\n')
     setup.start_worker()
     wait_live_profile(setup)
     return setup
@@ -213,3 +215,26 @@ def user_texts_in_last_request(api: AnthropicAPI) -> list[str]:
         texts += [b["text"] for b in blocks if b.get("type") == "text"
                   and not b.get("text", "").startswith("<system-reminder>")]
     return texts
+
+
+def opencode_servers(processes) -> list[psutil.Process]:
+    """Those of ``processes`` that are an ``opencode serve`` (the npm package's binary). A
+    server's own children between fork and exec (the commands it runs: git, the shell)
+    show the same command line for a moment, and one that ended may be a zombie not yet
+    reaped: neither is a second server, and both are left out (seen in runs of the X3 and
+    L4 tests)."""
+    def is_server(p: psutil.Process) -> bool:
+        try:
+            cmdline = p.cmdline()
+        except psutil.Error:
+            return False
+        return cmdline[1:2] == ["serve"] and "opencode" in cmdline[0]
+
+    found = []
+    for p in processes:
+        try:
+            if is_server(p) and not is_server(p.parent()):
+                found.append(p)
+        except (psutil.Error, AttributeError):  # gone, or no parent left
+            continue
+    return found

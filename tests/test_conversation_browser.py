@@ -126,7 +126,7 @@ def test_c2_c4_b9_phone_chat_replies_under_their_messages_box_in_view_stopped_by
         live_daphne, new_page, make_owner, tmp_path):  # noqa: F811
     from playwright.sync_api import expect
 
-    setup = fake_claude_setup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path)
+    setup = fake_claude_setup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, slow_prompt="a long one")
     try:
         task_id = setup.submit("fake-claude", prompt="look around the repository", mode="conversation")
         page = new_page(setup.url, setup.owner, **PHONE)

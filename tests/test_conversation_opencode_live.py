@@ -20,6 +20,7 @@ from tests.conversation_support import (
     OPENCODE_BASH_ASKS,
     op_dir,
     opencode_conversation_setup,
+    opencode_servers,
     opencode_turns_started,
     long_tool_runs,
     send,
@@ -102,22 +103,14 @@ def decide(setup, approval_id: str, **body) -> dict:
 
 
 def servers(folder) -> list[psutil.Process]:
-    """The ``opencode serve`` processes running in ``folder`` (the npm package's binary).
-    A server's own children between fork and exec (the commands it runs: git, the shell)
-    show the same command line for a moment; they are not a second server and are left
-    out (seen: two such children, parent the server, in one run of the X3 step below)."""
-    def is_server(p: psutil.Process) -> bool:
-        cmdline = p.cmdline()
-        return cmdline[1:2] == ["serve"] and "opencode" in cmdline[0]
-
-    found = []
-    for p in psutil.process_iter():
+    """The ``opencode serve`` processes running in ``folder``."""
+    def inside(p: psutil.Process) -> bool:
         try:
-            if is_server(p) and p.cwd() == str(folder) and not is_server(p.parent()):
-                found.append(p)
-        except (psutil.Error, IndexError, AttributeError):
-            continue
-    return found
+            return p.cwd() == str(folder)
+        except psutil.Error:
+            return False
+
+    return [p for p in opencode_servers(psutil.process_iter()) if inside(p)]
 
 
 def test_c11_opencode_serve_three_messages_in_order_a_worker_kill_and_an_interrupt_keep_one_session(opencode_live):

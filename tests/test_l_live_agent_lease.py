@@ -14,7 +14,9 @@ import time
 import psutil
 import pytest
 
-from tests.conversation_support import fake_claude_setup, op_dir, opencode_conversation_setup, send, wait_states
+from tests.conversation_support import (
+    fake_claude_setup, op_dir, opencode_conversation_setup, opencode_servers, send, wait_states,
+)
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.model_apis import ChatAPI
 from tests.wait import wait_for
@@ -158,7 +160,7 @@ def test_l4_l8_worker_killed_the_launcher_ends_the_real_opencode_server_after_th
     launcher = read_json(setup, task_id, "launcher.json")
     operation_id = os.path.basename(op_dir(setup, task_id))
     launcher_proc, bridge = psutil.Process(launcher["launcher_pid"]), psutil.Process(launcher["agent_pid"])
-    started = [p for p in bridge.children(recursive=True) if p.cmdline()[1:2] == ["serve"]]
+    started = opencode_servers(bridge.children(recursive=True))
     assert len(started) == 1, started
     server = started[0]
     # The server leads a process group of its own (machine/opencode_bridge.py): the
