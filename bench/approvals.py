@@ -61,7 +61,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(BASE_DIR))
 
-from harness import Server, lat, report_save, report_start, scratch_service  # noqa: E402  (daphne, percentiles, reports)
+from harness import SERVICE_ENVS, Server, lat, report_save, report_start, scratch_service  # noqa: E402  (daphne, percentiles, reports)
 
 PAYLOAD = json.loads((BASE_DIR / "tests" / "fixtures" / "hooks" / "claude" / "permission_request.json").read_text())
 ALLOW = {"hookSpecificOutput": {"hookEventName": "PermissionRequest", "decision": {"behavior": "allow"}}}
@@ -382,6 +382,8 @@ def main() -> int:
     parser.add_argument("--decisions", type=int, default=100)
     parser.add_argument("--state-dirs", type=int, default=10)
     parser.add_argument("--batch", type=int, default=25, help="hooks started at once during the ramp")
+    parser.add_argument("--service-env", choices=SERVICE_ENVS, default="development",
+                        help="RUNSTEAD_ENV of the measured service (harness.service_env)")
     parser.add_argument("--out", help="JSON path (default bench/results/approvals-LABEL.json)")
     args = parser.parse_args()
     os.chdir(BASE_DIR)
@@ -391,9 +393,9 @@ def main() -> int:
 
     if args.shape == "postgres" and not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
         parser.error("--shape postgres: set DATABASE_URL (PostgreSQL) and REDIS_URL")
-    report = report_start(args.label, shape=args.shape)
+    report = report_start(args.label, shape=args.shape, service_env=args.service_env)
     try:
-        with scratch_service(args.shape, "bench_appr") as (env, dbname, admin_url):
+        with scratch_service(args.shape, "bench_appr", args.service_env) as (env, dbname, admin_url):
             report["approvals"] = run_approvals(env, dbname, admin_url, hooks=args.hooks, window_s=args.window,
                                                 decisions=args.decisions, state_dirs=args.state_dirs,
                                                 batch=args.batch)

@@ -50,13 +50,28 @@ def report_save(report: dict, out: Path) -> Path:
     return out
 
 
+SERVICE_ENVS = ("development", "production")
+
+
+def service_env(name: str) -> dict:
+    """The environment of a measured service's ``RUNSTEAD_ENV`` ``name``: ``development``
+    (``./run``'s embedded default: DEBUG on, Django's query log) or ``production`` as
+    ``deploy/`` runs it (DEBUG off), without the TLS redirect (no proxy here)."""
+    env = {"RUNSTEAD_ENV": name}
+    if name == "production":
+        env.update({"SECRET_KEY": os.environ.get("SECRET_KEY") or os.urandom(32).hex(),
+                    "ALLOWED_HOSTS": "127.0.0.1,localhost", "RUNSTEAD_SSL_REDIRECT": "0"})
+    return env
+
+
 @contextlib.contextmanager
-def scratch_service(shape: str, prefix: str):
+def scratch_service(shape: str, prefix: str, env_name: str = "development"):
     """A scratch database for one benchmark run, migrated, its settings in this process's
     environment (and so in the servers it starts): ``postgres`` creates ``<prefix>_<pid>``
     on ``DATABASE_URL``'s server, with a channel prefix of its own on ``REDIS_URL``, and
     drops it afterwards; ``sqlite`` a scratch file and the in-memory channel layer. Yields
-    ``(env, dbname, admin_url)`` (``dbname`` and ``admin_url`` None on SQLite)."""
+    ``(env, dbname, admin_url)`` (``dbname`` and ``admin_url`` None on SQLite); the
+    service runs as ``service_env(env_name)`` says."""
     tmp = Path(tempfile.mkdtemp(prefix=f"{prefix}-db-"))
     dbname = admin_url = None
     if shape == "postgres":
@@ -73,6 +88,7 @@ def scratch_service(shape: str, prefix: str):
             os.environ.pop(name, None)
         env = {"RUNSTEAD_SQLITE_PATH": str(tmp / "db.sqlite3")}
     env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    env.update(service_env(env_name))
     os.environ.update(env)
     try:
         import django

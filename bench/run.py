@@ -69,7 +69,7 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from harness import BASE_DIR, Server, lat, report_save, report_start
+from harness import BASE_DIR, SERVICE_ENVS, Server, lat, report_save, report_start, service_env
 
 WAIT_S = 25
 DELIVERY_TIMEOUT_S = 30.0
@@ -930,9 +930,9 @@ def main() -> int:
     parser.add_argument("--hooks", type=int, default=500, help="waiting approval hooks (section approvals)")
     parser.add_argument("--approval-window", type=float, default=25.0)
     parser.add_argument("--decisions", type=int, default=100)
-    parser.add_argument("--service-env", choices=("development", "production"), default="development",
-                        help="RUNSTEAD_ENV of the measured service: production as deploy/ runs it (DEBUG off: no "
-                             "query log), without the TLS redirect (no proxy here)")
+    parser.add_argument("--service-env", choices=SERVICE_ENVS, default="development",
+                        help="RUNSTEAD_ENV of the measured service (harness.service_env): production as deploy/ "
+                             "runs it (DEBUG off: no query log), without the TLS redirect (no proxy here)")
     parser.add_argument("--out", help="JSON path (default bench/results/LABEL.json)")
     args = parser.parse_args()
     if not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")):
@@ -953,10 +953,7 @@ def main() -> int:
     parts = urlsplit(admin_url)
     env = {"DATABASE_URL": urlunsplit(parts._replace(path="/" + dbname)),
            "RUNSTEAD_CHANNEL_PREFIX": f"bench{os.getpid()}", "DJANGO_SETTINGS_MODULE": "config.settings",
-           "RUNSTEAD_ENV": args.service_env}
-    if args.service_env == "production":
-        env.update({"SECRET_KEY": os.environ.get("SECRET_KEY") or uuid.uuid4().hex * 2,
-                    "ALLOWED_HOSTS": "127.0.0.1,localhost", "RUNSTEAD_SSL_REDIRECT": "0"})
+           **service_env(args.service_env)}
     os.environ.update(env)
     report = report_start(args.label)
     report["service_env"] = args.service_env

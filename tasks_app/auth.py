@@ -38,7 +38,8 @@ class MachineAuthentication(authentication.BaseAuthentication):
     """``Authorization: Machine <token>`` -> (owner, machine). Any token that is not the
     current token of a paired machine answers 401 ``token_revoked`` (K1, R3). A view
     with ``machine_token_cached = True`` (the worker's pull, which every idle worker
-    starts every ~25 s) looks the token up through this process's ``MachineTokenCache``."""
+    starts every ~25 s, and its renewals and syncs, which every busy one sends once per
+    renewal interval) looks the token up through this process's ``MachineTokenCache``."""
 
     keyword = "Machine"
 

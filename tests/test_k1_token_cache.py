@@ -15,6 +15,7 @@ from tasks_app.models import Machine
 from tasks_app.services.pairing import machine_pair, pairing_code_create
 from tasks_app.services.revocation import machine_unpair
 from tests.conftest import machine_api, owner_api
+from tests.factories import grant_lease, submit
 from tests.wait import wait_for
 
 pytestmark = pytest.mark.postgres
@@ -42,6 +43,26 @@ def test_k1_a_pull_start_reads_its_machine_token_once_per_process(machine):
     with CaptureQueriesContext(connection) as queries:
         other = machine_api(machine).post("/api/worker/leases/", {}, format="json")
     assert other.status_code == 400 and len(_token_reads(queries)) == 1  # other endpoints: as before
+
+
+@pytest.mark.django_db
+def test_k1_l2_renewals_read_their_machine_token_once_and_an_unpaired_machines_sync_is_refused_at_once(
+        owner, machine, grant):
+    """Issue 44: every busy machine renews once per interval; its syncs and renewals take
+    the token from the cache as its pulls do, and an unpairing still refuses the next one."""
+    task_id = submit(owner, machine, grant.path, exclusive=False).json()["id"]
+    lease_id = grant_lease(machine, task_id).json()["lease_id"]
+    client, reads = machine_api(machine), []
+    for path, body in [("/api/worker/sync/", {"renew": [{"lease_id": lease_id}]})] * 3 + [
+            (f"/api/worker/leases/{lease_id}/renew/", {})]:
+        with CaptureQueriesContext(connection) as queries:
+            answer = client.post(path, body, format="json")
+        assert answer.status_code == 200, answer.content
+        reads.append(len(_token_reads(queries)))
+    assert reads == [1, 0, 0, 0]
+    machine_unpair(machine=machine, actor="owner:test", now=timezone.now())
+    refused = client.post("/api/worker/sync/", {"renew": [{"lease_id": lease_id}]}, format="json")
+    assert refused.status_code == 401 and refused.json()["error"] == "token_revoked"
 
 
 @pytest.mark.django_db

@@ -423,6 +423,8 @@ class WorkerLeaseGrant(MachineView):
 class WorkerLeaseRenew(MachineView):
     """L2, L5, L10."""
 
+    machine_token_cached = True  # as the sync's (WorkerSync)
+
     @extend_schema(request=s.LeaseRenewSerializer, responses={200: shape(LeaseShape), **errors(409)})
     def post(self, request, lease_id):
         valid_query(NoQuery, request)
@@ -447,6 +449,12 @@ class WorkerReceipts(MachineView):
 class WorkerSync(MachineView):
     """One request renews the machine's leases and carries a batch of its receipts
     (``services.sync``; L2, L5, L10, R1-R3): 200 with one answer per item."""
+
+    # Every busy machine syncs once per renewal interval (issue 44): its token comes from
+    # ``MachineTokenCache`` as the pull's does, one statement and one transaction less a
+    # sync. K1 holds: a renewal and a receipt read their machine's row again under lock
+    # (paired at the lease's generation, L2; the receipt's generation, R2).
+    machine_token_cached = True
 
     @extend_schema(request=s.SyncSerializer, responses={200: shape(SyncAnswerShape), **errors()})
     def post(self, request):
