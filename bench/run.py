@@ -809,9 +809,55 @@ def section_statements() -> dict:
         "accept": measure(lambda: client.post("/api/tasks/", body, format="json", HTTP_IDEMPOTENCY_KEY=key)),
         "replay": measure(lambda: client.post("/api/tasks/", body, format="json", HTTP_IDEMPOTENCY_KEY=key)),
     }
+    out["renewal_sync"] = _renewal_sync_cost(data, client)
     connection.close()
-    for what in ("accept", "replay"):
+    for what in ("accept", "replay", "renewal_sync"):
         out[what]["ratio_to_read"] = round(out[what]["statements"] / max(1, out["read"]["statements"]), 1)
+    return out
+
+
+def _renewal_sync_cost(data: dict, owner, rounds: int = 300) -> dict:
+    """A busy machine's usual request (issue 44): ``POST /api/worker/sync/`` renewing its
+    two leases. Its statements, and this process's CPU per sync (ms, ``time.process_time``
+    over ``rounds`` syncs, no network, no daphne): through Django's handler (the test
+    client) and the service function alone (``machine_sync``), so their difference is what
+    the handler, the middleware and DRF add."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from rest_framework.test import APIClient
+
+    from core import clock
+    from tasks_app.models import Machine
+    from tasks_app.services.sync import machine_sync
+
+    body = {"machine": data["machines"][0], "folder": "/bench", "agent": "demo", "prompt": "p", "exclusive": False}
+    for _ in range(BUSY_TASKS):
+        owner.post("/api/tasks/", body, format="json", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex)
+    worker = APIClient(HTTP_AUTHORIZATION=f"Machine {data['machine_tokens'][0]}", HTTP_HOST="127.0.0.1")
+    renew = []
+    for message in worker.get("/api/worker/messages/?wait=0").json()["messages"]:
+        worker.post(f"/api/worker/messages/{message['id']}/ack/", {}, format="json")
+        if message["kind"] == "start":
+            lease = worker.post("/api/worker/leases/", {"operation_id": message["payload"]["operation_id"]}, format="json")
+            renew.append({"lease_id": lease.json()["lease_id"]})
+
+    def sync():
+        return worker.post("/api/worker/sync/", {"renew": renew}, format="json")
+
+    sync()  # the token cache and the machine's last_heard_at warm, as in the steady state
+    with CaptureQueriesContext(connection) as captured:
+        status = sync().status_code
+    out = {"status": status, "leases": len(renew), "statements": len(captured.captured_queries),
+           "sql": [" ".join(q["sql"].split()[:3]) for q in captured.captured_queries]}
+    started = time.process_time()
+    for _ in range(rounds):
+        sync()
+    out["cpu_ms_through_django"] = round((time.process_time() - started) * 1000 / rounds, 2)
+    machine = Machine.objects.get(pk=data["machines"][0])
+    started = time.process_time()
+    for _ in range(rounds):
+        machine_sync(machine=machine, renew=renew, receipts=[], now=clock.now())
+    out["cpu_ms_service_alone"] = round((time.process_time() - started) * 1000 / rounds, 2)
     return out
 
 
@@ -860,6 +906,10 @@ def table(report: dict) -> str:
             a, d = r["accept"], r["delivery"]
             out.append(f"  {r['workers']:>5} | {r.get('processes', 1)} | {r.get('rss_mb')} | {r['cpu_pct']:>6} | {r['db_xact_per_s']:>7} | {r['threads']:>5} | "
                        f"{a['p50_ms']}/{a['p99_ms']} ({a['errors']} err) | {d['p50_ms']}/{d['p99_ms']} ({d['undelivered']}) | {r['pull_errors']}")
+    if report.get("statements", {}).get("renewal_sync"):
+        r = report["statements"]["renewal_sync"]
+        out.append(f"\nrenewal sync ({r['leases']} leases): {r['statements']} statements; CPU {r['cpu_ms_through_django']} ms "
+                   f"through Django's handler, {r['cpu_ms_service_alone']} ms the service alone")
     if report.get("http"):
         out.append("\nHTTP shape | what | conns | req/s | p50 ms | p99 ms | statuses")
         for r in report["http"]:
