@@ -35,7 +35,9 @@ prefix on that Redis. Sections (``--sections``, comma separated; all by default)
   while a task is submitted every 0.5 s: acceptance and delivery latency through it.
 - ``statements``: the SQL statements (each one round trip; a transaction adds its
   ``COMMIT``) of one acceptance, its replay (A2) and the bare authenticated read, counted
-  in this process with Django's query capture, as a ratio to the bare read.
+  in this process with Django's query capture, as a ratio to the bare read; and a busy
+  machine's renewal sync: its statements and this process's CPU per sync, through
+  Django's handler and the service alone (``_renewal_sync_cost``).
 - ``worker``: a real paired ``manage.py worker`` at rest: CPU seconds per minute, RSS.
 - ``approvals``: ``--hooks`` (default 500) real ``PermissionRequest`` hook processes
   waiting on one daphne: service CPU and database transactions/s while they wait, then
