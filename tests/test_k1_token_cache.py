@@ -1,6 +1,7 @@
 """K1 with the pull start's machine-token cache (``tasks_app.auth.MachineTokenCache``;
-issue 22): a pull start reads its machine's token from the database once per process,
-and a revoked or re-paired token is refused at once all the same. The cache needs the
+issue 22): a pull start, a sync and a renewal (issue 44) read their machine's token from
+the database once per process, and a revoked or re-paired token is refused at once all the
+same. The cache needs the
 shared counter in Redis, so these run in the PostgreSQL + Redis pass; across three real
 daphne processes: ``tests/test_several_daphnes.py``."""
 import re
