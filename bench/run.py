@@ -820,7 +820,8 @@ def section_statements() -> dict:
 
 def _renewal_sync_cost(data: dict, owner, rounds: int = 300) -> dict:
     """A busy machine's usual request (issue 44): ``POST /api/worker/sync/`` renewing its
-    two leases. Its statements, and this process's CPU per sync (ms, ``time.process_time``
+    leases: the ``BUSY_TASKS`` submitted here and the acceptance ``section_statements``
+    measured before (three; a sync's statements do not grow with its leases). Its statements, and this process's CPU per sync (ms, ``time.process_time``
     over ``rounds`` syncs, no network, no daphne): through Django's handler (the test
     client) and the service function alone (``machine_sync``), so their difference is what
     the handler, the middleware and DRF add."""
