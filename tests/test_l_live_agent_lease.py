@@ -96,6 +96,9 @@ def test_l4_worker_killed_and_not_restarted_the_launcher_ends_the_live_agent_aft
     wait_for(lambda: not psutil.pid_exists(launcher["agent_pid"]), timeout_s=20, interval_s=0.05,
              what="the agent to be ended by its launcher")
     gone_at = time.time()
+    # The launcher reaps the agent, then writes exit.json: wait on the file, not the pid.
+    exit_path = os.path.join(op_dir(live, task_id), "exit.json")
+    wait_for(lambda: os.path.exists(exit_path), timeout_s=5, interval_s=0.05, what="the launcher's exit.json")
     exit_facts = read_json(live, task_id, "exit.json")
     assert exit_facts["lease_stop"] is True
     # Never before the recorded deadline, and soon after it: its input closed, it exited
