@@ -56,6 +56,7 @@ def agents(module_daphne, transactional_db, make_owner, tmp_path):  # noqa: F811
     setup.close()
 
 
+@pytest.mark.machine_side
 def test_g3_success_carries_usage_session_and_git_evidence(agents):
     start_head = git(agents.repo, "rev-parse", "HEAD")
     task_id = agents.submit("claude", prompt="fix the failing test")
@@ -74,6 +75,7 @@ def test_g3_success_carries_usage_session_and_git_evidence(agents):
     assert task["progress"] is not None  # the last progress stays on the task
 
 
+@pytest.mark.machine_side
 def test_g3_exit_zero_with_is_error_is_failed(agents):
     task = agents.wait_final(agents.submit("claude-error"), timeout=30)
     assert (task["state"], task["exit_code"]) == ("failed", 0)
@@ -81,6 +83,7 @@ def test_g3_exit_zero_with_is_error_is_failed(agents):
     assert task["agent_result"]["is_error"] is True
 
 
+@pytest.mark.machine_side
 def test_g1_missing_binary_is_a_refused_start_agent_not_found(agents):
     task = agents.wait_final(agents.submit("gemini"), timeout=20)
     assert task["state"] == "not_started"
@@ -119,6 +122,7 @@ def test_g4_live_progress_reaches_the_board_while_running(agents):
     assert len(progress) <= int(task["runtime_s"]) + 1, (len(progress), task["runtime_s"])
 
 
+@pytest.mark.machine_side
 def test_g6_follow_up_passes_the_session_id_to_resume(agents):
     first = agents.wait_final(agents.submit("claude", prompt="first"), timeout=40)
     assert first["state"] == "succeeded"
@@ -136,6 +140,7 @@ def test_g6_follow_up_passes_the_session_id_to_resume(agents):
     assert argv[-2:] == ["--", "and the docs"]
 
 
+@pytest.mark.machine_side
 def test_g6_profile_that_cannot_resume_refuses_resume_unsupported(agents):
     first = agents.wait_final(agents.submit("claude", prompt="first"), timeout=40)
     resp = agents.api.post("/api/tasks/", json={"machine": agents.machine_id, "folder": str(agents.repo),
@@ -148,6 +153,7 @@ def test_g6_profile_that_cannot_resume_refuses_resume_unsupported(agents):
     assert final["body"]["facts"]["refused_reason"] == "resume_unsupported"
 
 
+@pytest.mark.machine_side
 def test_c2_c4_c5_the_demo_stand_in_holds_a_live_conversation(agents):
     """The demo's ``fake-claude`` profile (the claude preset, so a live conversation)
     speaks stream-json input too: two messages answered one turn each in one process, an

@@ -81,6 +81,7 @@ def test_c10_withdraw_racing_the_workers_claim_one_wins_and_the_agent_sees_it_on
     assert live.wait_final(task_id, timeout=30)["state"] == "succeeded"
 
 
+@pytest.mark.machine_side
 def test_c9_a_steer_is_written_at_once_past_a_queued_message_which_waits_for_a_turn_of_its_own(live):
     """The order decision of C9 (machine/worker/conversation.py): a steer does not wait
     behind queued messages, a queued one waits until no turn is open, the steer's included.

@@ -57,6 +57,7 @@ def test_c6_a_conversation_without_session_is_one_busy_in_each_turn_idle_between
     assert (session_status(live, session_id), idle_notices(session_id)) == ("idle", 3)  # no idle again at the end
 
 
+@pytest.mark.machine_side
 def test_g4_c2_each_message_opens_its_turn_in_the_transcript_with_its_seq(live):
     texts = ["look around the repository", "also update the changelog", "now the readme", "and a summary"]
     task_id = live.submit("fake-claude", prompt=texts[0], mode="conversation")
@@ -97,6 +98,7 @@ def live_long_lease(live_daphne, make_owner, tmp_path):  # noqa: F811
     setup.close()
 
 
+@pytest.mark.machine_side
 def test_l4_a_quiet_conversation_sleeps_yet_its_agent_ending_is_seen_within_the_coordinators_second(live_long_lease):
     """Issue 43: a conversation waiting between turns wakes none of its threads by itself
     (its run loop looks every QUIET_WATCH_INTERVAL_S, its renewal thread when a renewal

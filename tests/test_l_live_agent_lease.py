@@ -22,7 +22,7 @@ from tests.model_apis import ChatAPI
 from tests.wait import wait_for
 from tests.worker_harness import SHORT_TIMINGS
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.machine_side, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 TIMINGS = {**SHORT_TIMINGS, "RUNSTEAD_LEASE_DURATION_S": "6", "RUNSTEAD_LEASE_RENEW_S": "0.5"}
 MARGIN_S, GRACE_S = float(TIMINGS["RUNSTEAD_LEASE_MARGIN_S"]), float(TIMINGS["RUNSTEAD_KILL_GRACE_S"])

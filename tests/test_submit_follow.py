@@ -19,7 +19,7 @@ from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.wait import wait_for
 from tests.worker_harness import BASE_DIR, SHORT_TIMINGS, LiveSetup, manage_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.machine_side, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 FAKE_CLAUDE = Path(__file__).resolve().parent.parent / "scripts" / "fake_claude.py"
 PROFILES = {"claude": {"FAKE_CLAUDE_PAUSE_S": "0.3", "FAKE_CLAUDE_TURNS": "3", "FAKE_CLAUDE_COMMIT": "0"},

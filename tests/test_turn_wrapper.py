@@ -18,7 +18,7 @@ from tests.hooks_support import stop_sender
 from tests.live import module_daphne  # noqa: F401  (fixture)
 from tests.wait import wait_for
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.machine_side, pytest.mark.django_db(transaction=True)]
 BASE_DIR = Path(settings.BASE_DIR)
 
 

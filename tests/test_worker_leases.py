@@ -15,7 +15,7 @@ from tests.live import DaphneServer, module_daphne  # noqa: F401  (fixture)
 from tests.wait import wait_for
 from tests.worker_harness import SHORT_TIMINGS, LiveSetup, live_pids
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.machine_side, pytest.mark.slow]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from tests.live import module_daphne  # noqa: F401  (fixture)
 from tests.wait import wait_for
 from tests.worker_harness import SHORT_TIMINGS, LiveSetup, live_pids
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.machine_side, pytest.mark.slow]
 FAULT_EXIT = 97
 DRAINING = "draining: no new work"  # what the worker logs once it has handled a first SIGTERM (W6)
 

@@ -14,7 +14,7 @@ from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.wait import wait_for
 from tests.worker_harness import BASE_DIR, SHORT_TIMINGS, LiveSetup, manage_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.machine_side, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 PROFILES = {"wt": {"AGENT_SLEEP_S": "3"}, "wtq": {"AGENT_SLEEP_S": "0"}, "plain": {"AGENT_SLEEP_S": "0"}}
 PROFILE_KEYS = {"wtq": {"isolation": "worktree"}}
