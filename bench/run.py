@@ -510,7 +510,7 @@ async def _busy(server: "Daphnes", data: dict, n: int, dbname: str, window_s: fl
     for conn in owners:
         conn.close()
     figures = {"running": 0, "refused": 0, "sync_errors": 0, "errors": {}}
-    lag: dict[str, list[float]] = {"start": [], "renew": [], "final": []}
+    lag: dict[str, list[float]] = {"start": [], "renew": [], "final": [], "gap": []}
     syncs: list[float] = []
     stop, window = asyncio.Event(), {"open": False}
     machines = []
@@ -521,7 +521,7 @@ async def _busy(server: "Daphnes", data: dict, n: int, dbname: str, window_s: fl
     # The ramp (every machine pulls, acks, grants and reports its two starts) is a wave of
     # about 6 requests a machine on this 2-core machine: it is waited out before the window,
     # which measures the steady state (renewals, the real worker's short tasks).
-    ramp0 = time.perf_counter()
+    ramp0, client_cpu0 = time.perf_counter(), time.process_time()
     deadline, last, grew = ramp0 + BUSY_RAMP_MAX_S, -1, ramp0
     while figures["running"] < n * BUSY_TASKS and time.perf_counter() < deadline:
         if figures["running"] != last:
@@ -530,13 +530,14 @@ async def _busy(server: "Daphnes", data: dict, n: int, dbname: str, window_s: fl
             break  # no machine got further for a while: measure what runs (the errors say why)
         await asyncio.sleep(0.5)
     ramp_s, running_before = time.perf_counter() - ramp0, figures["running"]
+    client_cpu_ramp = 100 * (time.process_time() - client_cpu0) / ramp_s
     real.go.set()
     await asyncio.sleep(20.0)  # past the first renewal of every machine: the steady state
     window["open"] = True
-    cpu0, x0, t0 = server.cpu_s(), xact_commit(dbname), time.perf_counter()
+    cpu0, x0, t0, client0 = server.cpu_s(), xact_commit(dbname), time.perf_counter(), time.process_time()
     await asyncio.sleep(window_s)
     elapsed = time.perf_counter() - t0
-    cpu1, x1 = server.cpu_s(), xact_commit(dbname)
+    cpu1, x1, client1 = server.cpu_s(), xact_commit(dbname), time.process_time()
     window["open"] = False
     real.stop.set()  # the real worker's last tasks end while the machines still only renew
     await asyncio.to_thread(real.join)
@@ -550,6 +551,13 @@ async def _busy(server: "Daphnes", data: dict, n: int, dbname: str, window_s: fl
         "db_xact_per_s": round((x1 - x0) / elapsed, 1),
         "sync_in_window": lat(syncs),
         "receipt_lag_start": lat(lag["start"]), "renewal_lag": lat(lag["renew"]), "receipt_lag_final": lat(lag["final"]),
+        # The renewal interval as the service saw it (grant or renewal answered -> next
+        # renewal answered; renew_every_s plus the sync's time plus this client's own
+        # lateness): over the lease's duration, a lease expires whatever the service does.
+        "renewal_gap": lat(lag["gap"]),
+        # This bench process's CPU (the simulated machines' asyncio loop, the real worker's
+        # submitter), % of a core: near 100 %, its timers fire late.
+        "client_cpu_pct": {"ramp": round(client_cpu_ramp, 1), "window": round(100 * (client1 - client0) / elapsed, 1)},
         "renewals_refused": figures["refused"], "sync_errors": figures["sync_errors"], "errors": figures["errors"],
     }
 
@@ -562,10 +570,12 @@ def _count_error(figures: dict, where: str, exc: BaseException) -> None:
 
 async def _busy_machine(server: "Daphnes", data: dict, i: int, figures: dict, lag: dict, syncs: list,
                         stop: asyncio.Event, window: dict):
-    """Busy machine ``i`` of the busy section: its pulls on one connection, its leases and
-    receipts (syncs) on another, as ``machine.worker`` keeps them."""
+    """Busy machine ``i`` of the busy section: its pulls on one connection, its receipts
+    (syncs) on another, and its renewals on a third from its first lease's grant on, as
+    ``machine.worker``'s renewer thread keeps them whatever the other requests wait for
+    (a grant retried after 503 included)."""
     headers = {"Authorization": f"Machine {data['machine_tokens'][i]}", "Content-Type": "application/json"}
-    pull, sync = Conn(server.port_of(i)), Conn(server.port_of(i))
+    pull, sync, renew = Conn(server.port_of(i)), Conn(server.port_of(i)), Conn(server.port_of(i))
 
     async def post(conn: Conn, path: str, body: dict) -> dict:
         status, answer = await conn.request("POST", path, headers, json.dumps(body).encode())
@@ -581,11 +591,11 @@ async def _busy_machine(server: "Daphnes", data: dict, i: int, figures: dict, la
         return {"event_id": uuid.uuid4().hex, "generation": 1, "operation_id": operation_id, "kind": kind,
                 "slept_s": 0.0, "facts": facts}
 
-    async def send(body: dict, into: list) -> dict:
+    async def send(conn: Conn, body: dict, into: list) -> dict:
         """``body`` as one sync; its latency into ``into`` once per item it carries."""
         queued = time.perf_counter()
         try:
-            answer = await post(sync, "/api/worker/sync/", body)
+            answer = await post(conn, "/api/worker/sync/", body)
         except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
             figures["sync_errors"] += 1
             _count_error(figures, "sync", exc)
@@ -596,6 +606,28 @@ async def _busy_machine(server: "Daphnes", data: dict, i: int, figures: dict, la
         into.extend([took] * len(body.get("receipts") or body.get("renew") or []))
         return answer
 
+    leases: dict[str, dict] = {}
+
+    async def renewals(every: float) -> None:
+        """Every ``every`` seconds from the first grant, one sync renewing the leases
+        granted so far (L2); ``lag["gap"]``: answer to answer, as the service saw it."""
+        renewed = time.perf_counter()
+        while True:
+            try:
+                await asyncio.wait_for(stop.wait(), max(0.0, renewed + every - time.perf_counter()))
+                return
+            except TimeoutError:
+                pass
+            answer = await send(renew, {"renew": [{"lease_id": lease["lease_id"]} for lease in leases.values()]},
+                                lag["renew"])
+            lag["gap"].append(time.perf_counter() - renewed)  # since the first grant or the last renewal
+            renewed = time.perf_counter()
+            for refused in (a for a in answer["leases"] if a["status"] != 200):
+                figures["refused"] += 1
+                when = "in the window" if window["open"] else "outside the window"
+                _count_error(figures, f"renewal refused {when}", ValueError(refused.get("error")))
+
+    renewer = None
     try:
         operations = []
         while len(operations) < BUSY_TASKS and not stop.is_set():
@@ -609,37 +641,32 @@ async def _busy_machine(server: "Daphnes", data: dict, i: int, figures: dict, la
                 await post(pull, f"/api/worker/messages/{message['id']}/ack/", {})
                 if message["kind"] == "start":
                     operations.append(message["payload"]["operation_id"])
-        granted = time.perf_counter()  # the first renewal is due renew_every_s after the grant, as the worker's
-        leases = {op: (await post(sync, "/api/worker/leases/", {"operation_id": op})) for op in operations}
+        for op in operations:
+            leases[op] = await post(sync, "/api/worker/leases/", {"operation_id": op})
+            renewer = renewer or asyncio.create_task(renewals(leases[op]["renew_every_s"]))
         began = time.time()
-        answer = await send({"receipts": [r for op, lease in leases.items() for r in (
+        answer = await send(sync, {"receipts": [r for op, lease in leases.items() for r in (
             receipt(op, "starting", {"lease_id": lease["lease_id"]}),
             receipt(op, "running", {"pid": 10_000 + i, "pgid": 10_000 + i, "process_start_time": began}))]}, lag["start"])
         figures["running"] += sum(1 for a in answer["receipts"][1::2] if a["status"] < 300)
-        every = next(iter(leases.values()))["renew_every_s"] if leases else WAIT_S
-        try:  # the renewal thread of a real worker does not wait for the receipts (W8)
-            await asyncio.wait_for(stop.wait(), max(0.0, granted + every - time.perf_counter()))
-        except TimeoutError:
-            pass
+        await stop.wait()
     except (TimeoutError, OSError, ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
         figures["sync_errors"] += 1
         _count_error(figures, "ramp", exc)
+        if renewer:
+            renewer.cancel()
         return
-    while not stop.is_set():
-        answer = await send({"renew": [{"lease_id": lease["lease_id"]} for lease in leases.values()]}, lag["renew"])
-        figures["refused"] += sum(1 for a in answer["leases"] if a["status"] != 200)
-        try:
-            await asyncio.wait_for(stop.wait(), every)
-        except TimeoutError:
-            pass
-    await asyncio.sleep(random.uniform(0, every))  # the tasks end spread over one interval, not at once
-    runtime = time.time() - began
-    await send({"receipts": [receipt(op, "final", {
-        "process_started": True, "exit_code": 0, "signal": None, "lease_id": lease["lease_id"],
-        "ended_within_lease": True, "runtime_s": runtime, "stop_reason": "exit", "survivors": [],
-        "output_tail": ""}) for op, lease in leases.items()]}, lag["final"])
-    pull.close()
-    sync.close()
+    if renewer:
+        await renewer
+        every = next(iter(leases.values()))["renew_every_s"]
+        await asyncio.sleep(random.uniform(0, every))  # the tasks end spread over one interval, not at once
+        runtime = time.time() - began
+        await send(renew, {"receipts": [receipt(op, "final", {  # the connection kept open by the renewals
+            "process_started": True, "exit_code": 0, "signal": None, "lease_id": lease["lease_id"],
+            "ended_within_lease": True, "runtime_s": runtime, "stop_reason": "exit", "survivors": [],
+            "output_tail": ""}) for op, lease in leases.items()]}, lag["final"])
+    for conn in (pull, sync, renew):
+        conn.close()
 
 
 def section_http(shapes: list[str], env: dict, duration_s: float, conns: list[int]) -> list[dict]:
