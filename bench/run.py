@@ -38,6 +38,9 @@ prefix on that Redis. Sections (``--sections``, comma separated; all by default)
   in this process with Django's query capture, as a ratio to the bare read; and a busy
   machine's renewal sync: its statements and this process's CPU per sync, through
   Django's handler and the service alone (``_renewal_sync_cost``).
+- ``request_cost`` (not run by default): the daphne's CPU per request over real HTTP, a
+  busy machine's renewal sync beside a bare authenticated owner read
+  (``section_request_cost``; issue 44).
 - ``worker``: a real paired ``manage.py worker`` at rest: CPU seconds per minute, RSS.
 - ``approvals``: ``--hooks`` (default 500) real ``PermissionRequest`` hook processes
   waiting on one daphne: service CPU and database transactions/s while they wait, then
@@ -891,6 +894,44 @@ def _renewal_sync_cost(data: dict, owner, rounds: int = 300) -> dict:
     return out
 
 
+def section_request_cost(env: dict, rounds: int = 400) -> dict:
+    """The daphne's CPU per request over real HTTP (ms, the server process's CPU time over
+    ``rounds`` requests one after another on one keep-alive connection): a busy machine's
+    usual renewal sync (``POST /api/worker/sync/`` renewing its ``BUSY_TASKS`` leases;
+    issue 44) beside a bare authenticated owner read (``GET /api/budget/``), what any
+    request costs through daphne, Django's handler, the middleware and DRF."""
+    import httpx
+
+    data = setup_data(1)
+    server = Server("daphne", env)
+    try:
+        owner = httpx.Client(base_url=server.url, headers={"Authorization": f"Token {data['token']}"})
+        machine = httpx.Client(base_url=server.url, headers={"Authorization": f"Machine {data['machine_tokens'][0]}"})
+        for _ in range(BUSY_TASKS):
+            owner.post("/api/tasks/", headers={"Idempotency-Key": uuid.uuid4().hex}, json={
+                "machine": data["machines"][0], "folder": "/bench", "agent": "bench", "prompt": "p",
+                "exclusive": False, "max_runtime_s": 36000}).raise_for_status()
+        renew = []
+        for message in machine.get("/api/worker/messages/?wait=0").json()["messages"]:
+            machine.post(f"/api/worker/messages/{message['id']}/ack/", json={}).raise_for_status()
+            if message["kind"] == "start":
+                lease = machine.post("/api/worker/leases/", json={"operation_id": message["payload"]["operation_id"]})
+                renew.append({"lease_id": lease.json()["lease_id"]})
+        out = {"leases": len(renew)}
+        for name, call in (("renewal_sync", lambda: machine.post("/api/worker/sync/", json={"renew": renew})),
+                           ("bare_owner_read", lambda: owner.get("/api/budget/"))):
+            for _ in range(20):  # the caches and the connection pool warm, as in the steady state
+                call().raise_for_status()
+            cpu0, t0 = server.cpu_s(), time.perf_counter()
+            for _ in range(rounds):
+                call().raise_for_status()
+            out[name] = {"cpu_ms": round(1000 * (server.cpu_s() - cpu0) / rounds, 2),
+                         "wall_ms": round(1000 * (time.perf_counter() - t0) / rounds, 2)}
+        return out
+    finally:
+        server.stop()
+
+
 def section_worker(env: dict, seconds: float) -> dict:
     import httpx
     import psutil
@@ -971,6 +1012,10 @@ def table(report: dict) -> str:
             r = st[what]
             out.append(f"  {what:<6} | {r['statements']:>3} | x{r.get('ratio_to_read', 1.0)} | HTTP {r['status']} | "
                        + ", ".join(r["sql"]))
+    if report.get("request_cost"):
+        rc = report["request_cost"]
+        out.append("\ndaphne CPU per request, one connection (ms CPU / ms wall): "
+                   + ", ".join(f"{k} {v['cpu_ms']} / {v['wall_ms']}" for k, v in rc.items() if isinstance(v, dict)))
     if report.get("busy"):
         b = report["busy"]
         out.append(f"\nbusy: {b['machines']} machines x {b['tasks_per_machine']} tasks, {b.get('processes', 1)} daphne(s) | CPU % core | DB xact/s | "
@@ -1067,6 +1112,8 @@ def main() -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.hooks + 256)), hard))
             report["approvals"] = run_approvals(env, dbname, admin_url, hooks=args.hooks, window_s=args.approval_window,
                                                 decisions=args.decisions, state_dirs=10, batch=25)
+        if "request_cost" in sections:
+            report["request_cost"] = section_request_cost(env)
         if "busy" in sections:
             import resource
 
