@@ -183,18 +183,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- channels -------------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL")
-# redis-py 8 reads every answer within 5 s by default, the length of channels_redis's own
-# blocking receive (BZPOPMIN, 5 s): a quiet channel's receive failed every ~11 s (twice
-# with the layer's retry), and each failure dropped the process's group memberships, which
-# the long-poll joined again, one group_add per waited key (redis/redis-py#4091). The
-# read timeout is set above the block, so a dead connection is still seen.
-RUNSTEAD_REDIS_READ_TIMEOUT_S = env_seconds("RUNSTEAD_REDIS_READ_TIMEOUT_S", 15)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "config.channel_layer.RetryingRedisChannelLayer",
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": RUNSTEAD_REDIS_READ_TIMEOUT_S}],
-                       "prefix": env_str("RUNSTEAD_CHANNEL_PREFIX", "runstead")},
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("RUNSTEAD_CHANNEL_PREFIX", "runstead")},
         }
     }
 else:

@@ -5,7 +5,6 @@ code); once Redis is back, the first handshake works and gets events.
 The test runs its own ``redis-server`` on a free port and stops and starts it; it never
 touches the shared one.
 """
-import asyncio
 import json
 import subprocess
 import time
@@ -14,8 +13,6 @@ import uuid
 import httpx
 import pytest
 import websockets.sync.client as ws_client
-from channels.layers import get_channel_layer
-from channels_redis.core import RedisChannelLayer
 from websockets.exceptions import ConnectionClosed
 
 from board.consumers import LAYER_DOWN_CLOSE_CODE
@@ -108,21 +105,3 @@ def test_d_redis_outage_acceptance_receipts_renewals_work_and_board_never_500s(l
             assert _status_event(sock, session_id)["status"] == "busy"
     finally:
         redis.stop()
-
-
-@pytest.mark.asyncio
-@pytest.mark.usefixtures("fresh_layer")
-async def test_d1_b2_a_quiet_channels_receive_outlasts_the_layers_blocking_read():
-    """channels_redis receives with a blocking ``BZPOPMIN`` of ``brpop_timeout`` (5 s); under
-    redis-py 8's default read timeout (5 s) the read of a quiet channel failed instead
-    (redis/redis-py#4091), and each failure made the long-poll drop and join again every
-    group of the process. With the configured read timeout the receive simply goes on:
-    here the layer's own receive (no retry) is still waiting 2 s past one block, and the
-    same channel then gets a message."""
-    layer = get_channel_layer()
-    assert isinstance(layer, RedisChannelLayer)
-    channel = await layer.new_channel()
-    with pytest.raises(TimeoutError):  # ours, not redis' "Timeout reading from ..."
-        await asyncio.wait_for(RedisChannelLayer.receive(layer, channel), layer.brpop_timeout + 2)
-    await layer.send(channel, {"type": "still.here"})
-    assert (await asyncio.wait_for(layer.receive(channel), 5))["type"] == "still.here"
