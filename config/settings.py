@@ -187,7 +187,14 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "config.channel_layer.RetryingRedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("RUNSTEAD_CHANNEL_PREFIX", "runstead")},
+            # No client-side socket timeout, as before redis-py 8 (which made it 5 s): a
+            # quiet channel's blocking receive (BZPOPMIN, 5 s) failed on it every ~11 s, so
+            # the board closed its sockets and the long-poll joined every group again
+            # (redis/redis-py#4091); and with a timeout each command is sent through
+            # asyncio.wait_for, which on Python 3.11 loses a cancellation that lands as the
+            # send completes (CPython gh-86296): a cancelled receive then never ended.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}],
+                       "prefix": env_str("RUNSTEAD_CHANNEL_PREFIX", "runstead")},
         }
     }
 else:

@@ -5,6 +5,7 @@ code); once Redis is back, the first handshake works and gets events.
 The test runs its own ``redis-server`` on a free port and stops and starts it; it never
 touches the shared one.
 """
+import asyncio
 import json
 import subprocess
 import time
@@ -13,6 +14,8 @@ import uuid
 import httpx
 import pytest
 import websockets.sync.client as ws_client
+from channels.layers import get_channel_layer
+from channels_redis.core import RedisChannelLayer
 from websockets.exceptions import ConnectionClosed
 
 from board.consumers import LAYER_DOWN_CLOSE_CODE
@@ -105,3 +108,49 @@ def test_d_redis_outage_acceptance_receipts_renewals_work_and_board_never_500s(l
             assert _status_event(sock, session_id)["status"] == "busy"
     finally:
         redis.stop()
+
+
+# redis-py 8's default read (and write) timeout, which channels_redis's 5 s blocking
+# receive ran into (redis/redis-py#4091).
+REDIS_PY_DEFAULT_TIMEOUT_S = 5
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("fresh_layer")
+async def test_d1_b2_a_quiet_channels_receive_outlasts_the_clients_default_read_timeout():
+    """channels_redis receives with a blocking ``BZPOPMIN`` of 5 s; under redis-py 8's
+    default read timeout (also 5 s) a quiet channel's read failed instead, and each
+    failure closed the board's sockets and made the long-poll join every group of its
+    process again. Here the layer's own receive (without the retry, which would hide a
+    failure) is still waiting 1 s past that timeout, and the same channel then gets a
+    message."""
+    layer = get_channel_layer()
+    assert isinstance(layer, RedisChannelLayer)
+    channel = await layer.new_channel()
+    with pytest.raises(TimeoutError):  # ours, not redis' "Timeout reading from ..."
+        await asyncio.wait_for(RedisChannelLayer.receive(layer, channel), REDIS_PY_DEFAULT_TIMEOUT_S + 1)
+    await layer.send(channel, {"type": "still.here"})
+    assert (await asyncio.wait_for(layer.receive(channel), 5))["type"] == "still.here"
+
+
+@pytest.mark.asyncio
+@pytest.mark.usefixtures("fresh_layer")
+async def test_d1_b2_a_cancelled_receive_ends_wherever_the_cancel_lands():
+    """A board socket's or the long-poll's receive is cancelled when its socket or its
+    event loop closes. With a client-side socket timeout, redis-py sends each command
+    through ``asyncio.wait_for``, which on Python 3.11 loses a cancellation that lands as
+    the send completes (CPython gh-86296): the receive went on blocking, and a closing
+    loop waited for it until a read timeout, or forever. Here receives are cancelled after
+    0, 1, 2, ... turns of the event loop, so the cancel lands on every step of the first
+    commands; each ends at once."""
+    layer = get_channel_layer()
+    for round_ in range(3):
+        for turns in range(40):
+            receiving = asyncio.ensure_future(layer.receive(await layer.new_channel()))
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            receiving.cancel()
+            done, _ = await asyncio.wait({receiving}, timeout=1)
+            if not done:
+                await asyncio.wait({receiving}, timeout=REDIS_PY_DEFAULT_TIMEOUT_S * 3)
+            assert done, f"the receive cancelled after {turns} turns (round {round_}) went on"

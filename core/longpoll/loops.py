@@ -146,8 +146,8 @@ class Pump:
                 message = await layer.receive(self.channel)
             except Exception as exc:
                 if asyncio.current_task().cancelling():
-                    # The loop is closing: a client library turned the cancellation into
-                    # its own error (redis-py's read timeout); end instead of retrying.
+                    # The loop is closing and the cancellation came out as the client
+                    # library's own error: end instead of retrying.
                     raise asyncio.CancelledError from exc
                 # A Redis outage or restart loses group memberships: join again later.
                 log.warning("channel layer receive failed (%s); retrying in %s s", exc, LAYER_RETRY_S)
