@@ -275,6 +275,8 @@ def run_approvals(env: dict, dbname: str | None, admin_url: str | None, *, hooks
 
         cpu0, x0, h0, t0 = server.cpu_s(), xacts(admin_url, dbname), group.cpu_s(), time.perf_counter()
         threads, conns_min = server.threads(), hooks * 10
+        # For a profiler to attach to the daphne for exactly the window (bench/README.md).
+        print(f"window of {window_s} s begins: daphne pid {server.process.pid}", file=sys.stderr, flush=True)
         while time.perf_counter() - t0 < window_s:
             time.sleep(min(1.0, max(0.0, window_s - (time.perf_counter() - t0))))
             threads = max(threads, server.threads())

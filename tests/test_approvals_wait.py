@@ -54,6 +54,20 @@ def test_q3_a_waiting_read_is_answered_by_the_decision_not_by_a_timer(live_daphn
     assert took < 3, f"the waiting read answered {took:.2f} s after the decision"
 
 
+def test_q3_d1_a_waiting_approval_read_sends_no_keepalive_spaces(live_daphne, owner):
+    """The hook bounds each read by its wait plus slack (``machine/hooks/approval.py``), not
+    by silence as the worker's pull does: a waiting approval read sends nothing until its
+    answer, a whole JSON response, while the pull on the same daphne gets its spaces
+    (``tests/test_longpoll.py``). 1,000 waiting hooks would cost 333 writes a second."""
+    url = live_daphne(RUNSTEAD_LONGPOLL_KEEPALIVE_S="0.3")
+    approval = _ask(url, owner)
+    started = time.monotonic()
+    answer = _read(url, owner, approval["id"], 2)
+    assert answer.status_code == 200 and time.monotonic() - started >= 1.5  # 2 s less its end jitter
+    assert answer.content.startswith(b"{") and int(answer.headers["content-length"]) == len(answer.content)
+    assert answer.json()["state"] == "pending"
+
+
 def test_q3_an_expiry_ends_the_wait_through_the_safety_recheck(live_daphne, owner):
     # Nothing announces an expiry that only time makes: the re-check's take expires it.
     url = live_daphne(RUNSTEAD_APPROVAL_WAIT_S="1", RUNSTEAD_LONGPOLL_RECHECK_S="0.3", **DEBUG)

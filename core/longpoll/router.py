@@ -244,8 +244,8 @@ async def long_poll(found, scope, receive, send) -> None:
     comes first, after one batched read if it needs one (``_warm``); whatever it does not
     answer goes to the view. The view and the first take wait for one of the loop's
     start slots (``_Admission``). While it waits, a space goes out every
-    ``RUNSTEAD_LONGPOLL_KEEPALIVE_S`` seconds, so the client sees a half-open connection
-    by the silence (D1)."""
+    ``RUNSTEAD_LONGPOLL_KEEPALIVE_S`` seconds if the view's ``LongPoll`` says so, so the
+    client sees a half-open connection by the silence (D1)."""
     response = _quick_start(found, scope)
     if response is None and await _warm(found, scope):
         response = _quick_start(found, scope)
@@ -265,7 +265,8 @@ async def _long_poll(found, scope, receive, send, admission: _Admission, respons
             admission.release()
         if waiting is not None:
             streaming, keepalive = _Streaming(send, response.status_code, scope), _KeepAlive.here()
-            keepalive.add(streaming)
+            if response.keepalive:
+                keepalive.add(streaming)
             try:
                 await asyncio.wait({waiting, disconnect}, return_when=asyncio.FIRST_COMPLETED)
             finally:

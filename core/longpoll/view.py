@@ -51,7 +51,12 @@ class LongPoll:
     - ``quick_auth``: how the fast path authenticates a raw request (``QuickAuth``);
       None: only the view's DRF authentication, through the view;
     - ``query``: the view's query serializer, whose ``wait`` field the fast path checks
-      ``?wait=`` with (needed with ``quick_auth``).
+      ``?wait=`` with (needed with ``quick_auth``);
+    - ``keepalive``: whether the waiting response sends a space every
+      ``RUNSTEAD_LONGPOLL_KEEPALIVE_S`` seconds, for a client that gives a request up by
+      its silence (the worker's pull, D1); False for a client that bounds the whole
+      request by its own timeout (the approval hook, Q3), to which the spaces say nothing
+      (1,000 waiting hooks: 333 writes a second).
 
     The view's handler parses, authorises and returns ``long_poll.answer(subject, wait_s)``.
     """
@@ -60,6 +65,7 @@ class LongPoll:
     render: Callable[[Any], dict]
     quick_auth: QuickAuth | None = None
     query: type | None = None
+    keepalive: bool = True
 
     def __post_init__(self):
         if self.quick_auth is not None and self.query is None:
@@ -68,20 +74,22 @@ class LongPoll:
     def answer(self, subject, wait_s: float) -> "WaitResponse":
         """The view's answer (status 200): the wait for ``subject`` of ``wait_s`` seconds,
         performed by the router (ASGI) or when rendered (WSGI)."""
-        return WaitResponse(self.wait(subject, wait_s), self.render)
+        return WaitResponse(self.wait(subject, wait_s), self.render, keepalive=self.keepalive)
 
 
 class WaitResponse(Response):
     """A long-poll view's answer: ``wait`` (a ``Wait``) and ``render``, which turns the
     wait's result into the JSON body (a dict; called in a thread, so it may read the
     database). Status 200 unless ``status`` says otherwise. Under ASGI the router performs
-    the wait (``take_or_wait``); anywhere else rendering the response performs it in the
-    request's thread (``take_or_wait_sync``), outside the view's transaction."""
+    the wait (``take_or_wait``), with keep-alive spaces if ``keepalive`` (``LongPoll``);
+    anywhere else rendering the response performs it in the request's thread
+    (``take_or_wait_sync``), outside the view's transaction."""
 
-    def __init__(self, wait: Wait, render: Callable[[Any], dict], **kwargs):
+    def __init__(self, wait: Wait, render: Callable[[Any], dict], *, keepalive: bool = True, **kwargs):
         super().__init__(None, **kwargs)
         self.wait = wait
         self.render_result = render
+        self.keepalive = keepalive
         self._waited = False
 
     def finish(self, result) -> "WaitResponse":
@@ -112,7 +120,7 @@ def quick_start(view_class: type, scope: dict, kwargs: dict | None = None) -> Wa
     subject = None if usual is None else declared.quick_auth.cached(usual[1])
     if subject is None:
         return None
-    response = WaitResponse(declared.wait(subject, usual[0]), declared.render)
+    response = declared.answer(subject, usual[0])
     response.accepted_renderer, response.accepted_media_type = _JSON, _JSON.media_type
     response.renderer_context = {}
     response["Vary"] = "Accept"

@@ -228,6 +228,7 @@ class ApprovalDetail(APIView):
     long_poll = LongPoll(
         wait=lambda approval, wait_s: approvals.approval_wait(approval=approval, wait_s=wait_s), render=approval_dict,
         quick_auth=OwnersApproval, query=ApprovalWaitQuery,
+        keepalive=False,  # the hook bounds each read by its wait plus slack, not by silence
     )
 
     @extend_schema(parameters=[ApprovalWaitQuery], responses={200: shape(ApprovalShape), **errors()})
