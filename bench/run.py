@@ -848,6 +848,21 @@ def section_statements() -> dict:
     return out
 
 
+def _busy_machine_leases(submit, worker) -> list[dict]:
+    """Submit ``BUSY_TASKS`` tasks (``submit()``: one ``POST /api/tasks/``), then, as their
+    machine (``worker(method, path, body) -> dict``, the JSON answer), pull, ack each
+    message and take each start's lease. Returns a sync's ``renew`` ``[{"lease_id"}]``."""
+    for _ in range(BUSY_TASKS):
+        submit()
+    renew = []
+    for message in worker("GET", "/api/worker/messages/?wait=0", None)["messages"]:
+        worker("POST", f"/api/worker/messages/{message['id']}/ack/", {})
+        if message["kind"] == "start":
+            lease = worker("POST", "/api/worker/leases/", {"operation_id": message["payload"]["operation_id"]})
+            renew.append({"lease_id": lease["lease_id"]})
+    return renew
+
+
 def _renewal_sync_cost(data: dict, owner, rounds: int = 300) -> dict:
     """A busy machine's usual request (issue 44): ``POST /api/worker/sync/`` renewing its
     leases: the ``BUSY_TASKS`` submitted here and the acceptance ``section_statements``
@@ -864,15 +879,10 @@ def _renewal_sync_cost(data: dict, owner, rounds: int = 300) -> dict:
     from tasks_app.services.sync import machine_sync
 
     body = {"machine": data["machines"][0], "folder": "/bench", "agent": "demo", "prompt": "p", "exclusive": False}
-    for _ in range(BUSY_TASKS):
-        owner.post("/api/tasks/", body, format="json", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex)
     worker = APIClient(HTTP_AUTHORIZATION=f"Machine {data['machine_tokens'][0]}", HTTP_HOST="127.0.0.1")
-    renew = []
-    for message in worker.get("/api/worker/messages/?wait=0").json()["messages"]:
-        worker.post(f"/api/worker/messages/{message['id']}/ack/", {}, format="json")
-        if message["kind"] == "start":
-            lease = worker.post("/api/worker/leases/", {"operation_id": message["payload"]["operation_id"]}, format="json")
-            renew.append({"lease_id": lease.json()["lease_id"]})
+    renew = _busy_machine_leases(
+        lambda: owner.post("/api/tasks/", body, format="json", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex),
+        lambda method, path, body: (worker.get(path) if method == "GET" else worker.post(path, body, format="json")).json())
 
     def sync():
         return worker.post("/api/worker/sync/", {"renew": renew}, format="json")
@@ -907,16 +917,11 @@ def section_request_cost(env: dict, rounds: int = 400) -> dict:
     try:
         owner = httpx.Client(base_url=server.url, headers={"Authorization": f"Token {data['token']}"})
         machine = httpx.Client(base_url=server.url, headers={"Authorization": f"Machine {data['machine_tokens'][0]}"})
-        for _ in range(BUSY_TASKS):
-            owner.post("/api/tasks/", headers={"Idempotency-Key": uuid.uuid4().hex}, json={
-                "machine": data["machines"][0], "folder": "/bench", "agent": "bench", "prompt": "p",
-                "exclusive": False, "max_runtime_s": 36000}).raise_for_status()
-        renew = []
-        for message in machine.get("/api/worker/messages/?wait=0").json()["messages"]:
-            machine.post(f"/api/worker/messages/{message['id']}/ack/", json={}).raise_for_status()
-            if message["kind"] == "start":
-                lease = machine.post("/api/worker/leases/", json={"operation_id": message["payload"]["operation_id"]})
-                renew.append({"lease_id": lease.json()["lease_id"]})
+        body = {"machine": data["machines"][0], "folder": "/bench", "agent": "bench", "prompt": "p",
+                "exclusive": False, "max_runtime_s": 36000}
+        renew = _busy_machine_leases(
+            lambda: owner.post("/api/tasks/", headers={"Idempotency-Key": uuid.uuid4().hex}, json=body).raise_for_status(),
+            lambda method, path, body: machine.request(method, path, json=body).raise_for_status().json())
         out = {"leases": len(renew)}
         for name, call in (("renewal_sync", lambda: machine.post("/api/worker/sync/", json={"renew": renew})),
                            ("bare_owner_read", lambda: owner.get("/api/budget/"))):

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F
 
 from core.actors import ACTOR_SERVICE, actor_machine
 from core.deadlocks import retry_on_deadlock
@@ -248,8 +249,14 @@ def leases_renew(*, machine: Machine, items: list[dict], now: datetime) -> list:
             answers[index] = lease
             if item.get("output_tail") is not None:
                 tails[task.pk] = item["output_tail"][-OUTPUT_TAIL_MAX_CHARS:]
-        if renewed:
-            Lease.objects.bulk_update(list(renewed.values()), ["expires_at", "renewals", "last_renewed_at"])
+        # One plain UPDATE per lease length (usually one): bulk_update's CASE per row and
+        # field was a third of a renewal's CPU.
+        by_duration: dict[float, list] = {}
+        for lease in renewed.values():
+            by_duration.setdefault(lease.duration_s, []).append(lease.pk)
+        for duration_s, pks in by_duration.items():
+            Lease.objects.filter(pk__in=pks).update(expires_at=now + timedelta(seconds=duration_s),
+                                                    renewals=F("renewals") + 1, last_renewed_at=now)
         for task_id, tail in tails.items():
             task = locked_tasks[task_id]
             if tail != task.output_tail:
