@@ -20,7 +20,7 @@ from tasks_app.models import Budget, Grant, IdempotencyRecord, Operation, Outbox
 from tasks_app.services import locking
 from tests.barrier import JOIN_TIMEOUT_S, race
 from tests.conftest import owner_api
-from tests.factories import submit
+from tests.factories import grant_lease, receipt, submit
 
 
 @pytest.fixture(autouse=True)
@@ -476,3 +476,42 @@ def test_p1_for_key_share_blocks_for_update_but_not_last_heard_at(owner, machine
         thread.start()
         thread.join(10)
     assert seen == {"heard": True, "Grant": "refused", "Machine": "refused"}
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_p2_starting_and_running_receipts_apply_while_the_budget_row_is_locked(owner, machine, grant):
+    """Issue 44: every task of a busy machine reports ``starting`` and ``running``, and
+    neither can settle the budget (J4), so neither takes the budget row before the task's
+    (P2 allows leaving a row of the order out, never taking one out of order): while
+    another transaction holds the owner's budget FOR UPDATE, both apply at once. (With
+    the budget locked first, each waited for the holder; here it would fail on the 2 s
+    lock timeout.)"""
+    task_id = submit(owner, machine, grant.path, exclusive=False).json()["id"]
+    assert grant_lease(machine, task_id).status_code == 201
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        try:
+            with transaction.atomic():
+                Budget.objects.select_for_update().get(owner=owner)
+                held.set()
+                release.wait(JOIN_TIMEOUT_S)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    try:
+        assert held.wait(JOIN_TIMEOUT_S)
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")
+        answers = [receipt(machine, task_id, kind, facts).json()
+                   for kind, facts in (("starting", {}), ("running", {"pid": 7, "pgid": 7}))]
+        assert answers == [{"outcome": "applied"}] * 2
+        assert Task.objects.get(pk=task_id).state == "running"
+    finally:
+        release.set()
+        thread.join(JOIN_TIMEOUT_S)
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")

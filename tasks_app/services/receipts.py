@@ -73,8 +73,15 @@ def receipt_apply(*, machine: Machine, receipt: dict, now: datetime) -> tuple[in
         return status, body
 
 
+# Receipts that never settle the budget (J4): they lock the task row without the budget's
+# first (P2 allows skipping a row of the order, never taking one out of it); a busy
+# machine's every task reports both.
+BUDGET_FREE_KINDS = frozenset({"starting", "running"})
+
+
 def _apply(task: Task, *, machine: Machine, receipt: dict, now: datetime) -> dict:
-    lock_budget(task.owner_id)
+    if receipt["kind"] not in BUDGET_FREE_KINDS:
+        lock_budget(task.owner_id)
     task = Task.objects.select_for_update().get(pk=task.pk)
     kind, facts, actor = receipt["kind"], receipt["facts"], actor_machine(machine)
     if kind == "integrated":  # G7: the outcome of a final task's merge or discard
