@@ -12,7 +12,7 @@ from tests.claude_cli import fake_model_api  # noqa: F401  (fixture)
 from tests.conversation_support import (conversation_setup, fake_claude_setup, open_conversation, turns_started,
                                         wait_states)
 from tests.live import live_daphne  # noqa: F401  (fixture)
-from tests.worker_harness import SHORT_TIMINGS
+from tests.worker_harness import BROWSER_TIMINGS
 
 pytestmark = [pytest.mark.surface, pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -33,7 +33,7 @@ def test_c2_c4_c5_b9_phone_chat_with_the_real_claude_code(live_daphne, new_page,
     "stopped by you", no horizontal scroll; screenshots kept."""
     from playwright.sync_api import expect
 
-    setup = conversation_setup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, fake_model_api)
+    setup = conversation_setup(live_daphne(**BROWSER_TIMINGS), make_owner(), tmp_path, fake_model_api)
     try:
         task_id = open_conversation(setup, "hello from the board")
         page = new_page(setup.url, setup.owner, **PHONE)
@@ -126,7 +126,7 @@ def test_c2_c4_b9_phone_chat_replies_under_their_messages_box_in_view_stopped_by
         live_daphne, new_page, make_owner, tmp_path):  # noqa: F811
     from playwright.sync_api import expect
 
-    setup = fake_claude_setup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, slow_prompt="a long one")
+    setup = fake_claude_setup(live_daphne(**BROWSER_TIMINGS), make_owner(), tmp_path, slow_prompt="a long one")
     try:
         task_id = setup.submit("fake-claude", prompt="look around the repository", mode="conversation")
         page = new_page(setup.url, setup.owner, **PHONE)
@@ -230,7 +230,7 @@ def test_c2_c7_b9_newcomer_sees_words_not_ids_states_in_words_long_message_folde
     an approval in the chat shows the file and its edit as - / + lines."""
     from playwright.sync_api import expect
 
-    setup = fake_claude_setup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, pause_s=3)
+    setup = fake_claude_setup(live_daphne(**BROWSER_TIMINGS), make_owner(), tmp_path, pause_s=3)
     try:
         task_id = setup.submit("fake-claude", prompt="look around the repository", mode="conversation")
         wait_states(setup, task_id, {0: "answered"})
@@ -302,7 +302,7 @@ def test_c2_c7_b9_newcomer_sees_words_not_ids_states_in_words_long_message_folde
 def test_c9_c10_phone_chat_withdraw_and_edit_a_waiting_message_and_send_one_now(live_daphne, new_page, make_owner, tmp_path):  # noqa: F811
     from playwright.sync_api import expect
 
-    setup = fake_claude_setup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, pause_s=3.0)
+    setup = fake_claude_setup(live_daphne(**BROWSER_TIMINGS), make_owner(), tmp_path, pause_s=3.0)
     try:
         task_id = setup.submit("fake-claude", prompt="look around the repository", mode="conversation")
         page = new_page(setup.url, setup.owner, **PHONE)

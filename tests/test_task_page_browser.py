@@ -13,7 +13,7 @@ from tasks_app.models import Task, TaskEvent
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.browser import chromium, new_page  # noqa: F401  (fixtures)
 from tests.wait import wait_for
-from tests.worker_harness import SHORT_TIMINGS, LiveSetup
+from tests.worker_harness import BROWSER_TIMINGS, SHORT_TIMINGS, LiveSetup
 
 pytestmark = [pytest.mark.surface, pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -29,7 +29,7 @@ def no_horizontal_scroll(page):
 def test_b9_g4_task_page_shows_progress_live(live_daphne, new_page, make_owner, tmp_path):  # noqa: F811
     from playwright.sync_api import expect
 
-    setup = LiveSetup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path)
+    setup = LiveSetup(live_daphne(**BROWSER_TIMINGS), make_owner(), tmp_path)
     try:
         subprocess.run(["git", "init", "-q", str(setup.repo)], check=True)
         subprocess.run(["git", "-C", str(setup.repo), "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q",

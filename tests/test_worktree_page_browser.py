@@ -10,7 +10,7 @@ from tests.browser import chromium, new_page, shot  # noqa: F401  (fixtures)
 from tests.git_support import git
 from tests.live import live_daphne  # noqa: F401  (fixture)
 from tests.wait import wait_for
-from tests.worker_harness import SHORT_TIMINGS, LiveSetup
+from tests.worker_harness import BROWSER_TIMINGS, LiveSetup
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -23,7 +23,7 @@ LONG_LINE = "const value = " + "'a long line that a phone must scroll sideways i
 
 @pytest.fixture
 def live(live_daphne, make_owner, tmp_path):  # noqa: F811
-    setup = LiveSetup(live_daphne(**SHORT_TIMINGS), make_owner(), tmp_path, profiles={"plain": {}})
+    setup = LiveSetup(live_daphne(**BROWSER_TIMINGS), make_owner(), tmp_path, profiles={"plain": {}})
     git(setup.repo, "init", "-q", "-b", "main")
     (setup.repo / "index.html").write_text("<html>\n<body>\n</body>\n</html>\n")
     git(setup.repo, "add", "-A")

@@ -38,6 +38,11 @@ SHORT_TIMINGS = {
     "RUNSTEAD_EMBEDDED_SWEEP": "1",
     "RUNSTEAD_MESSAGE_VISIBILITY_S": "1",
 }
+# For browser tests whose subject is not the lease: once, in a loaded CI pass (Chromium,
+# two runners, SQLite's serialized writers), a renewal of a 3 s lease came too late and
+# the worker stopped a healthy conversation at its deadline. Renewals stay every 0.5 s;
+# only the slack before the deadline grows.
+BROWSER_TIMINGS = {**SHORT_TIMINGS, "RUNSTEAD_LEASE_DURATION_S": "10"}
 WORKER_ENV = {"RUNSTEAD_WORKER_POLL_S": "0.5", "RUNSTEAD_WORKER_BACKOFF_BASE_S": "0.2", "PYTHONUNBUFFERED": "1"}
 LIVE_STATES = ("accepted", "delivered", "starting", "running")
 
