@@ -2,8 +2,9 @@
 handshake during the outage never answers 500 (it opens and closes with the "retry"
 code); once Redis is back, the first handshake works and gets events.
 
-The test runs its own ``redis-server`` on a free port and stops and starts it; it never
-touches the shared one.
+The outage test runs its own ``redis-server`` on a free port and stops and starts it; it
+never touches the shared one. The two channel-layer tests after it (D1, B2: a quiet
+receive, a cancelled receive) use the configured layer on the shared Redis.
 """
 import asyncio
 import json

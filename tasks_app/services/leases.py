@@ -249,14 +249,14 @@ def leases_renew(*, machine: Machine, items: list[dict], now: datetime) -> list:
             answers[index] = lease
             if item.get("output_tail") is not None:
                 tails[task.pk] = item["output_tail"][-OUTPUT_TAIL_MAX_CHARS:]
-        # One plain UPDATE per lease length (usually one): bulk_update's CASE per row and
-        # field was a third of a renewal's CPU.
-        by_duration: dict[float, list] = {}
+        # One plain UPDATE per new expiry (one per lease length, usually one): bulk_update's
+        # CASE per row and field cost more CPU than the renewal's checks.
+        by_expiry: dict[datetime, list] = {}
         for lease in renewed.values():
-            by_duration.setdefault(lease.duration_s, []).append(lease.pk)
-        for duration_s, pks in by_duration.items():
-            Lease.objects.filter(pk__in=pks).update(expires_at=now + timedelta(seconds=duration_s),
-                                                    renewals=F("renewals") + 1, last_renewed_at=now)
+            by_expiry.setdefault(lease.expires_at, []).append(lease.pk)
+        for expires_at, pks in by_expiry.items():
+            Lease.objects.filter(pk__in=pks).update(expires_at=expires_at, renewals=F("renewals") + 1,
+                                                    last_renewed_at=now)
         for task_id, tail in tails.items():
             task = locked_tasks[task_id]
             if tail != task.output_tail:
