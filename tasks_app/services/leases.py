@@ -65,6 +65,12 @@ def _machine_task(machine: Machine, operation_id) -> Task:
     return task
 
 
+# The task columns a renewal reads (of 56; a busy machine renews every interval, issue 44):
+# those ``_standing_refusals`` checks, and under lock those ``leases_renew`` checks.
+STANDING_TASK_FIELDS = ("grant_id", "owner_id", "reserved_s")
+RENEWAL_TASK_FIELDS = ("id", "state", "cancel_requested_at", "max_runtime_s", "output_tail")
+
+
 def _standing_refusals(machine: Machine, tasks: list[Task]) -> dict:
     """L2 checks shared by grant and renewal, for ``tasks`` of ``machine`` (rows read before
     the transaction): paired at this generation, the folder still granted (both rows locked
@@ -72,11 +78,11 @@ def _standing_refusals(machine: Machine, tasks: list[Task]) -> dict:
     ``{task id: L5 reason or None}``; must run inside the transaction that acts on it."""
     if not tasks:
         return {}
-    rows = for_key_share(Machine.objects.filter(pk=machine.pk))
+    rows = for_key_share(Machine.objects.filter(pk=machine.pk).only("id", "paired", "generation"))
     if not rows or not rows[0].paired or rows[0].generation != machine.generation:
         return dict.fromkeys((task.pk for task in tasks), "unpaired")
     live = {grant.pk for grant in for_key_share(Grant.objects.filter(
-        pk__in={task.grant_id for task in tasks}, revoked_at__isnull=True).order_by("pk"))}
+        pk__in={task.grant_id for task in tasks}, revoked_at__isnull=True).order_by("pk").only("id"))}
     budgets = {budget.owner_id: budget for budget in Budget.objects.filter(owner_id__in={t.owner_id for t in tasks})}
     refusals = {}
     for task in tasks:
@@ -205,12 +211,13 @@ def leases_renew(*, machine: Machine, items: list[dict], now: datetime) -> list:
     the budget row is read, not locked, as for a single renewal."""
     by_id = {str(lease.pk): lease for lease in
              Lease.objects.filter(pk__in={str(i["lease_id"]) for i in items}, task__machine=machine)
-             .select_related("task")}
+             .select_related("task").only("id", "task", *(f"task__{name}" for name in STANDING_TASK_FIELDS))}
     answers: list = [None] * len(items)
     with transaction.atomic():
         tasks = {lease.task_id: lease.task for lease in by_id.values()}
         standing = _standing_refusals(machine, list(tasks.values()))
-        locked_tasks = {task.pk: task for task in Task.objects.select_for_update().filter(pk__in=tasks).order_by("pk")}
+        locked_tasks = {task.pk: task for task in Task.objects.select_for_update().filter(pk__in=tasks)
+                        .order_by("pk").only(*RENEWAL_TASK_FIELDS)}
         locked = {str(lease.pk): lease for lease in
                   Lease.objects.select_for_update().filter(pk__in=by_id).order_by("pk")}
         renewed, tails = {}, {}
@@ -261,7 +268,7 @@ def leases_renew(*, machine: Machine, items: list[dict], now: datetime) -> list:
             task = locked_tasks[task_id]
             if tail != task.output_tail:
                 Task.objects.filter(pk=task_id).update(output_tail=tail)
-                task_publish(task, now=now)
+                task_publish(Task.objects.get(pk=task_id), now=now)  # the whole row, for the board
     return answers
 
 

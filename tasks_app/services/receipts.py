@@ -48,7 +48,10 @@ def receipt_apply(*, machine: Machine, receipt: dict, now: datetime) -> tuple[in
         stored = Receipt.objects.filter(machine=machine, event_id=receipt["event_id"]).first()
         if stored is not None:
             return stored.response_status, stored.response_body
-        task = Task.objects.filter(machine=machine, operation__id=receipt["operation_id"]).first()
+        # The row whole only under lock (``_apply``); here which task, and its state for the
+        # history row of a stale receipt.
+        task = (Task.objects.filter(machine=machine, operation__id=receipt["operation_id"])
+                .only("id", "owner_id", "state").first())
         if task is None:
             # Not stored: a refusal changes nothing (K3), and the answer is the same
             # bytes on every delivery anyway (R1).
