@@ -65,6 +65,7 @@ import functools
 import json
 import os
 import random
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -414,9 +415,12 @@ class ShortTasks(threading.Thread):
     """Beside the busy section's simulated workers: one real paired ``manage.py worker``
     with ``max_concurrent = 4`` and short tasks (0-2.5 s of ``sleep``), ``RATE`` offered
     per second until ``stop``. ``figures()``: its tasks' final states, how many passed
-    through ``unknown``, and the lag of its ``running`` and ``final`` receipts (the
-    service's ``received_at`` minus the moment the receipt reports: the launcher's start
-    time, plus ``runtime_s`` for the final one; one machine, one wall clock)."""
+    through ``unknown``, and two lags of its ``running`` and ``final`` receipts (the
+    service's ``received_at`` minus, one machine, one wall clock): the receipt lag proper,
+    minus the moment the worker queued the receipt in its outbox (``created_wall``:
+    queued -> received, the issue's measure), and minus the moment the receipt reports
+    (the launcher's start time, plus ``runtime_s`` for the final one: the worker's own
+    steps from spawn to queue included)."""
 
     RATE = 2.5
 
@@ -484,7 +488,15 @@ class ShortTasks(threading.Thread):
             facts = receipt.body["facts"]
             if receipt.task_id in started and facts.get("runtime_s") is not None:
                 lags["final"].append(receipt.received_at.timestamp() - started[receipt.task_id] - facts["runtime_s"])
+        queued = {"running": [], "final": []}
+        with sqlite3.connect(f"file:{self.state / 's' / 'worker.sqlite3'}?mode=ro", uri=True) as db:
+            walls = dict(db.execute("SELECT event_id, created_wall FROM outbox WHERE kind IN ('running', 'final')"))
+        for event_id, kind, received in Receipt.objects.filter(machine_id=self.machine, kind__in=queued).values_list(
+                "event_id", "kind", "received_at"):
+            if event_id in walls:
+                queued[kind].append(received.timestamp() - walls[event_id])
         return {"tasks": mine.count(), "submit_errors": self.submit_errors,
+                "running_receipt_queued_lag": lat(queued["running"]), "final_receipt_queued_lag": lat(queued["final"]),
                 "states_after": dict(mine.values_list("state").annotate(n=Count("id")).values_list("state", "n")),
                 "passed_through_unknown": TaskEvent.objects.filter(task__in=mine, new_state="unknown").count(),
                 "running_receipt_lag": lat(lags["running"]), "final_receipt_lag": lat(lags["final"])}
@@ -1031,9 +1043,11 @@ def table(report: dict) -> str:
                    f"{b.get('running_before_window')} running before the window")
         r = b["real_worker"]
         out.append(f"  real worker, 4 at a time, short tasks: {r['tasks']} tasks {r['states_after']}, "
-                   f"{r['passed_through_unknown']} through unknown; receipt lag running p50/p99 "
-                   f"{r['running_receipt_lag']['p50_ms']}/{r['running_receipt_lag']['p99_ms']} ms, final "
-                   f"{r['final_receipt_lag']['p50_ms']}/{r['final_receipt_lag']['p99_ms']} ms")
+                   f"{r['passed_through_unknown']} through unknown; receipt lag (queued -> received) running p50/p99 "
+                   f"{r['running_receipt_queued_lag']['p50_ms']}/{r['running_receipt_queued_lag']['p99_ms']} ms, final "
+                   f"{r['final_receipt_queued_lag']['p50_ms']}/{r['final_receipt_queued_lag']['p99_ms']} ms; "
+                   f"from the agent's start: running {r['running_receipt_lag']['p50_ms']}/{r['running_receipt_lag']['p99_ms']}"
+                   f" ms, final {r['final_receipt_lag']['p50_ms']}/{r['final_receipt_lag']['p99_ms']} ms")
     if report.get("worker"):
         w = report["worker"]
         out.append(f"\nworker at rest: {w['cpu_s_per_min']} CPU s/min, RSS {w['rss_mb']} MB, {w['threads']} threads")
