@@ -217,10 +217,9 @@ def notification_emit(*, owner_id, kind: str, event_key: str, title: str, body: 
     prefs = NotificationSettings.objects.filter(owner_id=owner_id).first()
     if prefs is not None and not prefs.kind_on(kind):
         return None
-    if Notification.objects.filter(event_key=event_key).exists():
-        return None
+    notification_id = uuid.uuid4()  # in the payload from the first write: one INSERT, no UPDATE
     payload = {
-        "id": None,
+        "id": str(notification_id),
         "kind": kind,
         "title": title[:TITLE_MAX],
         "body": body[:BODY_MAX],
@@ -229,13 +228,13 @@ def notification_emit(*, owner_id, kind: str, event_key: str, title: str, body: 
         **subject,
     }
     try:
-        with transaction.atomic():  # a savepoint: a concurrent twin loses here, not the caller
-            notification = Notification.objects.create(owner_id=owner_id, kind=kind, event_key=event_key, payload=payload, created_at=now)
+        # A savepoint: an event key seen before (a code path run again, or a concurrent
+        # twin) loses here, not the caller's transaction.
+        with transaction.atomic():
+            notification = Notification.objects.create(id=notification_id, owner_id=owner_id, kind=kind,
+                                                        event_key=event_key, payload=payload, created_at=now)
     except IntegrityError:
         return None
-    payload["id"] = str(notification.id)
-    Notification.objects.filter(pk=notification.pk).update(payload=payload)
-    notification.payload = payload
     deliveries = []
 
     def due(target):

@@ -98,7 +98,7 @@ def _apply(task: Task, *, machine: Machine, receipt: dict, now: datetime) -> dic
     if task.state == TaskState.QUEUED:  # G8: nothing was sent to run yet
         task_record(task, reason=f"{kind} receipt while queued", actor=actor, now=now)
         return not_applied("state")
-    if receipt.get("slept_s") is not None:
+    if receipt.get("slept_s") is not None and receipt["slept_s"] != task.slept_s:  # L9; mostly 0.0 again
         Task.objects.filter(pk=task.pk).update(slept_s=receipt["slept_s"])
         task.slept_s = receipt["slept_s"]
     if kind == "starting":

@@ -179,9 +179,11 @@ RESUME_UNAVAILABLE = "resume_unavailable"
 
 
 def queued_follower(task: Task) -> Task | None:
-    """The follow-up queued behind ``task`` (G8), locked ``FOR UPDATE``, or None."""
-    return (Task.objects.select_for_update(of=("self",)).select_related("continued_from", "grant")
-            .filter(queued_behind=task, state=TaskState.QUEUED).order_by("created_at", "pk").first())
+    """The follow-up queued behind ``task`` (G8), locked ``FOR UPDATE``, or None. Its
+    id first: every final task asks, and most have none (the row with its joins only then)."""
+    pk = (Task.objects.select_for_update().filter(queued_behind=task, state=TaskState.QUEUED)
+          .order_by("created_at", "pk").values_list("pk", flat=True).first())
+    return None if pk is None else Task.objects.select_related("continued_from", "grant").get(pk=pk)
 
 
 def followers_settle(task: Task, *, actor: str, now: datetime) -> None:
