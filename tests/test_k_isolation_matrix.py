@@ -454,7 +454,7 @@ def world(owner, other_owner, machine, grant, make_machine, pinned):
     attacker_grant = Grant.objects.create(owner=other_owner, machine=attacker_machine, path=grant.path + "-mallory")
     attacker_task = Task.objects.get(pk=submit(other_owner, attacker_machine, attacker_grant.path).json()["id"])
     attacker_credential = task_credential_issue(attacker_task)
-    Machine.objects.update(last_heard_at=pinned_now())  # P2 writes last_heard_at at most every 5 s
+    Machine.objects.update(last_heard_at=pinned_now())  # P2 writes last_heard_at at most every 20 s
     victim_browser, attacker_browser = Client(), Client()
     victim_browser.force_login(owner)
     attacker_browser.force_login(other_owner)

@@ -401,7 +401,7 @@ def test_d1_pulls_begun_together_end_apart():
 def test_d1_p2_pull_starts_together_are_one_heard_update_and_one_look_for_messages(
         owner, machine, make_machine, grant, pinned, django_capture_on_commit_callbacks):
     """Issue 22: the pull starts of an event loop (``messages_starts``) record their
-    machines heard in one UPDATE (at most every 5 s each, P2) and find, in one SELECT,
+    machines heard in one UPDATE (at most every 20 s each, P2) and find, in one SELECT,
     which machines have an unacknowledged message, visible or delivered to an earlier pull
     (that pull's connection is gone, D1); one transaction. A machine that comes back
     online is announced (B7), once; the others are not."""
