@@ -174,6 +174,23 @@ def test_n3_rolled_back_change_writes_no_notification(owner, at):
     assert Notification.objects.count() == 0
 
 
+def test_n3_an_event_key_seen_before_writes_nothing_and_the_callers_change_commits(owner, at):
+    """One change is announced once (N3): the second emit of an event key returns None and
+    writes nothing, and the caller's own write in the same transaction still commits (the
+    duplicate loses inside its savepoint). The one row's payload carries its own id."""
+    from sessions_app.models import Session
+
+    session = Session.objects.create(owner=owner, title="s", status="busy", status_since=T0, created_at=T0)
+    announced = Session(pk=session.pk, owner=owner, version=2)
+    first = services.notify_session_idle(announced, now=T0)
+    with transaction.atomic():
+        assert services.notify_session_idle(announced, now=T0) is None
+        Session.objects.filter(pk=session.pk).update(title="changed after")
+    (row,) = Notification.objects.all()
+    assert row.pk == first.pk and row.payload["id"] == str(row.pk)
+    assert Session.objects.get(pk=session.pk).title == "changed after"
+
+
 def test_n1_kind_turned_off_writes_nothing(board, owner_client, at):
     put_settings(owner_client, kinds={**ALL_ON, "session_idle": False})
     turn(board, new_id())
