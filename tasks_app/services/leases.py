@@ -268,7 +268,7 @@ def leases_renew(*, machine: Machine, items: list[dict], now: datetime) -> list:
             task = locked_tasks[task_id]
             if tail != task.output_tail:
                 Task.objects.filter(pk=task_id).update(output_tail=tail)
-                task_publish(Task.objects.get(pk=task_id), now=now)  # the whole row, for the board
+                task_publish(task, now=now)
     return answers
 
 

@@ -63,9 +63,10 @@ def task_created(task: Task, *, actor: str, now: datetime) -> None:
 
 def task_publish(task: Task, *, now: datetime) -> None:
     """Bump ``version`` of a task whose visible fields changed without a state change, and
-    broadcast it after commit."""
+    broadcast it after commit. ``task`` may have been read with some columns deferred
+    (``.only``): the whole row is read again here."""
     Task.objects.filter(pk=task.pk).update(version=F("version") + 1, updated_at=now)
-    task.refresh_from_db()
+    task.refresh_from_db(fields=[field.name for field in Task._meta.concrete_fields])  # also those a narrow read left out
     _announce(task)
 
 
