@@ -247,6 +247,34 @@ async def test_d2_long_poll_starts_are_admitted_a_few_at_a_time(settings, monkey
 
 
 @pytest.mark.asyncio
+async def test_d1_a_key_woken_before_its_wait_began_takes_at_once_not_at_the_batchs_turn(settings):
+    """Issue 44 (a task submitted in a reconnect wave, before its machine's pull came
+    back): the wake-up found no waiter of its key here, so the key's next start makes
+    its first take at once instead of joining the ``starts`` batch, whose next turn is
+    ``RUNSTEAD_LONGPOLL_START_BATCH_S`` after the last; a key not woken still waits for it."""
+    settings.RUNSTEAD_LONGPOLL_START_BATCH_S = 60
+    calls: list[list[str]] = []
+
+    def starts(waits: list[Wait]) -> set[str]:
+        calls.append(sorted(wait.key for wait in waits))
+        return set()
+
+    first, woken, other = Approval(), Approval(), Approval()
+    pending = [asyncio.create_task(take_or_wait(first.wait(20, starts=starts, empty="pending")))]
+    await until_waiting(first.key)  # the batch's first call was made: its next turn is 60 s away
+    woken.state = "allowed"
+    await asyncio.to_thread(notify, woken.key)  # as the acceptance's on_commit does; nothing waits on it
+    pending.append(asyncio.create_task(take_or_wait(other.wait(20, starts=starts, empty="pending"))))
+    assert await asyncio.wait_for(take_or_wait(woken.wait(20, starts=starts, empty="pending")), DEADLINE_S) == "allowed"
+    assert woken.takes == [True]
+    assert calls == [[first.key]]  # ``other`` waits for the batch's turn; ``woken`` never joined it
+    assert other.takes == []
+    for task in pending:
+        task.cancel()
+    await asyncio.wait(pending, timeout=DEADLINE_S)
+
+
+@pytest.mark.asyncio
 async def test_d1_starts_of_one_event_loop_are_checked_together_and_only_found_keys_take(settings):
     """Issue 22 (1,000 idle workers, < 5 transactions/s): waits with ``starts`` that begin
     together on one event loop are started by one ``starts`` call (in the real pull, one

@@ -12,7 +12,8 @@ from typing import Any
 from django.db import connections
 
 from core.longpoll.loops import pump_for
-from core.longpoll.registry import Wait, Waiter, quiet, register, run_db, set_waiting, take_quiet, unregister
+from core.longpoll.registry import (Wait, Waiter, quiet, register, run_db, set_waiting, take_missed, take_quiet,
+                                    unregister)
 
 log = logging.getLogger("runstead.waiting")
 
@@ -44,7 +45,9 @@ async def take_or_wait(wait: Wait, *, first_taken: Callable[[], Any] | None = No
     try:
         deadline = time.monotonic() + max(0.0, wait.timeout_s)
         wakes_seen = 0  # ``waiter.wakes`` when the last take (or read) began: none before the first
-        started = None if wait.starts is None or resumed is not None else pump.start(wait)
+        # no batch: none to join, resumed, or woken before this wait began (take at once)
+        alone = wait.starts is None or resumed is not None or take_missed(wait.key)
+        started = None if alone else pump.start(wait)
         if started is not None and first_taken is not None:
             first_taken()  # its share of the start is the batch's: let the next one in
             first_taken = None

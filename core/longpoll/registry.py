@@ -54,6 +54,9 @@ class Wait:
       one call per that many seconds), does what each start needs and returns the keys
       whose first take could find something; only those make it, the others begin
       waiting with ``empty``. A start that raises ends each of those waits with it.
+      A start of a key woken in this process while nothing here waited on it (within
+      ``MISSED_KEEP_S``: a task submitted in a reconnect wave, before its machine's pull
+      came back) skips the batch and makes its first take at once (``take_missed``).
     - ``subject``: what the wait is for, for ``starts`` (the pull's machine).
     - ``starts_every_s``: at most one ``starts`` call per that many seconds for the waits
       that share it (None: ``RUNSTEAD_LONGPOLL_START_BATCH_S``); a wait whose first take
@@ -149,6 +152,12 @@ _stopping = False
 # the key forgets it. At most QUIET_MAX keys (the oldest go first).
 _quiet: dict[str, Any] = {}
 QUIET_MAX = 100_000
+# Keys woken when no waiter of theirs was here: key -> monotonic seconds, for the next
+# start's first take (``take_missed``). Kept MISSED_KEEP_S seconds (about one pull cycle),
+# at most MISSED_MAX keys (the oldest go first).
+_missed: dict[str, float] = {}
+MISSED_KEEP_S = 30.0
+MISSED_MAX = 100_000
 
 
 def register(wait: Wait, loop) -> Waiter:
@@ -207,6 +216,8 @@ def wake(key: str, reason: str = "notified", *, loop=...) -> None:
         waiters = [w for w in _waiters.get(key, ()) if loop is ... or w.loop is loop]
         for waiter in waiters:
             waiter.wakes += 1
+        if not waiters:
+            _remember_missed(key)
     for waiter in waiters:
         waiter.wake(reason)
 
@@ -225,6 +236,25 @@ def quiet(waiter: Waiter, last, wakes_seen: int) -> None:
         _quiet[waiter.wait.key] = last
         while len(_quiet) > QUIET_MAX:
             del _quiet[next(iter(_quiet))]
+
+
+def _remember_missed(key: str) -> None:
+    """Under ``_lock``: ``key`` was woken with no waiter here (``take_missed``)."""
+    now = time.monotonic()
+    _missed.pop(key, None)
+    _missed[key] = now
+    while len(_missed) > MISSED_MAX or next(iter(_missed.values())) < now - MISSED_KEEP_S:
+        del _missed[next(iter(_missed))]  # the oldest first
+
+
+def take_missed(key: str) -> bool:
+    """Whether ``key`` was woken in the last ``MISSED_KEEP_S`` seconds while no waiter of
+    it was here (``wake``), so its next start takes at once rather than in a batch of
+    ``Wait.starts`` (D1: what the wake-up announced is found now, not at the batch's
+    turn); forgotten either way (one start takes for it)."""
+    with _lock:
+        when = _missed.pop(key, None)
+    return when is not None and time.monotonic() - when <= MISSED_KEEP_S
 
 
 def take_quiet(key: str):
