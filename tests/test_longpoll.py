@@ -304,6 +304,48 @@ def test_d1_200_waiting_workers_owner_answers_and_task_arrives_within_1s(live_da
 
 @pytest.mark.asyncio
 @pytest.mark.django_db(transaction=True)
+async def test_d1_a_pulls_answer_is_rendered_on_the_event_loop_not_in_a_thread(owner, machine, grant, monkeypatch):
+    """Issue 44 (1,000 idle workers end about 40 pulls a second): the pull's ``render``
+    reads only the messages its take loaded (``LongPoll(render_in_thread=False)``), so the
+    router renders the answer on the event loop, without a thread hop."""
+    import threading
+
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    from config.asgi import application
+    from tasks_app import shapes
+    from tests.factories import submit
+
+    task_id = (await sync_to_async(submit)(owner, machine, grant.path)).json()["id"]
+    rendered_in, sent = [], []
+    render_one = shapes.message_dict
+
+    def spied(message):
+        rendered_in.append(threading.current_thread())
+        return render_one(message)
+
+    monkeypatch.setattr(shapes, "message_dict", spied)
+
+    async def receive():
+        await asyncio.Event().wait()  # the client stays
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/api/worker/messages/", "method": "GET", "query_string": b"wait=25", "root_path": "",
+             "headers": [(b"authorization", f"Machine {machine.test_token}".encode()), (b"host", b"testserver")],
+             "client": ("127.0.0.1", 1), "server": ("testserver", 80)}
+    await asyncio.wait_for(application(scope, receive, send), 10)
+    assert sent[0]["status"] == 200
+    body = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert [m["payload"]["task_id"] for m in body["messages"]] == [task_id]
+    assert rendered_in == [threading.current_thread()]  # the event loop's own thread
+    await sync_to_async(connections.close_all)()  # the ORM's thread: no session left at teardown
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
 async def test_d1_pull_whose_client_disconnects_during_its_take_releases_the_message(owner, machine, grant, monkeypatch):
     from asgiref.sync import sync_to_async
     from django.utils import timezone

@@ -282,7 +282,7 @@ async def _long_poll(found, scope, receive, send, admission: _Admission, respons
                 if response.wait.release is not None and response.wait.done(result):
                     await run_db(response.wait.release, result)
                 return
-            response = await run_db(response.finish, result)
+            response = await run_db(response.finish, result) if response.render_in_thread else response.finish(result)
         if disconnect.done():
             return
         if streaming is not None and streaming.started:

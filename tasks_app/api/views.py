@@ -388,6 +388,7 @@ class WorkerMessages(MachineView):
     long_poll = LongPoll(
         wait=lambda machine, wait_s: messages.messages_wait(machine=machine, wait_s=wait_s),
         render=messages_dict, quick_auth=machine_tokens, query=s.MessagesQuery,
+        render_in_thread=False,  # the messages the take loaded, nothing else
     )
 
     @extend_schema(parameters=[s.MessagesQuery], responses={200: shape(MessagesShape), **errors()})
