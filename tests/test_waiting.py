@@ -274,6 +274,41 @@ async def test_d1_a_key_woken_before_its_wait_began_takes_at_once_not_at_the_bat
     await asyncio.wait(pending, timeout=DEADLINE_S)
 
 
+@pytest.mark.postgres  # Redis: a wake-up from another process comes through the key's group
+@pytest.mark.asyncio
+async def test_d1_a_wake_up_published_before_its_group_was_joined_is_found_once_the_join_is_done(settings, monkeypatch):
+    """Issue 44 (10,000 workers on three daphnes: each joins its new keys' groups one
+    after another): another process's wake-up sent while this loop's join of the key's
+    group was still under way never arrives, so once the join is done the key is looked
+    at again (its wait's ``ready``), not only at the next safety re-check (here 60 s)."""
+    from channels.layers import get_channel_layer
+
+    from core.longpoll.registry import group_name
+
+    settings.RUNSTEAD_LONGPOLL_RECHECK_S = 60
+    layer = get_channel_layer()
+    joining, join = asyncio.Event(), asyncio.Event()
+    group_add = layer.group_add
+
+    async def slow_group_add(group, channel):
+        if group != "waits-superseding":
+            joining.set()
+            await join.wait()
+        return await group_add(group, channel)
+
+    monkeypatch.setattr(layer, "group_add", slow_group_add)
+    approval = Approval()
+    pull = asyncio.create_task(take_or_wait(approval.wait(
+        20, ready=lambda keys: {k for k in keys if approval.state != "pending"})))
+    await until_waiting(approval.key)
+    await asyncio.wait_for(joining.wait(), DEADLINE_S)  # the key's join is under way
+    approval.state = "allowed"
+    await layer.group_send(group_name(approval.key), {"type": "wait.wake", "key": approval.key})  # another process's notify
+    join.set()
+    assert await asyncio.wait_for(pull, DEADLINE_S) == "allowed"
+    assert approval.takes == [True, False]
+
+
 @pytest.mark.asyncio
 async def test_d1_starts_of_one_event_loop_are_checked_together_and_only_found_keys_take(settings):
     """Issue 22 (1,000 idle workers, < 5 transactions/s): waits with ``starts`` that begin
