@@ -150,10 +150,10 @@ class Pump:
                 if time.monotonic() - since >= settings.RUNSTEAD_LONGPOLL_START_BATCH_S:
                     self.spawn(self._check(_checkable(joined, self.loop)))
                     joined, since = [], time.monotonic()
-        finally:
-            self.joiner = False
             if joined:
                 self.spawn(self._check(_checkable(joined, self.loop)))
+        finally:
+            self.joiner = False
 
     async def _reader_loop(self) -> None:
         layer = get_channel_layer()
