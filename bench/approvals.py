@@ -192,6 +192,10 @@ class Hooks:
 # --- the service side -------------------------------------------------------------------
 
 
+# PostgreSQL 15's PGSTAT_IDLE_INTERVAL (src/backend/utils/activity/pgstat.c), seconds.
+PG_STATS_IDLE_S = 10.0
+
+
 def xacts(admin_url: str | None, dbname: str | None) -> int | None:
     """``xact_commit + xact_rollback`` of ``dbname`` (PostgreSQL), read through
     ``admin_url`` (another database, so the reading is not counted); None on SQLite."""
@@ -270,7 +274,10 @@ def run_approvals(env: dict, dbname: str | None, admin_url: str | None, *, hooks
                 raise RuntimeError(f"{established(server)} of {hooks} hooks hold a connection")
             time.sleep(0.2)
         ramp_s = time.perf_counter() - ramp0
-        time.sleep(6.0)  # the senders (idle 5 s) leave; the ramp's tail settles
+        # The senders (idle 5 s) leave, and PostgreSQL counts the ramp's last transactions:
+        # a backend that reported its statistics less than 1 s before going idle reports
+        # the rest 10 s later (PGSTAT_IDLE_INTERVAL), which would land in the window.
+        time.sleep(PG_STATS_IDLE_S + 1.0)
         early = [i for i, p in enumerate(group.procs) if p.poll() is not None]
 
         cpu0, x0, h0, t0 = server.cpu_s(), xacts(admin_url, dbname), group.cpu_s(), time.perf_counter()
