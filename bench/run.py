@@ -21,7 +21,8 @@ prefix on that Redis. Sections (``--sections``, comma separated; all by default)
   and ``busy`` sections take it too).
 - ``busy``: ``--busy-workers`` simulated workers, each running two long tasks at the
   service's lease timings, beside one real worker running short tasks four at a time
-  (``section_busy``, ``ShortTasks``; issue 44).
+  (``section_busy``, ``ShortTasks``; issue 44); ``--busy-owners K`` deals the machines
+  among K owners (default 1).
 - ``http``: acceptance (new keys; ``accept_owners``: each connection its own owner),
   replay (the same keys again, A2) and a bare
   authenticated read (``GET /api/budget/``: token auth + one read) in each serving shape
@@ -386,7 +387,7 @@ BUSY_RAMP_MAX_S = 900.0  # every machine's tasks running before the window, or t
 BUSY_RAMP_STALL_S = 60.0  # ... or until no more ran for this long
 
 
-def section_busy(n: int, env: dict, dbname: str, window_s: float, processes: int = 1) -> dict:
+def section_busy(n: int, env: dict, dbname: str, window_s: float, processes: int = 1, owners: int = 1) -> dict:
     """``n`` simulated busy workers at the service's lease timings (production's unless
     ``env`` says otherwise), each running ``BUSY_TASKS`` long tasks (issue 44): pull and
     ack its start messages, grant a lease per task, send both tasks' ``starting`` and
@@ -396,13 +397,18 @@ def section_busy(n: int, env: dict, dbname: str, window_s: float, processes: int
     ``final`` receipts in one sync. Reported: service CPU (% of one core) and database
     transactions/s over ``window_s`` seconds of steady state, the sync's latency, the
     receipt lag (queued -> answered, seconds) p50/p99, renewals refused, and the tasks
-    that passed through ``unknown`` (a healthy task's lease that expired)."""
+    that passed through ``unknown`` (a healthy task's lease that expired). ``owners``: the
+    machines are dealt round-robin among that many owners (one by default, the real
+    worker's): an owner's settlements serialize on their budget row (P2)."""
     from django.db import connection
     from django.db.models import Count
 
     from tasks_app.models import Task, TaskEvent
 
     data = setup_data(n)
+    data["owner_tokens"] = [data["token"]] * n
+    for k in range(1, owners):
+        _move_to_new_owner(data, range(k, n, owners))
     server = Daphnes(processes, env)
     real = ShortTasks(server, data, env)
     try:
@@ -416,8 +422,25 @@ def section_busy(n: int, env: dict, dbname: str, window_s: float, processes: int
     row["states_after"] = dict(mine.values_list("state").annotate(n=Count("id")).values_list("state", "n"))
     row["passed_through_unknown"] = TaskEvent.objects.filter(task__in=mine, new_state="unknown").count()
     row["real_worker"] = real.figures()
+    row["owners"] = owners
     connection.close()
     return row
+
+
+def _move_to_new_owner(data: dict, machines: range) -> None:
+    """The busy section's machines ``machines`` (indexes into ``data``) and their grants
+    go to a new owner with its own budget and token."""
+    from django.db import connection
+
+    from tasks_app.models import Grant, Machine
+
+    other = setup_data(0)
+    ids = [data["machines"][i] for i in machines]
+    Machine.objects.filter(id__in=ids).update(owner=other["user"])
+    Grant.objects.filter(machine_id__in=ids).update(owner=other["user"])
+    for i in machines:
+        data["owner_tokens"][i] = other["token"]
+    connection.close()
 
 
 class ShortTasks(threading.Thread):
@@ -523,7 +546,7 @@ async def _busy(server: "Daphnes", data: dict, n: int, dbname: str, window_s: fl
     async def submit_all(conn: Conn, machines: range):
         for i in machines:
             for _ in range(BUSY_TASKS):
-                headers = {"Authorization": f"Token {data['token']}", "Content-Type": "application/json",
+                headers = {"Authorization": f"Token {data['owner_tokens'][i]}", "Content-Type": "application/json",
                            "Idempotency-Key": uuid.uuid4().hex}
                 body = json.dumps({"machine": data["machines"][i], "folder": f"/bench/busy-{uuid.uuid4().hex}",
                                    "agent": "bench", "prompt": "p", "max_runtime_s": 36000, "exclusive": False})
@@ -1072,6 +1095,7 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=1,
                         help="daphne processes behind the simulated workers (sections idle, wave, busy; D1)")
     parser.add_argument("--busy-workers", type=int, default=1000, help="busy simulated workers (section busy)")
+    parser.add_argument("--busy-owners", type=int, default=1, help="owners the busy machines are dealt among")
     parser.add_argument("--sockets", default="1,100,500")
     parser.add_argument("--shapes", default="daphne,gunicorn")
     parser.add_argument("--connections", default="1,8,32")
@@ -1147,7 +1171,8 @@ def main() -> int:
 
             soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4 * args.busy_workers + 256)), hard))
-            report["busy"] = section_busy(args.busy_workers, env, dbname, args.window, processes=args.processes)
+            report["busy"] = section_busy(args.busy_workers, env, dbname, args.window, processes=args.processes,
+                                          owners=args.busy_owners)
         if "idle" in sections:
             import resource
 
