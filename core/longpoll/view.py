@@ -85,10 +85,10 @@ class LongPoll:
 class WaitResponse(Response):
     """A long-poll view's answer: ``wait`` (a ``Wait``) and ``render``, which turns the
     wait's result into the JSON body (a dict; called in a thread, so it may read the
-    database, unless ``render_in_thread`` is False). Status 200 unless ``status`` says otherwise. Under ASGI the router performs
-    the wait (``take_or_wait``), with keep-alive spaces if ``keepalive`` (``LongPoll``);
-    anywhere else rendering the response performs it in the request's thread
-    (``take_or_wait_sync``), outside the view's transaction."""
+    database, unless ``render_in_thread`` is False). Status 200 unless ``status`` says
+    otherwise. Under ASGI the router performs the wait (``take_or_wait``), with keep-alive
+    spaces if ``keepalive`` (``LongPoll``); anywhere else rendering the response performs
+    it in the request's thread (``take_or_wait_sync``), outside the view's transaction."""
 
     def __init__(self, wait: Wait, render: Callable[[Any], dict], *, keepalive: bool = True,
                  render_in_thread: bool = True, **kwargs):
